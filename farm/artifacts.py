@@ -1,0 +1,75 @@
+"""Model artifact store: model files live in the database, content-addressed by sha256, and are cached
+on each worker's disk under ``<home>/artifacts/<sha256>/<filename>``."""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from farm.db.models import ModelArtifact
+from farm.db.session import session_scope
+from farm.errors import ArtifactError
+from farm.settings import get_settings
+
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def safe_filename(name: str) -> str:
+    """A file name safe to create in the cache: no path separators, no leading dots."""
+    cleaned = _SAFE_NAME.sub("_", Path(name).name).lstrip(".")
+    return cleaned[:200] or "model"
+
+
+def store_model(session: Session, path: Path, sha256: str, model_format: str, inputs: list[dict]) -> ModelArtifact:
+    """Put the model at ``path`` in the store (once per sha256) within ``session``'s transaction."""
+    existing = session.get(ModelArtifact, sha256)
+    if existing is not None:
+        return existing
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ArtifactError(f"{path} changed while it was being submitted; submit it again")
+    artifact = ModelArtifact(sha256=sha256, filename=safe_filename(path.name), format=model_format,
+                             size_bytes=len(data), content=data, inputs=inputs)
+    session.add(artifact)
+    return artifact
+
+
+def artifact_path(sha256: str, filename: str, cache_dir: Path | None = None) -> Path:
+    """Where the cached copy of an artifact lives; refuses anything that is not a sha256."""
+    if not _SHA_RE.match(sha256):
+        raise ArtifactError(f"{sha256!r} is not a sha256 artifact id")
+    root = (cache_dir or get_settings().cache_dir).resolve()
+    return root / sha256 / safe_filename(filename)
+
+
+def ensure_in_store(path: Path, cache_dir: Path | None = None) -> Path:
+    """``path`` resolved, if it lies inside the artifact cache; ArtifactError otherwise (workers run
+    only models from the store, never arbitrary paths)."""
+    root = (cache_dir or get_settings().cache_dir).resolve()
+    resolved = path.resolve()
+    if not resolved.is_relative_to(root):
+        raise ArtifactError(f"refusing model path {path}: outside the artifact store {root}")
+    return resolved
+
+
+def fetch_model(sha256: str, filename: str, cache_dir: Path | None = None) -> Path:
+    """The local path of artifact ``sha256``, fetched from the database and verified on first use."""
+    target = artifact_path(sha256, filename, cache_dir)
+    if target.is_file():
+        return target
+    with session_scope() as s:
+        row = s.execute(select(ModelArtifact.content).where(ModelArtifact.sha256 == sha256)).scalar_one_or_none()
+    if row is None:
+        raise ArtifactError(f"model {sha256[:12]} is not in the artifact store; submit the request again")
+    if hashlib.sha256(row).hexdigest() != sha256:
+        raise ArtifactError(f"model {sha256[:12]} in the database does not match its sha256; resubmit it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(row)
+    os.replace(tmp, target)
+    return target

@@ -1,0 +1,257 @@
+"""``farm``: submit profiling requests, watch them, read results, run workers and servers."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from farm.cli import views
+from farm.cli.errors import run_cli
+from farm.errors import RequestError
+from farm.settings import get_settings, mask_url
+
+app = typer.Typer(name="farm", help="A distributed profiling farm for ML model serving.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+#: piped output is not squeezed to 80 columns (a terminal keeps its own width)
+console = Console() if sys.stdout.isatty() else Console(width=140)
+err_console = Console(stderr=True)
+
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+def _prepare_db() -> None:
+    """The embedded SQLite default migrates itself; other databases must be at the newest revision."""
+    from farm.db.migrate import ensure_current, is_current
+    from farm.errors import ConfigError
+
+    url = get_settings().db_url
+    if url.startswith("sqlite"):
+        ensure_current(url)
+    elif not is_current(url):
+        raise ConfigError(f"database {mask_url(url)} is not at farm's newest schema; run `farm db upgrade`")
+
+
+@app.command()
+def submit(
+    model: Optional[str] = typer.Argument(None, help="Model file (ONNX or TorchScript)."),
+    engine: Optional[list[str]] = typer.Option(None, "--engine", "-e", help="onnxruntime | torchscript | triton; repeat."),
+    device: Optional[list[str]] = typer.Option(None, "--device", "-d", help="cpu | gpu | gpu:<product>; repeat."),
+    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", "-b", help="e.g. 1,4,16"),
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", "-c", help="e.g. 1,4"),
+    edge: Optional[list[str]] = typer.Option(None, "--edge", help="cpus=1,memory=512m[,name=N][,cpuset=0-1]; repeat."),
+    input_spec: Optional[list[str]] = typer.Option(None, "--input", "-i", help="name:dtype:shape, e.g. x:FP32:3x224x224"),
+    model_format: Optional[str] = typer.Option(None, "--format", help="onnx | torchscript (default: detected)."),
+    request_file: Optional[Path] = typer.Option(None, "-f", "--file", help="Request file (YAML or JSON)."),
+    name: Optional[str] = typer.Option(None, "--name", help="A name for the request."),
+    duration: Optional[float] = typer.Option(None, "--duration", help="Fixed measurement time per job, s."),
+    windows: Optional[int] = typer.Option(None, "--windows", help="Maximum measurement windows per job."),
+    window: Optional[float] = typer.Option(None, "--window", help="Measurement window length, s."),
+    warmup: Optional[float] = typer.Option(None, "--warmup", help="Warm-up time, s."),
+    stability: Optional[float] = typer.Option(None, "--stability", help="Stability bound, % (default 10)."),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Open-loop request rate, req/s."),
+    mode: Optional[str] = typer.Option(None, "--mode", help="closed | constant | poisson"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Server intra-op threads (0 = default)."),
+    instances: Optional[int] = typer.Option(None, "--instances", help="Server model instances."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Per-job time limit, s."),
+    wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
+    as_json: bool = typer.Option(False, "--json", help="Print {\"request_id\": ...} (and results with --wait)."),
+) -> None:
+    """Profile MODEL over devices x engines x batch sizes x concurrency (+ edge runs)."""
+    from farm.cli.request_options import build_request_dict, load_request_file
+    from schemas import ProfileRequest
+    from scheduler.enqueue import submit as do_submit
+
+    base = load_request_file(request_file) if request_file else {}
+    data = build_request_dict(base, model, engine, device, batch_sizes, concurrency, edge, input_spec,
+                              model_format, name,
+                              dict(duration_s=duration, max_windows=windows, window_s=window, warmup_s=warmup,
+                                   stability_pct=stability, rate=rate, mode=mode, threads=threads,
+                                   instances=instances, timeout_s=timeout))
+    request = ProfileRequest.model_validate(data)
+    _prepare_db()
+    settings = get_settings()
+    sub = do_submit(request)
+    rid = sub.request_id
+    if not as_json:
+        err_console.print(f"request [bold]{rid}[/]: {len(sub.expansion.jobs)} jobs"
+                          + (f", {len(sub.expansion.excluded)} combinations left out" if sub.expansion.excluded else ""))
+        for ex in sub.expansion.excluded:
+            coords = ", ".join(f"{k}={v}" for k, v in ex.items() if k != "reason")
+            err_console.print(f"  left out {coords}: {ex['reason']}")
+    if settings.embedded:
+        _run_embedded(rid, [j.job_id for j in sub.expansion.jobs], quiet=as_json)
+        _show_results(rid, "json" if as_json else "table", with_id=as_json)
+    elif wait:
+        _wait(rid, quiet=as_json)
+        _show_results(rid, "json" if as_json else "table", with_id=as_json)
+    elif as_json:
+        print(json.dumps({"request_id": rid}))
+    else:
+        console.print(f"queued on {mask_url(settings.broker_url)}; `farm status {rid}` to follow, "
+                      f"`farm results {rid}` when done")
+
+
+def _run_embedded(request_id: str, job_ids: list[str], quiet: bool) -> None:
+    """Run the jobs in this process with the same job runner a worker uses."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from workers.hardware import detect_hardware
+    from workers.node import WorkerNode, new_worker_id
+    from workers.runners.select import make_runner
+
+    worker_id = f"embedded-{new_worker_id()}"
+    runner, why = make_runner(get_settings().runner, worker_id)
+    if not quiet:
+        err_console.print(f"embedded mode (no FARM_BROKER_URL): jobs run in this process; {why}")
+    node = WorkerNode(runner=runner, hardware=detect_hardware(docker=runner.name == "docker"), worker_id=worker_id)
+    with node, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err_console, disable=quiet, transient=False) as progress:
+        task = progress.add_task("profiling", total=len(job_ids))
+        for job_id in job_ids:
+            status = node.run(job_id)
+            progress.update(task, advance=1, description=f"profiling (last: {status})")
+
+
+def _wait(request_id: str, quiet: bool, poll_s: float = 1.0) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from farm.results import status_counts
+
+    counts = status_counts(request_id)
+    total = sum(counts.values())
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, disable=quiet) as progress:
+        task = progress.add_task("waiting for workers", total=total)
+        while True:
+            counts = status_counts(request_id)
+            done = sum(counts.get(s, 0) for s in FINAL)
+            progress.update(task, completed=done,
+                            description=" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+            if done >= total:
+                return
+            time.sleep(poll_s)
+
+
+def _show_results(request_id: str, fmt: str, with_id: bool = False) -> None:
+    from farm.results import find_request, result_rows
+
+    rows = result_rows(request_id)
+    if fmt == "json":
+        if with_id:
+            print(json.dumps({"request_id": find_request(request_id).id, "results": json.loads(views.to_json(rows))},
+                             indent=2))
+        else:
+            print(views.to_json(rows))
+    elif fmt == "csv":
+        sys.stdout.write(views.to_csv(rows))
+    else:
+        console.print(views.results_table(rows, title=f"request {find_request(request_id).id}"))
+        for line in views.error_lines(rows):
+            console.print(f"[red]{line}[/]", highlight=False)
+
+
+@app.command()
+def results(request_id: str = typer.Argument(..., help="Request id (or a unique prefix)."),
+            fmt: str = typer.Option("table", "--format", help="table | csv | json")) -> None:
+    """Results of one request: one row per job, every metric."""
+    if fmt not in ("table", "csv", "json"):
+        raise RequestError(f"--format {fmt!r} is unknown; use table, csv or json")
+    _prepare_db()
+    _show_results(request_id, fmt)
+
+
+@app.command()
+def status(request_id: Optional[str] = typer.Argument(None, help="Request id; omit for recent requests."),
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """Job counts by status (one request, or the recent ones) and jobs no live worker can serve."""
+    from farm.results import recent_requests, result_rows, status_counts, waiting_queues
+
+    _prepare_db()
+    if request_id is None:
+        reqs = recent_requests()
+        if as_json:
+            print(views.to_json([{**r, "counts": r["counts"]} for r in reqs]))
+            return
+        from rich.table import Table
+
+        table = Table(title="recent requests")
+        for col in ("request", "name", "model", "created", "jobs"):
+            table.add_column(col)
+        for r in reqs:
+            table.add_row(r["request_id"], r["name"] or "-", str(r["model"]), views.age(r["created_at"]),
+                          " ".join(f"{k}={v}" for k, v in sorted(r["counts"].items())))
+        console.print(table)
+        return
+    counts = status_counts(request_id)
+    waiting = waiting_queues(request_id)
+    if as_json:
+        print(json.dumps({"counts": counts, "waiting": waiting}))
+        return
+    console.print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    for queue, n in waiting.items():
+        console.print(f"[yellow]{n} job(s) wait in queue {queue}: no live worker consumes it[/]")
+    for r in result_rows(request_id):
+        if r["status"] not in ("succeeded",):
+            console.print(f"  {r['job_id'][:8]} {r['device']} {r['engine']} b={r['batch_size']} "
+                          f"c={r['concurrency']} edge={r['edge_profile'] or '-'}: {r['status']}"
+                          + (f" ({r['error']})" if r["error"] else ""))
+
+
+@app.command()
+def workers(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Registered workers: hardware, queues, runner and heartbeat."""
+    from rich.table import Table
+
+    from farm.results import workers_table
+
+    _prepare_db()
+    rows = workers_table()
+    if as_json:
+        print(views.to_json(rows))
+        return
+    table = Table(title="workers")
+    for col in ("worker", "host", "runner", "status", "heartbeat", "cpu", "gpus", "queues", "job"):
+        table.add_column(col)
+    for w in rows:
+        cpu = w["cpu"]
+        table.add_row(w["worker_id"], w["hostname"], w["runner"], w["status"], views.age(w["last_heartbeat"]),
+                      f"{cpu.get('logical_cores', '?')}x {cpu.get('model', '')}"[:40], ", ".join(w["gpus"]) or "-",
+                      ", ".join(w["queues"]), (w["current_job_id"] or "-")[:8])
+    console.print(table)
+
+
+from farm.cli import ops  # noqa: E402  (registers worker, serve, db, example-model, analyze)
+
+ops.register(app, db_app)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    run_cli(_typer_main)
+
+
+def _typer_main() -> None:
+    try:
+        app(standalone_mode=False)
+    except typer.Exit as exc:
+        if exc.exit_code:
+            sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(1)
+    except Exception as exc:
+        import click
+
+        if isinstance(exc, click.exceptions.UsageError):
+            print(f"error: {' '.join(exc.format_message().split())}", file=sys.stderr)
+            sys.exit(2)
+        if isinstance(exc, click.exceptions.ClickException):
+            print(f"error: {' '.join(exc.format_message().split())}", file=sys.stderr)
+            sys.exit(exc.exit_code)
+        raise

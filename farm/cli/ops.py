@@ -1,0 +1,128 @@
+"""Operator commands: ``farm worker``, ``farm serve``, ``farm db upgrade``, ``farm example-model``,
+``farm analyze``."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from farm.errors import RequestError
+from farm.settings import get_settings, mask_url
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def worker(
+    runner: Optional[str] = typer.Option(None, "--runner", envvar="FARM_RUNNER", help="auto | docker | process"),
+    burst: bool = typer.Option(False, "--burst", help="Drain the queues, then exit."),
+    queues: Optional[str] = typer.Option(None, "--queues", "-Q", help="Comma-separated subset of the queues this "
+                                         "host can serve (default: all of them)."),
+    worker_id: Optional[str] = typer.Option(None, "--worker-id", envvar="FARM_WORKER_ID"),
+    loglevel: str = typer.Option("INFO", "--loglevel", envvar="FARM_LOGLEVEL"),
+) -> None:
+    """Run a worker: register hardware, heartbeat, consume the queues this host can serve."""
+    from farm.errors import ConfigError
+    from workers.hardware import detect_hardware
+    from workers.node import WorkerNode, new_worker_id
+    from workers.runners.select import make_runner
+
+    settings = get_settings()
+    if settings.embedded:
+        raise ConfigError("farm worker needs a broker: set FARM_BROKER_URL (e.g. redis://127.0.0.1:6379/0)")
+    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    wid = worker_id or new_worker_id()
+    run, why = make_runner(runner or settings.runner, wid)
+    hardware = detect_hardware(docker=run.name == "docker")
+    if queues:
+        wanted = [q.strip() for q in queues.split(",") if q.strip()]
+        unknown = [q for q in wanted if q not in hardware.queues]
+        if unknown:
+            raise ConfigError(f"this host cannot serve queue(s) {', '.join(unknown)}; it serves: "
+                              f"{', '.join(hardware.queues)}")
+        hardware = hardware.model_copy(update={"queues": wanted})
+    err_console.print(f"worker {wid}: {why}; queues {', '.join(hardware.queues)}; "
+                      f"database {mask_url(settings.db_url)}; broker {mask_url(settings.broker_url)}")
+    with WorkerNode(runner=run, hardware=hardware, worker_id=wid) as node:
+        if burst:
+            n = node.drain()
+            err_console.print(f"burst: handled {n} message(s)")
+        else:
+            node.serve_forever(loglevel=loglevel.upper())
+
+
+def serve(
+    model: Path = typer.Argument(..., help="Model file."),
+    model_format: Optional[str] = typer.Option(None, "--format", help="onnx | torchscript (default: detected)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="onnxruntime | torchscript (default: by format)."),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8001, "--port", help="gRPC port; 0 picks a free one."),
+    device: str = typer.Option("cpu", "--device", help="cpu | gpu:<product>"),
+    threads: int = typer.Option(0, "--threads", help="Intra-op threads (0 = engine default)."),
+    instances: int = typer.Option(1, "--instances", help="Model instances (parallel sessions)."),
+    model_name: str = typer.Option("model", "--model-name"),
+) -> None:
+    """Serve MODEL over the KServe v2 gRPC protocol (farm's built-in server)."""
+    from farm.modelinfo import detect_format
+    from scheduler.compat import EDGE_ENGINE
+    from workers.engines.server import ServerConfig, run_server
+
+    fmt = model_format or detect_format(model)
+    run_server(ServerConfig(model_path=model, model_format=fmt, engine=engine or EDGE_ENGINE[fmt], host=host,
+                            port=port, device=device, threads=threads, instances=instances, model_name=model_name))
+
+
+def db_upgrade(revision: str = typer.Argument("head")) -> None:
+    """Create or migrate farm's tables (FARM_DATABASE_URL)."""
+    from farm.db.migrate import upgrade
+
+    upgrade(revision=revision)
+    console.print(f"database {mask_url(get_settings().db_url)} is at revision {revision}")
+
+
+def example_model(out: Path = typer.Argument(..., help="Output file."),
+                  kind: str = typer.Option("convnet", "--kind", help="mlp | convnet | identity | compute | memory "
+                                           "(| torchscript-mlp | torchscript-convnet with farm[torch])")) -> None:
+    """Write a small example model (random weights) for demos and tests."""
+    from farm.example_models import EXAMPLE_KINDS, build_example
+
+    if kind not in EXAMPLE_KINDS:
+        raise RequestError(f"--kind {kind!r} is unknown; use one of: {', '.join(EXAMPLE_KINDS)}")
+    path = build_example(kind, out)
+    console.print(f"wrote {kind} model to {path}")
+
+
+def analyze(model: Path = typer.Argument(..., help="Model file."),
+            input_spec: Optional[list[str]] = typer.Option(None, "--input", "-i", help="name:dtype:shape"),
+            model_format: Optional[str] = typer.Option(None, "--format"),
+            as_json: bool = typer.Option(False, "--json")) -> None:
+    """Static metrics: parameters, size, MACs/FLOPs per sample, activation memory."""
+    from farm.analysis import analyze as run_analysis
+    from farm.modelinfo import inspect_model, parse_input_spec
+
+    given = [parse_input_spec(t) for t in input_spec] if input_spec else None
+    info = inspect_model(model, model_format, given)
+    report = run_analysis(model, info.format, info.inputs)
+    if as_json:
+        print(json.dumps(report, indent=2, default=str))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{model.name} ({info.format})", show_header=False)
+    for key, value in report.items():
+        if key != "ops":
+            table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
+    console.print(table)
+
+
+def register(app: typer.Typer, db_app: typer.Typer) -> None:
+    """Attach the operator commands to the CLI."""
+    app.command()(worker)
+    app.command()(serve)
+    app.command("example-model")(example_model)
+    app.command()(analyze)
+    db_app.command("upgrade")(db_upgrade)

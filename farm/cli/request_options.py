@@ -1,0 +1,97 @@
+"""Building a ProfileRequest from ``farm submit`` options and an optional YAML/JSON request file."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from farm.errors import RequestError
+
+_MEASUREMENT_FLAGS = ("duration_s", "window_s", "warmup_s", "max_windows", "min_windows", "stability_pct",
+                      "rate", "mode", "threads", "instances", "timeout_s")
+
+
+def parse_int_list(text: str, name: str) -> list[int]:
+    """``"1,4,16"`` → [1, 4, 16]; a one-line RequestError otherwise."""
+    try:
+        return [int(p) for p in text.replace(" ", "").split(",") if p != ""]
+    except ValueError:
+        raise RequestError(f"{name} must be a comma-separated list of whole numbers like 1,4,16, got {text!r}") from None
+
+
+def parse_edge(text: str) -> dict[str, Any]:
+    """``cpus=1,memory=512m[,name=N][,cpuset=0-1]`` → an edge profile dict (cpuset: a range or one CPU;
+    lists like ``0,2`` go in a request file)."""
+    out: dict[str, Any] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in ("cpus", "memory", "name", "cpuset"):
+            raise RequestError(f"--edge {text!r}: expected key=value pairs of cpus, memory, name, cpuset "
+                               "(e.g. cpus=1,memory=512m)")
+        out[key] = value.strip()
+    for required in ("cpus", "memory"):
+        if required not in out:
+            raise RequestError(f"--edge {text!r} needs {required}= (e.g. cpus=1,memory=512m)")
+    return out
+
+
+def load_request_file(path: Path) -> dict[str, Any]:
+    """Read a request file (YAML or JSON) into a dict; relative model paths resolve against the file."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RequestError(f"cannot read request file {path}: {exc.strerror}") from None
+    try:
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:
+        raise RequestError(f"request file {path} is not valid YAML/JSON: {' '.join(str(exc).split())[:200]}") from None
+    if not isinstance(data, dict):
+        raise RequestError(f"request file {path} must hold a mapping of request fields")
+    model = data.get("model")
+    if isinstance(model, str) and not Path(model).is_absolute():
+        data["model"] = str((path.parent / model).resolve())
+    return data
+
+
+def build_request_dict(base: dict[str, Any], model: str | None, engines: list[str] | None,
+                       devices: list[str] | None, batch_sizes: str | None, concurrency: str | None,
+                       edges: list[str] | None, inputs: list[str] | None, fmt: str | None, name: str | None,
+                       measurement: dict[str, Any]) -> dict[str, Any]:
+    """Merge command-line options over the request file's fields (options win)."""
+    data = dict(base)
+    if model:
+        data["model"] = model
+    if "model" not in data:
+        raise RequestError("give a model file: farm submit MODEL, or -f request.yaml with a model: field")
+    if engines:
+        data["engines"] = engines
+    if devices:
+        data["devices"] = devices
+    if batch_sizes is not None:
+        data["batch_sizes"] = parse_int_list(batch_sizes, "--batch-sizes")
+    if concurrency is not None:
+        data["concurrency"] = parse_int_list(concurrency, "--concurrency")
+    if edges:
+        data["edge"] = [parse_edge(e) for e in edges]
+    if inputs:
+        from farm.modelinfo import parse_input_spec
+
+        data["inputs"] = [parse_input_spec(t).model_dump() for t in inputs]
+    if fmt:
+        data["format"] = fmt
+    if name:
+        data["name"] = name
+    given = {k: v for k, v in measurement.items() if v is not None and k in _MEASUREMENT_FLAGS}
+    if given:
+        merged = dict(data.get("measurement") or {})
+        merged.update(given)
+        data["measurement"] = merged
+    return data

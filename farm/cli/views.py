@@ -1,0 +1,80 @@
+"""Rendering results, status and workers with Rich (table), CSV or JSON."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+from farm.metrics import BY_NAME
+
+#: the default results table: (metric, short header); every metric is in csv/json
+TABLE_METRICS: tuple[tuple[str, str], ...] = (
+    ("throughput_infer_per_s", "infer/s"), ("latency_p50_ms", "p50 ms"), ("latency_p99_ms", "p99 ms"),
+    ("server_compute_p50_ms", "srv p50"), ("stable", "stable"), ("cpu_pct_avg", "cpu %"),
+    ("mem_peak_bytes", "mem MiB"),
+)
+
+
+def fmt_value(name: str, value: Any) -> str:
+    """A metric value for humans, in its registry unit (bytes shown in MiB)."""
+    if value is None:
+        return "-"
+    m = BY_NAME.get(name)
+    if isinstance(value, bool) or (m is not None and m.kind == "bool"):
+        return "yes" if value else "no"
+    if m is not None and m.unit == "B":
+        return f"{value / 2**20:.1f}"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def results_table(rows: list[dict[str, Any]], title: str = "") -> Table:
+    """The results as a Rich table; errors are listed under it (see ``error_lines``)."""
+    table = Table(title=title or None, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    for col in ("job", "device", "engine", "b x c", "edge", "status"):
+        table.add_column(col, no_wrap=True)
+    for _, head in TABLE_METRICS:
+        table.add_column(head, justify="right")
+    for r in rows:
+        table.add_row(r["job_id"][:6], r["device"], r["engine"], f"{r['batch_size']}x{r['concurrency']}",
+                      r["edge_profile"] or "-", r["status"], *(fmt_value(n, r.get(n)) for n, _ in TABLE_METRICS))
+    return table
+
+
+def error_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per job that has an error: short job id and the error."""
+    return [f"{r['job_id'][:6]}: {' '.join(str(r['error']).split())}" for r in rows if r.get("error")]
+
+
+def _jsonable(v: Any) -> Any:
+    return v.isoformat() if isinstance(v, datetime) else v
+
+
+def to_json(rows: list[dict[str, Any]]) -> str:
+    return json.dumps([{k: _jsonable(v) for k, v in r.items()} for r in rows], indent=2)
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: "" if v is None else _jsonable(v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def age(ts: datetime | None) -> str:
+    if ts is None:
+        return "-"
+    ts = ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+    secs = (datetime.now(timezone.utc) - ts).total_seconds()
+    return f"{secs:.0f}s ago" if secs < 120 else f"{secs / 60:.0f}m ago"
+
+

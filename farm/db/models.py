@@ -1,0 +1,132 @@
+"""ORM models. The results table has one column per registered metric (``farm.metrics``)."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from farm.metrics import METRICS
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    """Timezone-aware UTC now."""
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class ModelArtifact(Base):
+    """A model file, content-addressed by sha256, so workers on other hosts fetch it by hash."""
+
+    __tablename__ = "model_artifacts"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    filename: Mapped[str] = mapped_column(String(255))
+    format: Mapped[str] = mapped_column(String(32))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    content: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+    inputs: Mapped[list[Any]] = mapped_column(JSON)
+    static_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Request(Base):
+    """One profiling request as submitted; ``excluded`` lists left-out combinations with reasons."""
+
+    __tablename__ = "requests"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    model_sha256: Mapped[str] = mapped_column(ForeignKey("model_artifacts.sha256"))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    excluded: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    """One cell of the matrix. ``status`` follows ``schemas.JobStatus``; claims are one UPDATE."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index(None, "request_id", "status"), Index(None, "status", "queue"))
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    request_id: Mapped[str] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"))
+    device: Mapped[str] = mapped_column(String(80))
+    engine: Mapped[str] = mapped_column(String(32))
+    batch_size: Mapped[int] = mapped_column(Integer)
+    concurrency: Mapped[int] = mapped_column(Integer)
+    edge_profile: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    queue: Mapped[str] = mapped_column(String(120))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker_id: Mapped[str | None] = mapped_column(String(120), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    enqueued_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    claimed_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class Worker(Base):
+    """A worker node: hardware JSON, the queues it consumes, and its heartbeat."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(120), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255))
+    hardware: Mapped[dict[str, Any]] = mapped_column(JSON)
+    queues: Mapped[list[Any]] = mapped_column(JSON)
+    runner: Mapped[str] = mapped_column(String(16), default="process")
+    status: Mapped[str] = mapped_column(String(16), default="online")
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_heartbeat: Mapped[datetime] = mapped_column(default=utcnow)
+    current_job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
+_SQL_TYPES = {"float": Float, "int": BigInteger, "bool": Boolean}
+
+
+class Result(Base):
+    """One row per job (the primary key makes the write idempotent). Metric columns come from the registry;
+    ``details`` holds the latency histogram, windows, error counts and sampler series."""
+
+    __tablename__ = "results"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    request_id: Mapped[str] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"), index=True)
+    worker_id: Mapped[str | None] = mapped_column(String(120), nullable=True)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+for _m in METRICS:
+    setattr(Result, _m.name, mapped_column(_m.name, _SQL_TYPES[_m.kind], nullable=True))
+del _m

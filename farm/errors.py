@@ -1,0 +1,60 @@
+"""farm's one error tree. Each message says what to do next."""
+from __future__ import annotations
+
+
+class FarmError(Exception):
+    """Base of every error farm raises on purpose; the CLI prints it as one line and exits non-zero."""
+
+    exit_code = 1
+
+
+class ConfigError(FarmError):
+    """Settings are wrong (bad URL, unreachable database or broker)."""
+
+
+class RequestError(FarmError):
+    """The profiling request is invalid: bad field, missing or corrupt model, matrix too large."""
+
+    exit_code = 2
+
+
+class ModelError(RequestError):
+    """The model file cannot be read, parsed or has inputs farm cannot feed."""
+
+
+class ArtifactError(FarmError):
+    """A model artifact is missing from the store or does not match its sha256."""
+
+
+class SchedulerError(FarmError):
+    """Expansion, enqueueing or reconciliation failed."""
+
+
+class NotFoundError(FarmError):
+    """A request, job or worker id does not exist."""
+
+    exit_code = 3
+
+
+class WorkerError(FarmError):
+    """A worker could not run a job."""
+
+
+class ContainerError(WorkerError):
+    """A container did not start, did not become ready, or died."""
+
+
+class ServerError(WorkerError):
+    """The model server did not start or did not become ready in time."""
+
+
+class LoadGenError(WorkerError):
+    """The load generator could not drive the server (connection refused, all requests failed)."""
+
+
+class SamplerError(WorkerError):
+    """A resource sampler could not read its source (NVML, cgroup, process)."""
+
+
+class UnsupportedError(WorkerError):
+    """This worker cannot run this kind of job (e.g. edge runs without the Docker runner)."""

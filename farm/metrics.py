@@ -1,0 +1,67 @@
+"""Every metric farm reports, declared once: name, unit, higher-is-better, and how it aggregates.
+
+Results, the results table columns, the CLI and reports all read this registry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Aggregation = Literal["mean", "max", "min", "sum", "last", "all"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric. ``aggregation`` says how repeated runs of a job combine (``all``: true only if all are)."""
+
+    name: str
+    unit: str
+    higher_is_better: bool
+    aggregation: Aggregation
+    kind: Literal["float", "int", "bool"] = "float"
+    description: str = ""
+
+
+_M = Metric
+METRICS: tuple[Metric, ...] = (
+    _M("throughput_infer_per_s", "infer/s", True, "mean", description="inferences (samples) per second"),
+    _M("requests_per_s", "req/s", True, "mean", description="completed requests per second"),
+    _M("latency_mean_ms", "ms", False, "mean", description="end-to-end latency, mean"),
+    _M("latency_p50_ms", "ms", False, "mean", description="end-to-end latency, 50th percentile"),
+    _M("latency_p90_ms", "ms", False, "mean", description="end-to-end latency, 90th percentile"),
+    _M("latency_p95_ms", "ms", False, "mean", description="end-to-end latency, 95th percentile"),
+    _M("latency_p99_ms", "ms", False, "mean", description="end-to-end latency, 99th percentile"),
+    _M("latency_p999_ms", "ms", False, "mean", description="end-to-end latency, 99.9th percentile"),
+    _M("latency_max_ms", "ms", False, "max", description="end-to-end latency, maximum"),
+    _M("latency_std_ms", "ms", False, "mean", description="end-to-end latency, standard deviation"),
+    _M("server_queue_p50_ms", "ms", False, "mean", description="server-side queue time, p50"),
+    _M("server_compute_p50_ms", "ms", False, "mean", description="server-side compute time, p50"),
+    _M("server_compute_p99_ms", "ms", False, "mean", description="server-side compute time, p99"),
+    _M("error_count", "requests", False, "sum", "int", "requests that failed, any gRPC status"),
+    _M("late_send_pct", "%", False, "mean", description="open loop: sends that left >1 ms after schedule"),
+    _M("client_busy_pct", "%", False, "mean", description="load generator CPU busy share"),
+    _M("stable", "bool", True, "all", "bool", "last windows agreed within the stability bound"),
+    _M("windows", "windows", False, "sum", "int", "measurement windows used"),
+    _M("gpu_mem_peak_bytes", "B", False, "max", "int", "GPU memory used by the server, peak"),
+    _M("gpu_util_avg_pct", "%", True, "mean", description="GPU utilization, average while measuring"),
+    _M("gpu_power_avg_w", "W", False, "mean", description="GPU power draw, average while measuring"),
+    _M("cpu_pct_avg", "%", False, "mean", description="server/container CPU, average (100 = one core)"),
+    _M("cpu_pct_peak", "%", False, "max", description="server/container CPU, peak (100 = one core)"),
+    _M("mem_avg_bytes", "B", False, "mean", "int", "server/container memory, average"),
+    _M("mem_peak_bytes", "B", False, "max", "int", "server/container memory, true peak"),
+    _M("mem_limit_bytes", "B", False, "last", "int", "memory limit applied to the run"),
+    _M("cpu_limit", "cores", False, "last", description="CPU limit applied to the run"),
+    _M("oom_killed", "bool", False, "all", "bool", "the run was killed for exceeding its memory limit"),
+    _M("limits_enforced", "bool", True, "all", "bool", "the CPU/memory limits were actually enforced"),
+    _M("duration_s", "s", False, "sum", description="measured time, warm-up excluded"),
+)
+
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+
+def metric(name: str) -> Metric:
+    """The metric called ``name``; KeyError names the known ones."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown metric {name!r}; known: {', '.join(BY_NAME)}") from None

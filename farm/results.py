@@ -1,0 +1,105 @@
+"""Results queries shared by the CLI, reports and tests: one row per job, metrics from the registry."""
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import func, select
+
+from farm.db.models import Job, Request, Result, Worker
+from farm.db.session import session_scope
+from farm.errors import NotFoundError
+from farm.metrics import METRICS
+from farm.settings import get_settings
+
+JOB_COLUMNS = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "status",
+               "attempts", "worker_id", "error")
+METRIC_NAMES = tuple(m.name for m in METRICS)
+
+
+def find_request(request_id: str) -> Request:
+    """The request with id ``request_id`` (a unique prefix of at least 4 characters works)."""
+    with session_scope() as s:
+        req = s.get(Request, request_id)
+        if req is None and len(request_id) >= 4:
+            matches = s.execute(select(Request).where(Request.id.startswith(request_id, autoescape=True))
+                                .limit(2)).scalars().all()
+            req = matches[0] if len(matches) == 1 else None
+        if req is None:
+            raise NotFoundError(f"no request {request_id!r}; `farm status` lists requests")
+        return req
+
+
+def result_rows(request_id: str) -> list[dict[str, Any]]:
+    """Every job of the request with its result metrics (None where not measured), in matrix order."""
+    req = find_request(request_id)
+    metric_cols = [getattr(Result, n) for n in METRIC_NAMES]
+    stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
+                   Job.status, Job.attempts, Job.worker_id, Job.error, *metric_cols)
+            .outerjoin(Result, Result.job_id == Job.id)
+            .where(Job.request_id == req.id)
+            .order_by(Job.edge_profile.is_not(None), Job.edge_profile, Job.device, Job.engine, Job.batch_size,
+                      Job.concurrency))
+    with session_scope() as s:
+        rows = s.execute(stmt).all()
+    names = JOB_COLUMNS + METRIC_NAMES
+    return [dict(zip(names, row)) for row in rows]
+
+
+def status_counts(request_id: str) -> dict[str, int]:
+    """Job counts by status for one request."""
+    req = find_request(request_id)
+    with session_scope() as s:
+        rows = s.execute(select(Job.status, func.count()).where(Job.request_id == req.id).group_by(Job.status))
+        return {status: n for status, n in rows}
+
+
+def recent_requests(limit: int = 20) -> list[dict[str, Any]]:
+    """The newest requests with their job counts by status."""
+    with session_scope() as s:
+        reqs = s.execute(select(Request.id, Request.name, Request.created_at, Request.spec)
+                         .order_by(Request.created_at.desc()).limit(limit)).all()
+        ids = [r.id for r in reqs]
+        counts: dict[str, Counter[str]] = {i: Counter() for i in ids}
+        if ids:
+            for rid, status, n in s.execute(select(Job.request_id, Job.status, func.count())
+                                            .where(Job.request_id.in_(ids)).group_by(Job.request_id, Job.status)):
+                counts[rid][status] = n
+    return [{"request_id": r.id, "name": r.name, "created_at": r.created_at, "model": r.spec.get("model"),
+             "counts": dict(counts[r.id])} for r in reqs]
+
+
+def workers_table() -> list[dict[str, Any]]:
+    """All registered workers, newest heartbeat first."""
+    with session_scope() as s:
+        rows = s.execute(select(Worker).order_by(Worker.last_heartbeat.desc())).scalars().all()
+        return [{"worker_id": w.id, "hostname": w.hostname, "runner": w.runner, "status": w.status,
+                 "queues": w.queues, "last_heartbeat": w.last_heartbeat, "current_job_id": w.current_job_id,
+                 "gpus": [g.get("name") for g in (w.hardware or {}).get("gpus", [])],
+                 "cpu": (w.hardware or {}).get("cpu", {})} for w in rows]
+
+
+def live_queues() -> set[str]:
+    """Queues consumed by workers that are online and heartbeating."""
+    cutoff = datetime.now(timezone.utc) - timedelta(seconds=get_settings().worker_dead_after_s)
+    with session_scope() as s:
+        rows = s.execute(select(Worker.queues, Worker.last_heartbeat).where(Worker.status == "online")).all()
+    out: set[str] = set()
+    for queues, beat in rows:
+        beat = beat if beat.tzinfo else beat.replace(tzinfo=timezone.utc)
+        if beat >= cutoff:
+            out.update(queues or [])
+    return out
+
+
+def waiting_queues(request_id: str) -> dict[str, int]:
+    """Queued jobs of the request whose queue no live worker consumes, counted by queue."""
+    req = find_request(request_id)
+    with session_scope() as s:
+        rows = s.execute(select(Job.queue, func.count()).where(Job.request_id == req.id, Job.status == "queued")
+                         .group_by(Job.queue)).all()
+    if not rows or get_settings().embedded:
+        return {}
+    live = live_queues()
+    return {q: n for q, n in rows if q not in live}

@@ -1,0 +1,75 @@
+"""farm's settings: one lazily built object, every field bound to a ``FARM_*`` environment variable."""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_home() -> Path:
+    """Where the embedded default keeps its SQLite file and artifact cache: ``$XDG_DATA_HOME/farm``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "farm"
+
+
+class Settings(BaseSettings):
+    """farm settings. Env vars: ``FARM_DATABASE_URL``, ``FARM_BROKER_URL``, ... (see README)."""
+
+    model_config = SettingsConfigDict(env_prefix="FARM_", extra="ignore")
+
+    home: Path = Field(default_factory=default_home)
+    database_url: str | None = None
+    broker_url: str | None = None
+    runner: str = "auto"  # auto | process | docker
+    job_limit: int = Field(default=5000, ge=1)
+    heartbeat_s: float = Field(default=5.0, gt=0)
+    worker_dead_after_s: float = Field(default=30.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+    visibility_timeout_s: int = Field(default=7200, ge=60)
+    server_ready_timeout_s: float = Field(default=60.0, gt=0)
+
+    @property
+    def db_url(self) -> str:
+        """The database URL; the embedded default is a SQLite file under ``home``."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.home / 'farm.db'}"
+
+    @property
+    def cache_dir(self) -> Path:
+        """Local cache of model artifacts fetched from the database (content-addressed)."""
+        return self.home / "artifacts"
+
+    @property
+    def embedded(self) -> bool:
+        """True when no broker is set: jobs run in-process."""
+        return not self.broker_url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, built on first use."""
+    return Settings()
+
+
+def reset_settings() -> None:
+    """Forget the cached settings (tests change ``FARM_*`` variables)."""
+    get_settings.cache_clear()
+
+
+def mask_url(url: str | None) -> str:
+    """A URL with its password replaced by ``***``, for logs and CLI output."""
+    if not url:
+        return ""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        import re
+
+        return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)

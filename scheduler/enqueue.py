@@ -1,0 +1,100 @@
+"""Submitting a request: inspect the model, store it, expand, write request + jobs in one transaction,
+then hand the jobs to the broker (cluster mode). Nothing is written when any step before fails."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import select, update
+
+from farm.artifacts import store_model
+from farm.db.models import Job, Request, Worker
+from farm.db.session import session_scope
+from farm.errors import RequestError, SchedulerError
+from farm.modelinfo import inspect_model
+from farm.settings import get_settings
+from schemas import ProfileRequest
+from scheduler.expand import Expansion, ModelRef, expand
+
+
+@dataclass
+class Submission:
+    """What ``submit`` created: the request id, its jobs and the left-out combinations."""
+
+    request_id: str
+    expansion: Expansion
+
+
+def online_gpu_products(session) -> list[str]:  # type: ignore[no-untyped-def]
+    """GPU product names advertised by workers whose heartbeat is recent."""
+    settings = get_settings()
+    cutoff = datetime.now(timezone.utc).timestamp() - settings.worker_dead_after_s
+    products: list[str] = []
+    for hw, beat in session.execute(select(Worker.hardware, Worker.last_heartbeat).where(Worker.status == "online")):
+        if beat.replace(tzinfo=beat.tzinfo or timezone.utc).timestamp() < cutoff:
+            continue
+        products.extend(g.get("name", "") for g in (hw or {}).get("gpus", []))
+    return products
+
+
+def plan(request: ProfileRequest, request_id: str | None = None) -> tuple[Submission, Path, ModelRef]:
+    """Inspect the model and expand the request, touching nothing; raises RequestError on bad input."""
+    settings = get_settings()
+    path = Path(request.model).expanduser()
+    info = inspect_model(path, request.format, request.inputs)
+    if request.measurement.timeout_s >= settings.visibility_timeout_s:
+        raise RequestError(f"measurement timeout_s {request.measurement.timeout_s:g} must be below the broker "
+                           f"visibility timeout ({settings.visibility_timeout_s} s, FARM_VISIBILITY_TIMEOUT_S)")
+    ref = ModelRef(sha256=info.sha256, format=info.format, filename=path.name, inputs=tuple(info.inputs))
+    rid = request_id or str(uuid.uuid4())
+    with session_scope() as s:
+        products = online_gpu_products(s)
+    expansion = expand(request, rid, ref, products)
+    if not expansion.jobs:
+        reasons = "; ".join(str(e["reason"]) for e in expansion.excluded) or "empty matrix"
+        raise RequestError(f"the request expands to no runnable job: {reasons}")
+    if len(expansion.jobs) > settings.job_limit:
+        raise RequestError(f"the request expands to {len(expansion.jobs)} jobs, above the limit of "
+                           f"{settings.job_limit}; shrink the matrix or raise FARM_JOB_LIMIT")
+    return Submission(rid, expansion), path, ref
+
+
+def submit(request: ProfileRequest, send: bool | None = None) -> Submission:
+    """Store the model, the request and its jobs atomically; then enqueue them when a broker is set.
+
+    A broker failure after the commit leaves the jobs ``queued`` in the database, where reconciliation
+    re-enqueues them; it is reported as a SchedulerError.
+    """
+    sub, path, ref = plan(request)
+    with session_scope() as s:
+        store_model(s, path, ref.sha256, ref.format, [t.model_dump(mode="json") for t in ref.inputs])
+        s.add(Request(id=sub.request_id, name=request.name, model_sha256=ref.sha256,
+                      spec=request.model_dump(mode="json"), excluded=sub.expansion.excluded))
+        s.flush()
+        s.add_all(Job(id=j.job_id, request_id=sub.request_id, device=j.device, engine=j.engine,
+                      batch_size=j.batch_size, concurrency=j.concurrency,
+                      edge_profile=j.edge_profile.name if j.edge_profile else None, queue=j.queue,
+                      spec=j.model_dump(mode="json"), status="queued")
+                  for j in sub.expansion.jobs)
+    if send if send is not None else not get_settings().embedded:
+        enqueue_jobs([(j.job_id, j.queue) for j in sub.expansion.jobs])
+    return sub
+
+
+def enqueue_jobs(jobs: list[tuple[str, str]]) -> None:
+    """Send (job id, queue) pairs to the broker and stamp ``enqueued_at``."""
+    from farm.celery_app import enqueue_job
+
+    try:
+        for job_id, queue in jobs:
+            enqueue_job(job_id, queue)
+    except Exception as exc:  # kombu raises many types; the jobs stay queued in the ledger
+        raise SchedulerError(f"the broker refused jobs ({type(exc).__name__}: {exc}); they stay queued in the "
+                             "database and are re-enqueued by `farm scheduler`; check FARM_BROKER_URL") from exc
+    now = datetime.now(timezone.utc)
+    with session_scope() as s:
+        ids = [j for j, _ in jobs]
+        for i in range(0, len(ids), 500):
+            s.execute(update(Job).where(Job.id.in_(ids[i:i + 500])).values(enqueued_at=now))

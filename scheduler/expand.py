@@ -1,0 +1,121 @@
+"""Expansion of a request into jobs: pure functions, no I/O.
+
+One job per (device x engine x batch size x concurrency) plus one per (edge profile x batch size).
+Job ids are deterministic from the request id and the job's coordinates.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from schemas import JobSpec, ProfileRequest, TensorSpec
+from schemas.request import device_slug
+from scheduler.compat import EDGE_ENGINE, incompatibility
+
+CPU_QUEUE = "farm.cpu"
+EDGE_QUEUE = "farm.edge"
+
+
+def gpu_queue(slug: str) -> str:
+    """The Celery queue of one GPU product, e.g. ``farm.gpu.a100-sxm4-40gb``."""
+    return f"farm.gpu.{slug}"
+
+
+def queue_for(device: str) -> str:
+    """The Celery queue serving ``device`` (``cpu`` or ``gpu:<slug>``)."""
+    if device == "cpu":
+        return CPU_QUEUE
+    kind, _, slug = device.partition(":")
+    if kind != "gpu" or not slug:
+        raise ValueError(f"device {device!r} has no queue; resolve 'gpu' to 'gpu:<product>' first")
+    return gpu_queue(slug)
+
+
+def job_id_for(request_id: str, device: str, engine: str, batch: int, concurrency: int,
+               edge: str | None) -> str:
+    """A deterministic 32-hex-character job id from the request id and the coordinates."""
+    key = f"{request_id}|{device}|{engine}|b{batch}|c{concurrency}|edge={edge or ''}"
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """What expansion needs to know of the model artifact."""
+
+    sha256: str
+    format: str
+    filename: str
+    inputs: tuple[TensorSpec, ...]
+
+
+@dataclass
+class Expansion:
+    """Jobs to run and combinations left out, each with its reason."""
+
+    jobs: list[JobSpec] = field(default_factory=list)
+    excluded: list[dict[str, object]] = field(default_factory=list)
+
+
+def resolve_devices(devices: list[str], gpu_products: list[str] | None) -> tuple[list[str], list[dict[str, object]]]:
+    """Resolve device selectors against the GPU product names live workers advertise.
+
+    ``cpu`` stays; ``gpu`` becomes one ``gpu:<slug>`` per distinct product online (excluded with a reason
+    when none is); ``gpu:<name>`` becomes every online product whose slug contains ``<name>``, or stays
+    as asked (its jobs wait in their queue until such a worker comes) when none matches.
+    """
+    slugs = sorted({device_slug(p) for p in (gpu_products or [])})
+    out: list[str] = []
+    excluded: list[dict[str, object]] = []
+    for d in devices:
+        if d == "cpu":
+            resolved = ["cpu"]
+        elif d == "gpu":
+            resolved = [f"gpu:{s}" for s in slugs]
+            if not resolved:
+                excluded.append({"device": "gpu", "reason": "no worker with a GPU is online; name a product "
+                                 "(e.g. --device gpu:a100) to queue jobs for workers yet to come"})
+        else:
+            want = d.split(":", 1)[1]
+            resolved = [f"gpu:{s}" for s in slugs if want in s] or [f"gpu:{device_slug(want)}"]
+        out.extend(r for r in resolved if r not in out)
+    return out, excluded
+
+
+def expand(request: ProfileRequest, request_id: str, model: ModelRef,
+           gpu_products: list[str] | None = None) -> Expansion:
+    """Expand ``request`` into jobs; incompatible combinations go to ``excluded`` with their reason."""
+    devices, excluded = resolve_devices(request.devices, gpu_products)
+    result = Expansion(excluded=excluded)
+    inputs = list(model.inputs)
+    common = dict(request_id=request_id, model_sha256=model.sha256, model_format=model.format,
+                  model_filename=model.filename, inputs=inputs, measurement=request.measurement)
+    for device in devices:
+        for engine in request.engines:
+            reason = incompatibility(engine, model.format, device)
+            if reason:
+                result.excluded.append({"device": device, "engine": engine, "reason": reason})
+                continue
+            for b in request.batch_sizes:
+                for c in request.concurrency:
+                    result.jobs.append(JobSpec(
+                        job_id=job_id_for(request_id, device, engine, b, c, None), device=device,
+                        engine=engine, batch_size=b, concurrency=c, queue=queue_for(device), **common))
+    edge_engine = EDGE_ENGINE.get(model.format)
+    for profile in request.edge:
+        if edge_engine is None:
+            result.excluded.append({"edge_profile": profile.name,
+                                    "reason": f"no in-process engine for {model.format} models"})
+            continue
+        for b in request.batch_sizes:
+            result.jobs.append(JobSpec(
+                job_id=job_id_for(request_id, "cpu", edge_engine, b, 1, profile.name), device="cpu",
+                engine=edge_engine, batch_size=b, concurrency=1, edge_profile=profile, queue=EDGE_QUEUE,
+                **common))
+    return result
+
+
+def matrix_size(request: ProfileRequest, n_devices: int | None = None) -> int:
+    """Upper bound of the job count before compatibility filtering (for the job limit)."""
+    devices = n_devices if n_devices is not None else len(request.devices)
+    return (devices * len(request.engines) * len(request.batch_sizes) * len(request.concurrency)
+            + len(request.edge) * len(request.batch_sizes))

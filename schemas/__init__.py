@@ -1,0 +1,32 @@
+"""farm's contract: pydantic models shared by the CLI, scheduler and workers.
+
+This package imports nothing else of farm's.
+"""
+from __future__ import annotations
+
+from schemas.hardware import CpuInfo, GpuInfo, WorkerHardware
+from schemas.job import JobSpec, JobStatus
+from schemas.request import (
+    ENGINES,
+    MODEL_FORMATS,
+    EdgeProfile,
+    MeasurementSettings,
+    ProfileRequest,
+    TensorSpec,
+)
+from schemas.result import JobResult
+
+__all__ = [
+    "ENGINES",
+    "MODEL_FORMATS",
+    "CpuInfo",
+    "EdgeProfile",
+    "GpuInfo",
+    "JobResult",
+    "JobSpec",
+    "JobStatus",
+    "MeasurementSettings",
+    "ProfileRequest",
+    "TensorSpec",
+    "WorkerHardware",
+]

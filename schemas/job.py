@@ -1,0 +1,47 @@
+"""A job: one cell of the expanded matrix, as the scheduler writes it and a worker runs it."""
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict
+
+from schemas.request import EdgeProfile, MeasurementSettings, TensorSpec
+
+
+class JobStatus(str, Enum):
+    """Job life cycle: queued -> claimed -> running -> succeeded | failed | cancelled."""
+
+    queued = "queued"
+    claimed = "claimed"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
+
+
+class JobSpec(BaseModel):
+    """Everything a worker needs to run one measurement, independent of the database."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    request_id: str
+    model_sha256: str
+    model_format: str
+    model_filename: str = "model"
+    inputs: list[TensorSpec]
+    device: str  # "cpu" or "gpu:<slug>"
+    engine: str
+    batch_size: int
+    concurrency: int
+    edge_profile: EdgeProfile | None = None
+    queue: str
+    measurement: MeasurementSettings
+
+    @property
+    def is_edge(self) -> bool:
+        return self.edge_profile is not None

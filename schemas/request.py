@@ -1,0 +1,211 @@
+"""The profiling request: what the user asks farm to measure."""
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MODEL_FORMATS: tuple[str, ...] = ("onnx", "torchscript")
+ENGINES: tuple[str, ...] = ("onnxruntime", "torchscript", "triton")
+DTYPES: tuple[str, ...] = (
+    "FP32", "FP16", "FP64", "INT8", "INT16", "INT32", "INT64", "UINT8", "BOOL",
+)
+_MEMORY_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgKMG]?)(?:i?[bB])?$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_DEVICE_RE = re.compile(r"^(cpu|gpu(:[a-z0-9][a-z0-9_.-]{0,62})?)$")
+
+
+def parse_memory(value: str | int) -> int:
+    """Parse a memory size such as ``512m``, ``1g``, ``1.5GiB`` or bytes into bytes (binary units)."""
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"memory must be positive, got {value}")
+        return value
+    m = _MEMORY_RE.match(str(value).strip())
+    if not m:
+        raise ValueError(f"memory {value!r} is not a size; use e.g. 512m, 1g or a number of bytes")
+    number, unit = float(m.group(1)), m.group(2).lower()
+    size = int(number * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit])
+    if size < (4 << 20):
+        raise ValueError(f"memory {value!r} is below 4 MiB, which no container can start in")
+    return size
+
+
+def device_slug(name: str) -> str:
+    """Turn a GPU product name (``NVIDIA A100-SXM4-40GB``) into a queue-safe slug (``a100-sxm4-40gb``)."""
+    s = name.lower()
+    for prefix in ("nvidia ", "tesla ", "geforce "):
+        if s.startswith(prefix):
+            s = s[len(prefix):]
+    s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
+    return s or "unknown"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorSpec(_Strict):
+    """One model input: name, dtype (KServe v2 datatype) and shape without the batch dimension."""
+
+    name: str = Field(min_length=1, max_length=256)
+    dtype: str = "FP32"
+    shape: tuple[int, ...] = Field(description="per-sample shape, batch dimension excluded; all dims > 0")
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        up = v.upper()
+        if up not in DTYPES:
+            raise ValueError(f"dtype {v!r} is not supported; allowed: {', '.join(DTYPES)}")
+        return up
+
+    @field_validator("shape")
+    @classmethod
+    def _shape(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(d <= 0 for d in v):
+            raise ValueError(f"shape {list(v)} has a dimension <= 0; give concrete sizes (batch excluded)")
+        return v
+
+
+class EdgeProfile(_Strict):
+    """A constrained edge box: CPU share (cores), memory limit (bytes) and optional cpuset (``0-1``)."""
+
+    name: str = ""
+    cpus: float = Field(gt=0, le=256, description="CPU limit in cores, e.g. 0.5")
+    memory: int = Field(description="memory limit in bytes; accepts 512m, 1g")
+    cpuset: str | None = None
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, v: object) -> int:
+        if isinstance(v, (str, int)) and not isinstance(v, bool):
+            return parse_memory(v)
+        raise ValueError(f"memory must be a size like 512m or 1g, got {v!r}")
+
+    @field_validator("cpuset")
+    @classmethod
+    def _cpuset(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", v):
+            raise ValueError(f"cpuset {v!r} is not a CPU list; use e.g. 0 or 0-1 or 0,2")
+        return v
+
+    @model_validator(mode="after")
+    def _default_name(self) -> EdgeProfile:
+        if not self.name:
+            object.__setattr__(self, "name", f"cpus{self.cpus:g}-mem{self.memory >> 20}m")
+        elif not _NAME_RE.match(self.name):
+            raise ValueError(
+                f"edge profile name {self.name!r} must be 1-63 characters of letters, digits, '_', '.', '-'"
+            )
+        return self
+
+
+class MeasurementSettings(_Strict):
+    """How each job is measured. Times in seconds; percentages in %."""
+
+    mode: Literal["closed", "constant", "poisson"] = "closed"
+    rate: float | None = Field(default=None, gt=0, description="requests/s for open-loop modes")
+    warmup_s: float = Field(default=1.0, ge=0, le=600)
+    window_s: float = Field(default=1.0, gt=0, le=600)
+    min_windows: int = Field(default=3, ge=1, le=1000)
+    max_windows: int = Field(default=10, ge=1, le=1000)
+    stability_pct: float = Field(default=10.0, gt=0, le=100)
+    duration_s: float | None = Field(default=None, gt=0, le=3600,
+                                     description="fixed measurement time; disables stability windows")
+    timeout_s: float = Field(default=600.0, gt=0, le=86400, description="per-job time limit")
+    threads: int = Field(default=0, ge=0, le=256, description="server intra-op threads, 0 = engine default")
+    instances: int = Field(default=1, ge=1, le=64, description="server model instances")
+
+    @model_validator(mode="after")
+    def _check(self) -> MeasurementSettings:
+        if self.mode != "closed" and self.rate is None:
+            raise ValueError(f"mode {self.mode!r} needs a rate (requests/s)")
+        if self.mode == "closed" and self.rate is not None:
+            object.__setattr__(self, "mode", "constant")
+        if self.max_windows < self.min_windows:
+            raise ValueError(f"max_windows ({self.max_windows}) must be >= min_windows ({self.min_windows})")
+        return self
+
+
+def _positive_unique(name: str, values: list[int], upper: int) -> list[int]:
+    if not values:
+        raise ValueError(f"{name} must not be empty")
+    for v in values:
+        if isinstance(v, bool) or v <= 0 or v > upper:
+            raise ValueError(f"{name} must be whole numbers from 1 to {upper}, got {v}")
+    return sorted(set(values))
+
+
+class ProfileRequest(_Strict):
+    """What to profile: one model over devices x engines x batch sizes x concurrency, plus edge runs."""
+
+    model: str = Field(min_length=1, max_length=4096, description="path of the model file")
+    format: Literal["onnx", "torchscript"] | None = None
+    inputs: list[TensorSpec] | None = None
+    devices: list[str] = Field(default_factory=lambda: ["cpu"])
+    engines: list[str] = Field(default_factory=lambda: ["onnxruntime"])
+    batch_sizes: list[int] = Field(default_factory=lambda: [1])
+    concurrency: list[int] = Field(default_factory=lambda: [1])
+    edge: list[EdgeProfile] = Field(default_factory=list)
+    measurement: MeasurementSettings = Field(default_factory=MeasurementSettings)
+    name: str | None = Field(default=None, max_length=200)
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("devices must not be empty; allowed: cpu, gpu, gpu:<product>")
+        out: list[str] = []
+        for d in v:
+            d = d.strip().lower()
+            if not _DEVICE_RE.match(d):
+                raise ValueError(f"device {d!r} is unknown; allowed: cpu, gpu, gpu:<product> (e.g. gpu:a100)")
+            if d not in out:
+                out.append(d)
+        return out
+
+    @field_validator("engines")
+    @classmethod
+    def _engines(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError(f"engines must not be empty; allowed: {', '.join(ENGINES)}")
+        out: list[str] = []
+        for e in v:
+            e = e.strip().lower()
+            if e not in ENGINES:
+                raise ValueError(f"engine {e!r} is unknown; allowed: {', '.join(ENGINES)}")
+            if e not in out:
+                out.append(e)
+        return out
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _batches(cls, v: list[int]) -> list[int]:
+        return _positive_unique("batch_sizes", v, 65536)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _conc(cls, v: list[int]) -> list[int]:
+        return _positive_unique("concurrency", v, 4096)
+
+    @field_validator("edge")
+    @classmethod
+    def _edge(cls, v: list[EdgeProfile]) -> list[EdgeProfile]:
+        names = [p.name for p in v]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"edge profile names must be unique; repeated: {', '.join(sorted(dup))}")
+        return v
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs(cls, v: list[TensorSpec] | None) -> list[TensorSpec] | None:
+        if v is not None:
+            names = [t.name for t in v]
+            if len(set(names)) != len(names):
+                raise ValueError("inputs must have unique names")
+            if not v:
+                raise ValueError("inputs must not be empty when given; omit it to infer from the model")
+        return v

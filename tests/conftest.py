@@ -1,0 +1,121 @@
+"""Shared fixtures: a fresh Postgres database and Redis db per test session, a SQLite file per test,
+and settings isolated from the developer's environment. A service fixture skips only when the service
+truly does not answer (CI starts both)."""
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PG_ADMIN_URL = os.environ.get("FARM_TEST_PG_ADMIN", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+REDIS_URL_BASE = os.environ.get("FARM_TEST_REDIS", "redis://127.0.0.1:6379")
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def isolated_settings(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Every test gets its own FARM_HOME and no inherited FARM_* variables."""
+    from farm.settings import reset_settings
+
+    for key in list(os.environ):
+        if key.startswith("FARM_") and not key.startswith("FARM_TEST_"):
+            monkeypatch.delenv(key)
+    home = tmp_path_factory.mktemp("farm-home")
+    monkeypatch.setenv("FARM_HOME", str(home))
+    reset_settings()
+    yield home
+    reset_settings()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh, migrated-nowhere Postgres database for this test session, dropped afterwards."""
+    if not _answers("127.0.0.1", 5432):
+        pytest.skip("PostgreSQL does not answer on 127.0.0.1:5432")
+    from sqlalchemy import create_engine, text
+
+    name = f"farm_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    yield url
+    from farm.db.session import _engine_for
+
+    _engine_for.cache_clear()
+    with admin.connect() as conn:
+        conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A Redis database index of its own (flushed before and after)."""
+    if not _answers("127.0.0.1", 6379):
+        pytest.skip("Redis does not answer on 127.0.0.1:6379")
+    import redis
+
+    db = 7 + (os.getpid() % 8)
+    url = f"{REDIS_URL_BASE}/{db}"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A migrated SQLite database for one test, set as FARM_DATABASE_URL."""
+    from farm.db.migrate import upgrade
+    from farm.settings import reset_settings
+
+    url = f"sqlite:///{tmp_path / 'farm.db'}"
+    monkeypatch.setenv("FARM_DATABASE_URL", url)
+    reset_settings()
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+def cluster_env(pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """FARM_DATABASE_URL (Postgres, migrated, tables emptied) and FARM_BROKER_URL (Redis) for one test."""
+    from sqlalchemy import text
+
+    from farm.celery_app import get_app
+    from farm.db.migrate import upgrade
+    from farm.db.session import get_engine
+    from farm.settings import reset_settings
+
+    monkeypatch.setenv("FARM_DATABASE_URL", pg_url)
+    monkeypatch.setenv("FARM_BROKER_URL", redis_url)
+    reset_settings()
+    get_app.cache_clear()
+    upgrade(pg_url)
+    with get_engine(pg_url).begin() as conn:
+        conn.execute(text("TRUNCATE results, jobs, requests, workers, model_artifacts CASCADE"))
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    yield {"FARM_DATABASE_URL": pg_url, "FARM_BROKER_URL": redis_url}
+    get_app.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def example_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """farm's MLP example model (ONNX, dynamic batch)."""
+    from farm.example_models import build_example
+
+    return build_example("mlp", tmp_path_factory.mktemp("models") / "mlp.onnx")

@@ -1,0 +1,46 @@
+"""The front door, as a user meets it: the embedded default and bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FAST, farm, farm_env
+
+
+@pytest.mark.slow
+def test_embedded_default_runs_jobs_in_process_and_prints_results(tmp_path: Path) -> None:
+    model = tmp_path / "convnet.onnx"
+    farm("example-model", str(model), "--kind", "convnet")
+    out = farm("submit", str(model), "--batch-sizes", "1,2", *FAST)
+    assert "embedded mode" in out.stderr and "2 jobs" in out.stderr
+    assert out.stdout.count("succeeded") == 2, out.stdout + out.stderr
+    rid = json.loads(farm("status", "--json").stdout)[0]["request_id"]
+    rows = json.loads(farm("results", rid, "--format", "json").stdout)
+    assert [r["status"] for r in rows] == ["succeeded", "succeeded"]
+    assert all(r["throughput_infer_per_s"] > 0 and r["latency_p99_ms"] > 0 for r in rows)
+    csv = farm("results", rid, "--format", "csv").stdout.splitlines()
+    assert csv[0].startswith("job_id,device,engine") and len(csv) == 3
+    assert (Path(farm_env()["FARM_HOME"]) / "farm.db").is_file()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["submit", "/nonexistent/model.onnx"], "model"),
+    (["submit", "MODEL", "--batch-sizes", "0"], "batch_sizes"),
+    (["submit", "MODEL", "--batch-sizes", "a,b"], "--batch-sizes"),
+    (["submit", "MODEL", "--engine", "tensorrt"], "engine"),
+    (["submit", "MODEL", "--device", "tpu"], "device"),
+    (["submit", "MODEL", "--edge", "cpus=1"], "memory"),
+    (["submit", "MODEL", "--edge", "cpus=1,memory=lots"], "memory"),
+    (["results", "no-such-request"], "no request"),
+    (["results", "x", "--format", "xml"], "--format"),
+])
+def test_bad_input_gives_one_line_and_nonzero_exit(args: list[str], needle: str, example_onnx: Path) -> None:
+    args = [str(example_onnx) if a == "MODEL" else a for a in args]
+    proc = farm(*args, check=False)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in proc.stderr

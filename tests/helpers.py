@@ -1,0 +1,53 @@
+"""Helpers for tests that run the real ``farm`` command in subprocesses."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+FAST = ["--windows", "3", "--window", "0.3", "--warmup", "0.2"]
+
+
+def farm_env(**extra: str) -> dict[str, str]:
+    """The current environment plus ``extra`` (settings already isolated by the autouse fixture)."""
+    env = {k: v for k, v in os.environ.items()}
+    env.update(extra)
+    env.setdefault("FARM_RUNNER", "process")
+    return env
+
+
+def farm(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
+         check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m farm.cli ARGS`` and return the finished process."""
+    proc = subprocess.run([sys.executable, "-m", "farm", *args], capture_output=True, text=True,
+                          env=env or farm_env(), timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"farm {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc
+
+
+def start_worker(env: dict[str, str], *args: str, log: Path | None = None) -> subprocess.Popen[str]:
+    """Start a real ``farm worker`` process."""
+    out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen([sys.executable, "-m", "farm", "worker", *args], env=env, stdout=out,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def wait_done(request_id: str, env: dict[str, str], timeout: float = 240) -> dict[str, int]:
+    """Poll ``farm status --json`` until every job is final; returns the counts."""
+    deadline = time.monotonic() + timeout
+    counts: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        counts = json.loads(farm("status", request_id, "--json", env=env).stdout)["counts"]
+        if counts and all(k in ("succeeded", "failed", "cancelled") for k in counts):
+            return counts
+        time.sleep(1)
+    raise AssertionError(f"request {request_id} not done after {timeout} s: {counts}")
+
+
+def results_json(request_id: str, env: dict[str, str]) -> list[dict[str, Any]]:
+    return json.loads(farm("results", request_id, "--format", "json", env=env).stdout)

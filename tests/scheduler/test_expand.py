@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from schemas import ProfileRequest, TensorSpec
+from scheduler.expand import ModelRef, expand, job_id_for, matrix_size, queue_for, resolve_devices
+
+ONNX = ModelRef(sha256="a" * 64, format="onnx", filename="m.onnx",
+                inputs=(TensorSpec(name="input", shape=(256,)),))
+TS = ModelRef(sha256="b" * 64, format="torchscript", filename="m.pt", inputs=(TensorSpec(name="x", shape=(8,)),))
+
+
+def test_full_matrix_plus_edge_runs() -> None:
+    req = ProfileRequest(model="m.onnx", devices=["cpu", "gpu:t4"], engines=["onnxruntime", "triton"],
+                         batch_sizes=[1, 4, 16], concurrency=[1, 4],
+                         edge=[{"cpus": 1, "memory": "512m"}, {"cpus": 0.5, "memory": "256m", "name": "tiny"}])
+    exp = expand(req, "r1", ONNX)
+    serving = [j for j in exp.jobs if not j.is_edge]
+    edge = [j for j in exp.jobs if j.is_edge]
+    assert len(serving) == 2 * 2 * 3 * 2 == matrix_size(req) - len(edge)
+    assert len(edge) == 2 * 3
+    assert {j.queue for j in serving} == {"farm.cpu", "farm.gpu.t4"}
+    assert {j.queue for j in edge} == {"farm.edge"}
+    assert all(j.engine == "onnxruntime" and j.concurrency == 1 for j in edge)
+    assert len({j.job_id for j in exp.jobs}) == len(exp.jobs)
+    assert exp.excluded == []
+
+
+def test_job_ids_are_deterministic_from_request_and_coordinates() -> None:
+    req = ProfileRequest(model="m.onnx", batch_sizes=[1, 2])
+    a, b = expand(req, "req-x", ONNX), expand(req, "req-x", ONNX)
+    assert [j.job_id for j in a.jobs] == [j.job_id for j in b.jobs]
+    assert a.jobs[0].job_id == job_id_for("req-x", "cpu", "onnxruntime", 1, 1, None)
+    assert expand(req, "req-y", ONNX).jobs[0].job_id != a.jobs[0].job_id
+
+
+def test_incompatible_engines_are_left_out_with_reason() -> None:
+    req = ProfileRequest(model="m.onnx", engines=["onnxruntime", "torchscript"])
+    exp = expand(req, "r", ONNX)
+    assert [j.engine for j in exp.jobs] == ["onnxruntime"]
+    assert exp.excluded == [{"device": "cpu", "engine": "torchscript",
+                             "reason": "engine torchscript cannot load onnx models (it loads: torchscript)"}]
+    ts = expand(ProfileRequest(model="m.pt", engines=["onnxruntime", "torchscript"]), "r", TS)
+    assert [j.engine for j in ts.jobs] == ["torchscript"]
+
+
+def test_gpu_selectors_resolve_against_live_inventory() -> None:
+    products = ["NVIDIA A100-SXM4-40GB", "Tesla T4", "NVIDIA A100-SXM4-40GB"]
+    devices, excluded = resolve_devices(["gpu"], products)
+    assert devices == ["gpu:a100-sxm4-40gb", "gpu:t4"] and excluded == []
+    assert resolve_devices(["gpu:a100"], products)[0] == ["gpu:a100-sxm4-40gb"]
+    assert resolve_devices(["gpu:h100"], products)[0] == ["gpu:h100"]  # waits for such a worker
+    devices, excluded = resolve_devices(["cpu", "gpu"], [])
+    assert devices == ["cpu"] and "no worker with a GPU is online" in str(excluded[0]["reason"])
+
+
+def test_queue_names() -> None:
+    assert queue_for("cpu") == "farm.cpu"
+    assert queue_for("gpu:a100-sxm4-40gb") == "farm.gpu.a100-sxm4-40gb"

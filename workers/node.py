@@ -1,0 +1,171 @@
+"""A worker node: registers its hardware, heartbeats, and consumes only the queues it can serve.
+
+``WorkerNode`` is a context manager (registration + heartbeat thread). ``serve_forever`` runs a real
+Celery worker (late ack, prefetch 1); ``drain`` is the burst mode: it takes messages from the broker
+until the queues are empty, runs them, acks them, and returns (used by tests and one-shot hosts).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import update
+
+from farm.celery_app import RUN_JOB_TASK, get_app
+from farm.db.models import Worker
+from farm.db.session import session_scope
+from farm.settings import get_settings
+from schemas import WorkerHardware
+from workers.execute import run_job
+from workers.ledger import now
+from workers.runners.base import Runner
+
+log = logging.getLogger("farm.worker")
+
+
+def new_worker_id() -> str:
+    """``<hostname>-<pid>-<random>``: unique per worker process."""
+    return f"{socket.gethostname()[:80]}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class WorkerNode:
+    """One worker process: its id, hardware, runner and the heartbeat that says it is alive."""
+
+    runner: Runner
+    hardware: WorkerHardware
+    worker_id: str = field(default_factory=new_worker_id)
+    heartbeat_s: float = field(default_factory=lambda: get_settings().heartbeat_s)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.current_job: str | None = None
+
+    @property
+    def queues(self) -> list[str]:
+        return list(self.hardware.queues)
+
+    def gpu_uuids_for(self, device: str) -> list[str]:
+        """UUIDs of this host's GPUs matching ``gpu:<slug>`` (empty for cpu)."""
+        if not device.startswith("gpu:"):
+            return []
+        slug = device.split(":", 1)[1]
+        return [g.uuid for g in self.hardware.gpus if g.slug == slug][:1]
+
+    def register(self) -> None:
+        """Insert or refresh this worker's row: hardware JSON, queues, runner, status online."""
+        with session_scope() as s:
+            row = s.get(Worker, self.worker_id)
+            values: dict[str, Any] = dict(hostname=self.hardware.hostname,
+                                          hardware=self.hardware.model_dump(mode="json"), queues=self.queues,
+                                          runner=self.runner.name, status="online", last_heartbeat=now())
+            if row is None:
+                s.add(Worker(id=self.worker_id, started_at=now(), **values))
+            else:
+                for k, v in values.items():
+                    setattr(row, k, v)
+
+    def beat(self) -> None:
+        """One heartbeat: last_heartbeat = now, and the job in hand."""
+        with session_scope() as s:
+            s.execute(update(Worker).where(Worker.id == self.worker_id)
+                      .values(last_heartbeat=now(), status="online", current_job_id=self.current_job))
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.beat()
+            except Exception as exc:  # the database may blink; the next beat tries again
+                log.warning("heartbeat failed: %s", exc)
+
+    def __enter__(self) -> WorkerNode:
+        self.register()
+        self._thread = threading.Thread(target=self._beat_loop, name="farm-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            with session_scope() as s:
+                s.execute(update(Worker).where(Worker.id == self.worker_id)
+                          .values(status="offline", current_job_id=None, last_heartbeat=now()))
+        except Exception as exc:
+            log.warning("could not mark worker offline: %s", exc)
+        self.runner.close()
+
+    def run(self, job_id: str) -> str:
+        """Run one delivered job (claiming it first)."""
+        spec_device = _device_of(job_id)
+        self.current_job = job_id
+        try:
+            return run_job(job_id, self.worker_id, self.runner, self.gpu_uuids_for(spec_device))
+        finally:
+            self.current_job = None
+
+    def drain(self, max_jobs: int | None = None) -> int:
+        """Burst mode: consume this node's queues until empty; returns the number of messages handled."""
+        handled = 0
+        app = get_app()
+        with app.connection_for_read() as conn:
+            channel = conn.default_channel
+            idle = False
+            while not idle and (max_jobs is None or handled < max_jobs):
+                idle = True
+                for queue in self.queues:
+                    message = channel.basic_get(queue, no_ack=False)
+                    if message is None:
+                        continue
+                    idle = False
+                    task = (message.headers or {}).get("task")
+                    if task == RUN_JOB_TASK:
+                        args = message.decode()[0]
+                        self.run(args[0])
+                    else:
+                        log.warning("ignoring unknown task %r", task)
+                    message.ack()
+                    handled += 1
+                    break
+        return handled
+
+    def serve_forever(self, loglevel: str = "INFO") -> None:
+        """Run a Celery worker on this node's queues until stopped (SIGTERM: warm shutdown)."""
+        app = get_app()
+        install_task(self)
+        worker = app.Worker(queues=self.queues, concurrency=1, pool="solo", prefetch_multiplier=1,
+                            hostname=f"{self.worker_id}@{self.hardware.hostname[:60]}", loglevel=loglevel,
+                            without_heartbeat=True, without_mingle=True, without_gossip=True)
+        worker.start()
+
+
+def _device_of(job_id: str) -> str:
+    from farm.db.models import Job
+
+    with session_scope() as s:
+        job = s.get(Job, job_id)
+        return job.device if job is not None else "cpu"
+
+
+_NODE: WorkerNode | None = None
+
+
+def install_task(node: WorkerNode) -> None:
+    """Register the ``farm.run_job`` task on the Celery app, bound to ``node``."""
+    global _NODE
+    _NODE = node
+    app = get_app()
+    if RUN_JOB_TASK in app.tasks:
+        return
+
+    @app.task(name=RUN_JOB_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+    def _run_job(job_id: str) -> str:
+        assert _NODE is not None, "farm.run_job runs only inside `farm worker`"
+        return _NODE.run(job_id)

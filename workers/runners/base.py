@@ -1,0 +1,49 @@
+"""The runner interface: every external resource a job uses sits behind a context manager."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas import JobResult, JobSpec
+
+
+@dataclass
+class ServingTarget:
+    """A ready model server: where to send KServe v2 gRPC requests, and what to sample.
+
+    ``pid`` is the server's root process (process runner); ``container_id`` the container (Docker runner).
+    ``notes`` carry facts the result must state (e.g. a limit that could not be enforced).
+    """
+
+    host: str
+    port: int
+    model_name: str
+    pid: int | None = None
+    container_id: str | None = None
+    cgroup_path: Path | None = None
+    gpu_uuids: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class Runner(ABC):
+    """Starts serving engines and edge runs for jobs. Implementations: process, docker."""
+
+    name: str = "base"
+
+    @abstractmethod
+    def serve(self, spec: JobSpec, model_path: Path) -> AbstractContextManager[ServingTarget]:
+        """Start the job's engine serving ``model_path``, wait until ServerReady/ModelReady, yield the
+        target, and stop the server (freeing its port) on exit, also when the body raised."""
+
+    @abstractmethod
+    def run_edge(self, spec: JobSpec, model_path: Path) -> JobResult:
+        """Run an edge job under the profile's CPU/memory limits and return its result."""
+
+    def close(self) -> None:
+        """Release anything kept between jobs (e.g. reused containers)."""

@@ -1,0 +1,121 @@
+"""The process runner: the built-in model server as a local subprocess (hosts without Docker, pods)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from farm.errors import ServerError, UnsupportedError
+from farm.settings import get_settings
+from schemas import JobResult, JobSpec
+from workers.runners.base import Runner, ServingTarget
+
+LISTEN_PREFIX = "farm-serve listening "
+
+
+class ServerProcess:
+    """A ``python -m workers.engines.server`` subprocess; a context manager that always stops it.
+
+    Reads the bound port from the server's ``farm-serve listening HOST:PORT`` line (the server binds
+    port 0, so there is no race for a free port) and keeps the last stderr lines for error messages.
+    """
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.argv = argv
+        self.env = env
+        self.proc: subprocess.Popen[str] | None = None
+        self.port: int | None = None
+        self._stderr: deque[str] = deque(maxlen=20)
+        self._port_ready = threading.Event()
+
+    def tail(self) -> str:
+        """The server's last stderr lines, one string."""
+        return " | ".join(line.strip() for line in self._stderr if line.strip())[-1500:]
+
+    def _read_stdout(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(LISTEN_PREFIX) and self.port is None:
+                self.port = int(line.rsplit(":", 1)[1])
+                self._port_ready.set()
+        self._port_ready.set()
+
+    def _read_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._stderr.append(line)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def __enter__(self) -> ServerProcess:
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=self.env, start_new_session=True)
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        return self
+
+    def wait_port(self, timeout_s: float) -> int:
+        """Wait for the server to report its port; ServerError with its stderr when it dies or times out."""
+        self._port_ready.wait(timeout_s)
+        if self.port is None:
+            state = f"exited with code {self.proc.poll()}" if not self.alive() else f"did not bind in {timeout_s:g} s"
+            raise ServerError(f"model server {state}: {self.tail() or 'no output'}")
+        return self.port
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL after ``grace_s``."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=grace_s)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=5)
+
+
+def server_argv(spec: JobSpec, model_path: Path, host: str = "127.0.0.1", port: int = 0) -> list[str]:
+    """The command line of the built-in server for ``spec``."""
+    m = spec.measurement
+    return [sys.executable, "-m", "workers.engines.server", str(model_path), "--format", spec.model_format,
+            "--engine", spec.engine, "--host", host, "--port", str(port), "--device", spec.device,
+            "--threads", str(m.threads), "--instances", str(m.instances), "--model-name", "model"]
+
+
+class ProcessRunner(Runner):
+    """Runs the built-in server as a subprocess on 127.0.0.1; edge runs need cgroup limits (see run_edge)."""
+
+    name = "process"
+
+    @contextmanager
+    def serve(self, spec: JobSpec, model_path: Path) -> Iterator[ServingTarget]:
+        if spec.engine == "triton":
+            raise UnsupportedError("the triton engine needs the Docker runner (farm worker --runner docker) "
+                                   "or a running Triton server")
+        from workers.engines.ready import wait_ready
+
+        timeout = get_settings().server_ready_timeout_s
+        with ServerProcess(server_argv(spec, model_path)) as server:
+            port = server.wait_port(timeout)
+            url = f"127.0.0.1:{port}"
+            try:
+                wait_ready(url, "model", timeout, alive=server.alive)
+            except ServerError as exc:
+                raise ServerError(f"{exc}; server output: {server.tail() or 'none'}") from None
+            yield ServingTarget(host="127.0.0.1", port=port, model_name="model", pid=server.proc.pid)
+
+    def run_edge(self, spec: JobSpec, model_path: Path) -> JobResult:
+        raise UnsupportedError("edge runs need the Docker runner (farm worker --runner docker)")

@@ -1,0 +1,41 @@
+"""Choosing a worker's runner: ``docker``, ``process``, or ``auto`` (Docker when an engine answers)."""
+from __future__ import annotations
+
+from farm.errors import ConfigError, ContainerError
+from workers.runners.base import Runner
+
+RUNNERS = ("auto", "docker", "process")
+
+
+def docker_available() -> tuple[bool, str]:
+    """Whether a Docker engine answers here, and why not."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        client.ping()
+        client.close()
+        return True, "Docker engine answered"
+    except Exception as exc:  # DockerException, connection errors, missing socket
+        return False, f"no Docker engine answered ({type(exc).__name__})"
+
+
+def make_runner(name: str, worker_id: str) -> tuple[Runner, str]:
+    """Build the runner called ``name``; returns it with a sentence saying why it was chosen."""
+    if name not in RUNNERS:
+        raise ConfigError(f"runner {name!r} is unknown; use one of: {', '.join(RUNNERS)} (FARM_RUNNER)")
+    if name == "auto":
+        ok, why = docker_available()
+        name = "docker" if ok else "process"
+        reason = f"runner {name}: {why}"
+    else:
+        reason = f"runner {name}: chosen explicitly"
+    if name == "docker":
+        try:
+            from workers.runners.docker import DockerRunner
+        except ImportError as exc:
+            raise ContainerError(f"the Docker runner is not available ({exc})") from None
+        return DockerRunner(worker_id=worker_id), reason
+    from workers.runners.process import ProcessRunner
+
+    return ProcessRunner(), reason

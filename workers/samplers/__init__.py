@@ -1,0 +1,2 @@
+"""Resource samplers, each a context manager sampling in a thread at >= 10 Hz."""
+from __future__ import annotations
