@@ -20,6 +20,7 @@ class Metric:
     aggregation: Aggregation
     kind: Literal["float", "int", "bool"] = "float"
     description: str = ""
+    scope: Literal["job", "model"] = "job"
 
 
 _M = Metric
@@ -54,7 +55,19 @@ METRICS: tuple[Metric, ...] = (
     _M("oom_killed", "bool", False, "all", "bool", "the run was killed for exceeding its memory limit"),
     _M("limits_enforced", "bool", True, "all", "bool", "the CPU/memory limits were actually enforced"),
     _M("duration_s", "s", False, "sum", description="measured time, warm-up excluded"),
+    # static metrics of the model artifact (farm analyze), stored once per artifact
+    _M("params", "params", False, "last", "int", "trainable and constant parameters", "model"),
+    _M("size_bytes", "B", False, "last", "int", "model file size", "model"),
+    _M("macs_per_sample", "MAC", False, "last", "int", "multiply-accumulates per sample", "model"),
+    _M("flops_per_sample", "FLOP", False, "last", "int", "floating-point operations per sample", "model"),
+    _M("activation_bytes_per_sample", "B", False, "last", "int",
+       "sum of intermediate tensor sizes per sample (no buffer reuse)", "model"),
+    _M("activation_peak_bytes_per_sample", "B", False, "last", "int",
+       "peak of live intermediate tensors per sample", "model"),
 )
+
+JOB_METRICS: tuple[Metric, ...] = tuple(m for m in METRICS if m.scope == "job")
+MODEL_METRICS: tuple[Metric, ...] = tuple(m for m in METRICS if m.scope == "model")
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 

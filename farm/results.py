@@ -10,12 +10,12 @@ from sqlalchemy import func, select
 from farm.db.models import Job, Request, Result, Worker
 from farm.db.session import session_scope
 from farm.errors import NotFoundError
-from farm.metrics import METRICS
+from farm.metrics import JOB_METRICS
 from farm.settings import get_settings
 
 JOB_COLUMNS = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "status",
                "attempts", "worker_id", "error")
-METRIC_NAMES = tuple(m.name for m in METRICS)
+METRIC_NAMES = tuple(m.name for m in JOB_METRICS)
 
 
 def find_request(request_id: str) -> Request:

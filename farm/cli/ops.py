@@ -112,11 +112,25 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
         return
     from rich.table import Table
 
-    table = Table(title=f"{model.name} ({info.format})", show_header=False)
-    for key, value in report.items():
-        if key != "ops":
-            table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
+    from farm.metrics import MODEL_METRICS
+
+    table = Table(title=f"{model.name} ({info.format}, {', '.join(report['inputs'])})")
+    for col in ("metric", "value", "unit"):
+        table.add_column(col, justify="right" if col == "value" else "left")
+    for m in MODEL_METRICS:
+        value = report.get(m.name)
+        table.add_row(m.name, "unknown" if value is None else f"{value:,}", m.unit)
     console.print(table)
+    ops_table = Table(title="per operator")
+    for col in ("op", "count", "MACs", "FLOPs"):
+        ops_table.add_column(col, justify="left" if col == "op" else "right")
+    for op, row in sorted(report.get("ops", {}).items(), key=lambda kv: -(kv[1].get("macs") or 0)):
+        ops_table.add_row(op, str(row["count"]), *("unknown" if row.get(k) is None else f"{row[k]:,}"
+                                                    for k in ("macs", "flops")))
+    console.print(ops_table)
+    if not report.get("complete", True):
+        err_console.print(f"incomplete: no counting rule or shape for {report.get('unknown_ops')}; "
+                          "totals cover the other operators")
 
 
 def register(app: typer.Typer, db_app: typer.Typer) -> None:

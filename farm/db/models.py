@@ -20,7 +20,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from farm.metrics import METRICS
+from farm.metrics import JOB_METRICS
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -60,6 +60,7 @@ class Request(Base):
     """One profiling request as submitted; ``excluded`` lists left-out combinations with reasons."""
 
     __tablename__ = "requests"
+    __table_args__ = (Index(None, "created_at"),)  # `farm status` lists the newest requests
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     name: Mapped[str | None] = mapped_column(String(200), nullable=True)
@@ -73,7 +74,8 @@ class Job(Base):
     """One cell of the matrix. ``status`` follows ``schemas.JobStatus``; claims are one UPDATE."""
 
     __tablename__ = "jobs"
-    __table_args__ = (Index(None, "request_id", "status"), Index(None, "status", "queue"))
+    # by request (status, results), by status (reconciler, waiting queues), by worker (dead-worker requeue)
+    __table_args__ = (Index(None, "request_id", "status"), Index(None, "status", "queue"), Index(None, "worker_id"))
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     request_id: Mapped[str] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"))
@@ -127,6 +129,6 @@ class Result(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-for _m in METRICS:
+for _m in JOB_METRICS:
     setattr(Result, _m.name, mapped_column(_m.name, _SQL_TYPES[_m.kind], nullable=True))
 del _m

@@ -1,0 +1,54 @@
+"""Static model metrics, like deeplite-profiler: parameters, size, MACs, FLOPs, activation memory.
+
+``analyze(path, format, inputs)`` returns a dict, all figures per sample (counted at batch 1, or at the
+model's fixed batch size divided by it when its batch dimension is static):
+
+- ``params``: parameter count (ONNX: elements of all graph initializers; TorchScript: ``parameters()``)
+- ``param_bytes``: bytes of those parameters; ``size_bytes``: the model file's size
+- ``macs_per_sample``: multiply-accumulates (Conv, ConvTranspose, Gemm, MatMul, BatchNormalization)
+- ``flops_per_sample``: 2 * MACs + bias adds + elementwise/pool/reduce/softmax FLOPs (rules in
+  ``farm.analysis.onnx_counter``; the TorchScript counter follows the same rules on aten ops)
+- ``activation_bytes_per_sample``: SUM of all intermediate tensor sizes (node outputs, graph outputs
+  included, graph inputs and weights excluded) = the memory needed with no buffer reuse
+- ``activation_peak_bytes_per_sample``: PEAK of live tensors (graph inputs included) when each tensor
+  is freed after its last consumer, in graph order (ONNX only; None for TorchScript)
+- ``ops``: ``{op_type: {"count", "macs", "flops"}}`` (macs/flops None when unknown)
+- ``dtype``: KServe datatype holding most parameter bytes, INT32/INT64 (shape and index tensors)
+  ignored; the first input's dtype when there are no such parameters
+- ``complete``: False when some node's cost or size is unknown; ``unknown_ops``: ``{op_type: count}``
+- ``format``, ``sha256``, ``inputs`` (``name:DTYPE:shape`` strings), ``notes`` (one-line strings)
+
+Unknown figures are None, never 0.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from farm.errors import ModelError
+from farm.modelinfo import format_input_spec, inspect_model_full
+from schemas import TensorSpec
+
+__all__ = ["analyze"]
+
+
+def analyze(path: Path, format: str | None = None, inputs: list[TensorSpec] | None = None) -> dict[str, Any]:
+    """Static metrics of the model at ``path`` for per-sample ``inputs`` (inferred when None)."""
+    path = Path(path)
+    info, model = inspect_model_full(path, format, inputs)  # validates file and inputs, else ModelError
+    if info.format == "onnx":
+        from farm.analysis.onnx_counter import analyze_onnx_model
+
+        out = analyze_onnx_model(model, info.inputs, batch=info.static_batch or 1)
+    elif info.format == "torchscript":
+        from farm.analysis.torch_counter import analyze_torchscript
+
+        out = analyze_torchscript(path, info.inputs)
+    else:  # pragma: no cover - inspect_model only returns known formats
+        raise ModelError(f"cannot analyze format {info.format!r}")
+    notes = list(info.notes)
+    if out["unknown_ops"]:
+        notes.append("cost unknown for " + ", ".join(f"{k} x{v}" for k, v in out["unknown_ops"].items())
+                     + "; totals cover the other ops")
+    return {"format": info.format, "sha256": info.sha256, "size_bytes": info.size_bytes,
+            "inputs": [format_input_spec(s) for s in info.inputs], **out, "notes": notes}

@@ -1,0 +1,272 @@
+"""Static cost of an ONNX graph at batch 1: MACs, FLOPs and activation bytes per node.
+
+Counting rules (per sample: shapes inferred with the batch dimension fixed to 1, or to a static model's
+fixed batch size with every count divided by it):
+
+- Conv: MACs = out elements * (C_in/groups) * prod(kernel) (= out elements * prod(W.shape[1:]));
+  dilations and strides enter through the output shape. FLOPs = 2*MACs + out elements if there is a bias.
+- ConvTranspose: MACs = in elements * (C_out/groups) * prod(kernel); bias as Conv.
+- Gemm: MACs = M*K*N; FLOPs = 2*MACs + M*N when C is given (alpha/beta scaling not counted).
+- MatMul (broadcast batch dims, 1-D operands): MACs = out elements * K; FLOPs = 2*MACs.
+- BatchNormalization (inference, folded to x*a+b): MACs = elements, FLOPs = 2*elements.
+- Elementwise unary/binary ops (Relu, Add, Mul, Sigmoid, ...): 0 MACs, 1 FLOP per output element
+  (variadic Sum/Max/Min/Mean: inputs-1 per output element).
+- MaxPool/AveragePool/LpPool: out elements * prod(kernel) FLOPs; global pools and Reduce*/ArgMax:
+  in elements FLOPs; Softmax/LogSoftmax: 3 FLOPs per element; LayerNormalization: 5 per element.
+- Shape-only and data-movement ops (Flatten, Reshape, Transpose, Concat, Gather, Expand, ...): 0.
+- Any other op, or a node whose shapes inference could not resolve: unknown (None), listed and the
+  totals flagged ``complete: False`` (never counted as 0).
+"""
+from __future__ import annotations
+
+from math import prod
+from typing import Any, Callable
+
+from farm.modelinfo import ONNX_TO_KSERVE, fix_input_shapes, infer_onnx_shapes, onnx_graph_inputs
+from schemas import TensorSpec
+
+Shape = list[int]
+# ONNX elem_type -> bytes per element (FLOAT, UINT8, INT8, UINT16, INT16, INT32, INT64, BOOL, FLOAT16,
+# DOUBLE, UINT32, UINT64, BFLOAT16).
+ITEMSIZE: dict[int, int] = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
+
+UNARY = frozenset({
+    "Relu", "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs",
+    "Erf", "Clip", "HardSigmoid", "HardSwish", "Elu", "Selu", "Celu", "Softplus", "Softsign", "Sin", "Cos",
+    "Floor", "Ceil", "Round", "Not", "Sign", "Gelu", "Mish", "ThresholdedRelu", "IsNaN", "IsInf",
+    "QuantizeLinear", "DequantizeLinear",
+})
+BINARY = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual",
+    "And", "Or", "Xor", "Where", "BitShift",
+})
+VARIADIC = frozenset({"Sum", "Max", "Min", "Mean"})
+FREE = frozenset({
+    "Flatten", "Reshape", "Identity", "Transpose", "Squeeze", "Unsqueeze", "Concat", "Shape", "Size",
+    "Gather", "GatherElements", "GatherND", "Expand", "Constant", "ConstantOfShape", "Cast", "CastLike",
+    "Slice", "Split", "Tile", "Pad", "Dropout", "Range", "DepthToSpace", "SpaceToDepth", "ScatterND",
+    "ScatterElements", "OneHot", "EyeLike", "Trilu",
+})
+REDUCE = frozenset({
+    "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+    "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin", "GlobalAveragePool",
+    "GlobalMaxPool", "GlobalLpPool",
+})
+POOL = frozenset({"MaxPool", "AveragePool", "LpPool"})
+
+
+class _Node:
+    """A node with its input/output shapes (None when unknown; '' inputs are absent)."""
+
+    def __init__(self, node: Any, shapes: dict[str, Shape | None]) -> None:
+        self.op = node.op_type
+        self.node = node
+        self.present = [n != "" for n in node.input]
+        self.ins = [shapes.get(n) if n else None for n in node.input]
+        self.outs = [shapes.get(n) for n in node.output]
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        from onnx import helper
+
+        for a in self.node.attribute:
+            if a.name == name:
+                return helper.get_attribute_value(a)
+        return default
+
+    def has_input(self, i: int) -> bool:
+        return len(self.present) > i and self.present[i]
+
+
+Cost = tuple[int, int]  # (MACs, FLOPs)
+
+
+class _Unknown(Exception):
+    """A shape the inference could not resolve."""
+
+
+def _n(shape: Shape | None) -> int:
+    if shape is None:
+        raise _Unknown
+    return prod(shape)
+
+
+def _dims(shape: Shape | None) -> Shape:
+    if shape is None:
+        raise _Unknown
+    return shape
+
+
+def _conv(n: _Node, w: int = 1, bias: int = 2) -> Cost:
+    macs = _n(n.outs[0]) * prod(_dims(n.ins[w])[1:])
+    return macs, 2 * macs + (_n(n.outs[0]) if n.has_input(bias) else 0)
+
+
+def _conv_transpose(n: _Node) -> Cost:
+    macs = _n(n.ins[0]) * prod(_dims(n.ins[1])[1:])
+    return macs, 2 * macs + (_n(n.outs[0]) if n.has_input(2) else 0)
+
+
+def _gemm(n: _Node) -> Cost:
+    a = _dims(n.ins[0])
+    k = a[0] if n.attr("transA", 0) else a[1]
+    out = _n(n.outs[0])
+    macs = out * k
+    return macs, 2 * macs + (out if n.has_input(2) else 0)
+
+
+def _matmul(n: _Node) -> Cost:
+    macs = _n(n.outs[0]) * _dims(n.ins[0])[-1]  # out elements * K (a 1-D A is [K])
+    return macs, 2 * macs
+
+
+def _batchnorm(n: _Node) -> Cost:
+    e = _n(n.ins[0])
+    return e, 2 * e
+
+
+def _pool(n: _Node) -> Cost:
+    return 0, _n(n.outs[0]) * prod(n.attr("kernel_shape", [1]))
+
+
+def _variadic(n: _Node) -> Cost:
+    return 0, _n(n.outs[0]) * max(1, len(n.ins) - 1)
+
+
+HANDLERS: dict[str, Callable[[_Node], Cost]] = {
+    "Conv": _conv, "ConvInteger": _conv, "ConvTranspose": _conv_transpose, "Gemm": _gemm,
+    "MatMul": _matmul, "MatMulInteger": _matmul, "QLinearMatMul": _matmul,
+    "QLinearConv": lambda n: _conv(n, w=3, bias=8), "BatchNormalization": _batchnorm,
+    **{op: _pool for op in POOL}, **{op: _variadic for op in VARIADIC},
+    **{op: (lambda n: (0, _n(n.outs[0]))) for op in UNARY | BINARY},
+    **{op: (lambda n: (0, 0)) for op in FREE},
+    **{op: (lambda n: (0, _n(n.ins[0]))) for op in REDUCE},
+    "Softmax": lambda n: (0, 3 * _n(n.outs[0])), "LogSoftmax": lambda n: (0, 3 * _n(n.outs[0])),
+    "LayerNormalization": lambda n: (0, 5 * _n(n.outs[0])),
+}
+
+
+def _shape_table(model: Any) -> tuple[dict[str, Shape | None], dict[str, int]]:
+    """name -> concrete dims (None if any dim unknown) and name -> elem_type, for every value."""
+    shapes: dict[str, Shape | None] = {}
+    types: dict[str, int] = {}
+    g = model.graph
+    for vi in [*g.input, *g.value_info, *g.output]:
+        tt = vi.type.tensor_type
+        types[vi.name] = tt.elem_type
+        if not tt.HasField("shape"):
+            shapes[vi.name] = None
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+        shapes[vi.name] = None if any(d < 0 for d in dims) else dims
+    for init in g.initializer:
+        shapes[init.name] = list(init.dims)
+        types[init.name] = init.data_type
+    for node in g.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value" and a.t is not None:
+                    shapes[node.output[0]] = list(a.t.dims)
+                    types[node.output[0]] = a.t.data_type
+    return shapes, types
+
+
+def _activations(model: Any, shapes: dict[str, Shape | None], types: dict[str, int]) -> tuple[int, int, bool]:
+    """(sum of node-output bytes, peak live bytes incl. graph inputs, all known)."""
+    g = model.graph
+    inits = {i.name for i in g.initializer}
+    outputs = {o.name for o in g.output}
+
+    def nbytes(name: str) -> int | None:
+        s = shapes.get(name)
+        size = ITEMSIZE.get(types.get(name, 0))
+        return None if s is None or size is None else prod(s) * size
+
+    last_use: dict[str, int] = {}
+    for i, node in enumerate(g.node):
+        for name in node.input:
+            last_use[name] = i
+    known = True
+    live: dict[str, int] = {}
+    for gi in onnx_graph_inputs(model):
+        b = nbytes(gi.name)
+        known &= b is not None
+        live[gi.name] = b or 0
+    total, peak = 0, sum(live.values())
+    for i, node in enumerate(g.node):
+        if node.op_type == "Constant":
+            continue
+        for name in node.output:
+            if not name:
+                continue
+            b = nbytes(name)
+            known &= b is not None
+            total += b or 0
+            live[name] = b or 0
+        peak = max(peak, sum(live.values()))
+        for name in list(live):
+            if name not in outputs and name not in inits and last_use.get(name, -1) <= i:
+                del live[name]
+    return total, peak, known
+
+
+def analyze_onnx_model(model: Any, inputs: list[TensorSpec], batch: int = 1) -> dict[str, Any]:
+    """Static metrics of a parsed ONNX model whose per-sample inputs are ``inputs`` (see module doc).
+
+    Shapes are inferred at ``batch`` (pass a static model's fixed batch size) and every count is divided
+    by it, so results are per sample.
+    """
+    fixed = fix_input_shapes(model, inputs, batch=batch)
+    inferred = infer_onnx_shapes(fixed)
+    shapes, types = _shape_table(inferred)
+    ops: dict[str, dict[str, Any]] = {}
+    unknown: dict[str, int] = {}
+    macs_total = flops_total = 0
+    any_known = False
+    for node in inferred.graph.node:
+        entry = ops.setdefault(node.op_type, {"count": 0, "macs": 0, "flops": 0})
+        entry["count"] += 1
+        handler = HANDLERS.get(node.op_type)
+        cost: Cost | None = None
+        if handler is not None:
+            try:
+                cost = handler(_Node(node, shapes))
+            except (_Unknown, TypeError, IndexError):
+                cost = None  # a shape the inference could not resolve
+        if cost is None:
+            unknown[node.op_type] = unknown.get(node.op_type, 0) + 1
+            entry["macs"] = entry["flops"] = None
+            continue
+        any_known = True
+        macs_total += cost[0]
+        flops_total += cost[1]
+        if entry["macs"] is not None:
+            entry["macs"] += cost[0]
+            entry["flops"] += cost[1]
+    act_sum, act_peak, act_known = _activations(inferred, shapes, types)
+    params = sum(prod(i.dims) for i in model.graph.initializer)
+    by_type: dict[int, int] = {}
+    for i in model.graph.initializer:
+        by_type[i.data_type] = by_type.get(i.data_type, 0) + prod(i.dims) * ITEMSIZE.get(i.data_type, 0)
+    param_bytes = sum(by_type.values())
+    weights = {t: b for t, b in by_type.items() if t not in (6, 7)}  # INT32/INT64 are shapes and indices
+    dominant = max(weights, key=lambda t: weights[t]) if weights else None
+    dtype = ONNX_TO_KSERVE.get(dominant) if dominant is not None else (inputs[0].dtype if inputs else None)
+    if batch > 1:
+        macs_total, flops_total, act_sum, act_peak = (v // batch for v in (macs_total, flops_total, act_sum,
+                                                                           act_peak))
+        for entry in ops.values():
+            for key in ("macs", "flops"):
+                if entry[key] is not None:
+                    entry[key] //= batch
+    return {
+        "params": params,
+        "param_bytes": param_bytes,
+        "macs_per_sample": macs_total if any_known or not inferred.graph.node else None,
+        "flops_per_sample": flops_total if any_known or not inferred.graph.node else None,
+        "activation_bytes_per_sample": act_sum,
+        "activation_peak_bytes_per_sample": act_peak,
+        "ops": dict(sorted(ops.items())),
+        "dtype": dtype,
+        "complete": not unknown and act_known,
+        "unknown_ops": unknown,
+    }

@@ -1,0 +1,179 @@
+"""Static metrics of a TorchScript model: parameters from the module, MACs/FLOPs by running it once.
+
+The module runs on a batch of 1 (zeros of the input spec) under a ``TorchDispatchMode`` that sees every
+aten op the TorchScript interpreter executes and applies the ONNX counter's rules to it (see
+``farm.analysis.onnx_counter``). Ops outside the table are reported as unknown, never counted as 0.
+Activation bytes are the sum of newly allocated op outputs (views excluded); the peak is not tracked.
+"""
+from __future__ import annotations
+
+from math import prod
+from pathlib import Path
+from typing import Any, Callable
+
+from farm.errors import ModelError
+from farm.modelinfo import one_line
+from farm.torch_models import load_torchscript, require_torch, torch_inputs
+from schemas import TensorSpec
+
+Cost = tuple[int, int]  # (MACs, FLOPs)
+
+ELEMENTWISE = frozenset({
+    "relu", "relu_", "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "sigmoid", "tanh", "exp",
+    "log", "gelu", "silu", "clamp", "clamp_min", "clamp_max", "hardtanh", "hardtanh_", "hardswish",
+    "hardsigmoid", "leaky_relu", "elu", "pow", "neg", "abs", "sqrt", "rsqrt", "reciprocal", "maximum",
+    "minimum", "where", "eq", "ne", "gt", "ge", "lt", "le", "logical_and", "logical_or", "logical_not",
+    "sin", "cos", "erf", "floor", "ceil", "round", "sign", "softplus", "mish", "prelu", "_prelu_kernel",
+})
+FREE = frozenset({
+    "view", "t", "reshape", "_unsafe_view", "permute", "transpose", "expand", "flatten", "squeeze",
+    "unsqueeze", "clone", "contiguous", "detach", "cat", "slice", "select", "index_select", "alias",
+    "as_strided", "_to_copy", "to", "copy_", "empty", "zeros", "ones", "full", "lift_fresh", "split",
+    "split_with_sizes", "chunk", "stack", "unbind", "dropout", "embedding", "_reshape_alias", "narrow",
+    "zeros_like", "ones_like", "empty_like", "fill_", "zero_", "constant_pad_nd", "pad", "repeat",
+    "gather", "index", "arange", "_local_scalar_dense", "item", "numpy_T", "unflatten", "new_zeros",
+})
+REDUCE = frozenset({
+    "mean", "sum", "amax", "amin", "max", "min", "argmax", "argmin", "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d", "_adaptive_avg_pool2d", "adaptive_max_pool2d", "prod", "norm", "var", "std",
+})
+POOL = frozenset({
+    "max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices", "max_pool3d_with_indices",
+    "avg_pool1d", "avg_pool2d", "avg_pool3d",
+})
+
+
+def _numel(x: Any) -> int:
+    return int(x.numel())
+
+
+def _matmul(args: tuple, out: Any) -> Cost:
+    a = args[0]
+    macs = _numel(out) * int(a.shape[-1])
+    return macs, 2 * macs
+
+
+def _addmm(args: tuple, out: Any) -> Cost:  # addmm(bias, a, b), baddbmm(bias, a, b)
+    macs = _numel(out) * int(args[1].shape[-1])
+    return macs, 2 * macs + _numel(out)
+
+
+def _linear(args: tuple, out: Any) -> Cost:  # linear(x, w, bias=None)
+    macs = _numel(out) * int(args[1].shape[-1])
+    bias = len(args) > 2 and args[2] is not None
+    return macs, 2 * macs + (_numel(out) if bias else 0)
+
+
+def _conv(args: tuple, out: Any) -> Cost:
+    # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    x, w = args[0], args[1]
+    transposed = bool(args[6]) if len(args) > 6 else False
+    macs = (_numel(x) if transposed else _numel(out)) * prod(int(d) for d in w.shape[1:])
+    bias = len(args) > 2 and args[2] is not None
+    return macs, 2 * macs + (_numel(out) if bias else 0)
+
+
+def _batchnorm(args: tuple, out: Any) -> Cost:
+    e = _numel(args[0])
+    return e, 2 * e
+
+
+def _pool(args: tuple, out: Any) -> Cost:
+    x, kernel = args[0], list(args[1])
+    spatial = max(1, x.dim() - 2)
+    k = prod(kernel) if len(kernel) == spatial else kernel[0] ** spatial
+    return 0, _numel(out) * k
+
+
+HANDLERS: dict[str, Callable[[tuple, Any], Cost]] = {
+    "mm": _matmul, "bmm": _matmul, "matmul": _matmul, "addmm": _addmm, "baddbmm": _addmm,
+    "linear": _linear, "convolution": _conv, "_convolution": _conv,
+    "native_batch_norm": _batchnorm, "_native_batch_norm_legit_no_training": _batchnorm,
+    "batch_norm": _batchnorm,
+    **{op: _pool for op in POOL},
+    **{op: (lambda a, o: (0, _numel(o))) for op in ELEMENTWISE},
+    **{op: (lambda a, o: (0, 0)) for op in FREE},
+    **{op: (lambda a, o: (0, _numel(a[0]))) for op in REDUCE},
+    "_softmax": lambda a, o: (0, 3 * _numel(o)), "softmax": lambda a, o: (0, 3 * _numel(o)),
+    "_log_softmax": lambda a, o: (0, 3 * _numel(o)), "native_layer_norm": lambda a, o: (0, 5 * _numel(o)),
+}
+
+
+def _counting_mode() -> Any:
+    torch = require_torch()
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        """Applies HANDLERS to every aten op; sums MACs, FLOPs and new output bytes."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: dict[str, dict[str, Any]] = {}
+            self.unknown: dict[str, int] = {}
+            self.macs = self.flops = self.act_bytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            first = out[0] if isinstance(out, (tuple, list)) and out else out
+            entry = self.ops.setdefault(name, {"count": 0, "macs": 0, "flops": 0})
+            entry["count"] += 1
+            handler = HANDLERS.get(name)
+            cost = None
+            if handler is not None and isinstance(first, torch.Tensor):
+                try:
+                    cost = handler(tuple(args), first)
+                except (IndexError, TypeError, AttributeError, ValueError):
+                    cost = None
+            if cost is None:
+                self.unknown[name] = self.unknown.get(name, 0) + 1
+                entry["macs"] = entry["flops"] = None
+            else:
+                self.macs += cost[0]
+                self.flops += cost[1]
+                if entry["macs"] is not None:
+                    entry["macs"] += cost[0]
+                    entry["flops"] += cost[1]
+            in_ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in in_ptrs:
+                    self.act_bytes += _numel(t) * t.element_size()
+            return out
+
+    return Counter()
+
+
+def analyze_torchscript(path: Path, inputs: list[TensorSpec]) -> dict[str, Any]:
+    """Static metrics of a TorchScript file for per-sample ``inputs`` (see ``farm.analysis``)."""
+    torch = require_torch()
+    module = load_torchscript(path)
+    params = list(module.parameters())
+    by_dtype: dict[str, int] = {}
+    for p in params:
+        key = str(p.dtype).replace("torch.", "")
+        by_dtype[key] = by_dtype.get(key, 0) + p.numel() * p.element_size()
+    from farm.modelinfo import TORCH_TO_KSERVE
+
+    dominant = max(by_dtype, key=lambda k: by_dtype[k]) if by_dtype else None
+    dtype = TORCH_TO_KSERVE.get(dominant or "") or (inputs[0].dtype if inputs else None)
+    tensors = torch_inputs(inputs, batch=1)
+    counter = _counting_mode()
+    try:
+        with torch.no_grad(), counter:
+            module(*tensors)
+    except Exception as exc:
+        raise ModelError(f"{Path(path).name} failed on a batch of 1 while counting operations: "
+                         f"{one_line(exc, 160)}; check the --input shapes") from None
+    known = any(v["macs"] is not None for v in counter.ops.values())
+    return {
+        "params": sum(p.numel() for p in params),
+        "param_bytes": sum(by_dtype.values()),
+        "macs_per_sample": counter.macs if known else None,
+        "flops_per_sample": counter.flops if known else None,
+        "activation_bytes_per_sample": counter.act_bytes,
+        "activation_peak_bytes_per_sample": None,
+        "ops": dict(sorted(counter.ops.items())),
+        "dtype": dtype,
+        "complete": not counter.unknown,
+        "unknown_ops": counter.unknown,
+    }
