@@ -3,48 +3,76 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import ExitStack
+from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
 from typing import Any
 
-from farm.artifacts import fetch_model
+from farm.artifacts import ensure_in_store, fetch_model
 from farm.errors import FarmError
+from farm.settings import get_settings
 from schemas import JobResult, JobSpec
 from workers import ledger
+from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
+from workers.spool import Spool, SpooledResult, is_transient, retry_db
 from workers.runners.base import Runner, ServingTarget
 from workers.samplers.base import Sampler
 
 log = logging.getLogger("farm.worker")
 
 
-def _samplers(target: ServingTarget, gpu_uuids: list[str]) -> list[Sampler]:
-    """The samplers that fit the target: cgroup (container), process tree (subprocess), NVML (GPU)."""
-    samplers: list[Sampler] = []
+def _tree_pids(pid: int | None) -> set[int]:
+    """The server process and its descendants (host pids, as NVML reports them)."""
+    if pid is None:
+        return set()
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return {pid, *(c.pid for c in root.children(recursive=True))}
+    except psutil.Error:
+        return set()
+
+
+def _samplers(target: ServingTarget) -> list[Sampler]:
+    """Samplers that fit the target: its container's cgroup, or its process tree."""
     if target.cgroup_path is not None:
         from workers.samplers.cgroup import CgroupSampler
 
-        samplers.append(CgroupSampler(target.cgroup_path))
-    elif target.pid is not None:
+        return [CgroupSampler(target.cgroup_path)]
+    if target.pid is not None:
         from workers.samplers.process import ProcessTreeSampler
 
-        samplers.append(ProcessTreeSampler(target.pid))
-    if gpu_uuids:
-        from workers.samplers.nvml import NvmlSampler
-
-        samplers.append(NvmlSampler(gpu_uuids))
-    return samplers
+        return [ProcessTreeSampler(target.pid)]
+    return []
 
 
 def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None) -> JobResult:
-    """Measure one serving job (or run one edge job) and return its result; raises FarmError on failure."""
+    """Measure one serving job (or run one edge job) and return its result; raises FarmError on failure.
+
+    The GPU's idle baseline is read before the server starts, so the server's own memory is what remains.
+    """
     from workers.loadgen import run_load
 
-    model_path = fetch_model(spec.model_sha256, spec.model_filename)
+    # the worker opens only models from its artifact store (a symlink or path trick is refused)
+    model_path = ensure_in_store(fetch_model(spec.model_sha256, spec.model_filename))
     if spec.is_edge:
         return runner.run_edge(spec, model_path)
     started = time.monotonic()
+    samplers: list[Sampler] = []
+    nvml = None
+    if gpu_uuids:
+        from workers.samplers.nvml import NvmlSampler
+
+        nvml = NvmlSampler(gpu_uuids)
+        nvml.take_baseline()
     with ExitStack() as stack:
         target = stack.enter_context(runner.serve(spec, model_path))
-        samplers = [stack.enter_context(s) for s in _samplers(target, gpu_uuids or [])]
+        if nvml is not None:
+            nvml.pids = lambda: _tree_pids(target.pid)
+            samplers.append(nvml)
+        samplers += _samplers(target)
+        for sampler in samplers:
+            stack.enter_context(sampler)
         load = run_load(target.url, target.model_name, spec.inputs, spec.batch_size, spec.concurrency,
                         spec.measurement)
     metrics: dict[str, Any] = dict(load.metrics)
@@ -52,34 +80,115 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None) -
                                "wall_s": round(time.monotonic() - started, 3)}
     for sampler in samplers:
         metrics.update({k: v for k, v in sampler.summary().items() if v is not None})
-        details[f"sampler.{sampler.name}"] = {"series": sampler.series()[-2000:], "error": sampler.error}
+        details[f"sampler.{sampler.name}"] = {**sampler.details(), "series": sampler.series()[-2000:],
+                                              "error": sampler.error}
     return JobResult(job_id=spec.job_id, metrics=metrics, details=details)
 
 
-def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | None = None) -> str:
-    """Claim and run one job; returns its final status, or ``skipped`` when it was not ours to run.
+def noop_result(spec: JobSpec, sleep_s: float = 0.0) -> JobResult:
+    """TEST/BENCHMARK HARNESS (FARM_NOOP_JOBS=1): complete the job without serving or measuring anything;
+    the result carries no metric and says so in ``details``."""
+    if sleep_s:
+        time.sleep(sleep_s)
+    return JobResult(job_id=spec.job_id, details={"noop": True, "note": "FARM_NOOP_JOBS harness: nothing was "
+                                                  "served or measured"})
+
+
+def failure(spec: JobSpec, error: str) -> JobResult:
+    """The result row of a failed job: no metric, the reason in ``details.error``."""
+    return JobResult(job_id=spec.job_id, details={"error": error})
+
+
+def record(spec: JobSpec, worker_id: str, result: JobResult, status: str, error: str | None,
+           spool: Spool | None = None) -> bool:
+    """Write the result and final status, retrying a database outage for ``db_retry_s``, then spooling the
+    result to disk (replayed later). True when written or spooled; False when the job is no longer ours."""
+    try:
+        return retry_db(lambda: ledger.finish(spec, worker_id, result, status=status, error=error),
+                        get_settings().db_retry_s, what=f"result write of job {spec.job_id}")
+    except Exception as exc:
+        if spool is None or not is_transient(exc):
+            raise
+        spool.put(SpooledResult(spec=spec, worker_id=worker_id, result=result, status=status, error=error))
+        return True
+
+
+def replay_spool(spool: Spool) -> int:
+    """Write results spooled during a database outage; returns how many were settled."""
+    return spool.replay(lambda item: ledger.finish(item.spec, item.worker_id, item.result, status=item.status,
+                                                   error=item.error))
+
+
+GpuLookup = Callable[[str], list[str]]
+
+
+def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | GpuLookup | None = None,
+            watch: JobWatch | None = None, spool: Spool | None = None) -> str:
+    """Claim and run one job; returns its final status, ``skipped`` when it was not ours to run, or
+    ``released`` when it was handed back (worker shutting down).
 
     A second delivery of a job already claimed does nothing. Any failure ends the job ``failed`` with a
-    one-line reason; the worker goes on with the next job.
+    one-line reason (and a result row holding it); the worker goes on with the next job. ``watch`` stops
+    the job on ``farm cancel``, on its time limit and on shutdown; ``spool`` keeps results through a
+    database outage.
     """
-    spec = ledger.claim(job_id, worker_id)
+    settings = get_settings()
+    spec = retry_db(lambda: ledger.claim(job_id, worker_id), settings.db_retry_s, what=f"claim of job {job_id}")
     if spec is None:
         log.info("job %s already claimed or finished; skipping this delivery", job_id)
         return "skipped"
-    ledger.set_status(job_id, worker_id, "running")
+    if not retry_db(lambda: ledger.set_status(job_id, worker_id, "running"), settings.db_retry_s,
+                    what=f"start of job {job_id}"):
+        log.info("job %s was cancelled or requeued before it started", job_id)
+        return "skipped"
+    uuids = gpu_uuids(spec.device) if callable(gpu_uuids) else (gpu_uuids or [])
+    guard = watch.job(job_id, spec.measurement.timeout_s) if watch is not None else nullcontext()
     try:
-        result = measure(spec, runner, gpu_uuids)
+        with guard:
+            if settings.noop_jobs:
+                result = noop_result(spec, settings.noop_sleep_s)
+            else:
+                result = measure(spec, runner, uuids)
+    except JobInterrupt as exc:
+        return _interrupted(spec, worker_id, exc.reason, spool)
     except FarmError as exc:
         log.warning("job %s failed: %s", job_id, exc)
-        ledger.set_status(job_id, worker_id, "failed", error=str(exc))
+        msg = str(exc)
+        record(spec, worker_id, failure(spec, msg), "failed", msg, spool)
         return "failed"
     except Exception as exc:  # a bug or an unexpected library error: record it, keep the worker alive
         log.error("job %s crashed: %s: %s", job_id, type(exc).__name__, exc,
                   exc_info=log.isEnabledFor(logging.DEBUG))
-        ledger.set_status(job_id, worker_id, "failed", error=f"internal error: {type(exc).__name__}: {exc}")
+        msg = f"internal error: {type(exc).__name__}: {exc}"
+        record(spec, worker_id, failure(spec, msg), "failed", msg, spool)
         return "failed"
     error = result.details.get("error")
     status = "failed" if error else "succeeded"
-    if not ledger.finish(spec, worker_id, result, status=status, error=error):
+    if not record(spec, worker_id, result, status, error, spool):
+        log.info("job %s was cancelled or requeued while it ran; its result is dropped", job_id)
         return "skipped"
     return status
+
+
+def _interrupted(spec: JobSpec, worker_id: str, reason: str, spool: Spool | None) -> str:
+    """Record a job stopped by its watch: cancelled (already recorded), timed out, or handed back."""
+    if reason == CANCELLED:
+        log.info("job %s cancelled; its server was stopped", spec.job_id)
+        return "cancelled"
+    if reason == TIMEOUT:
+        msg = (f"time limit of {spec.measurement.timeout_s:g} s exceeded (measurement.timeout_s); raise it or "
+               "shorten the measurement (fewer/shorter windows)")
+        record(spec, worker_id, failure(spec, msg), "failed", msg, spool)
+        return "failed"
+    assert reason == SHUTDOWN, reason
+    settings = get_settings()
+    if retry_db(lambda: ledger.release(spec.job_id, worker_id, "handed back: its worker shut down"),
+                settings.db_retry_s, what=f"hand-back of job {spec.job_id}") and not settings.embedded:
+        from farm.celery_app import enqueue_job
+
+        try:
+            enqueue_job(spec.job_id, spec.queue)
+        except Exception as exc:  # the reconciler re-enqueues queued jobs missing from the broker
+            log.warning("could not re-enqueue job %s (%s); `farm scheduler` will", spec.job_id, exc)
+    log.warning("job %s handed back to queue %s (worker shutting down)", spec.job_id, spec.queue)
+    return "released"

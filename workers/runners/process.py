@@ -90,9 +90,20 @@ class ServerProcess:
 def server_argv(spec: JobSpec, model_path: Path, host: str = "127.0.0.1", port: int = 0) -> list[str]:
     """The command line of the built-in server for ``spec``."""
     m = spec.measurement
-    return [sys.executable, "-m", "workers.engines.server", str(model_path), "--format", spec.model_format,
+    argv = [sys.executable, "-m", "workers.engines.server", str(model_path), "--format", spec.model_format,
             "--engine", spec.engine, "--host", host, "--port", str(port), "--device", spec.device,
             "--threads", str(m.threads), "--instances", str(m.instances), "--model-name", "model"]
+    return argv + input_args(spec)
+
+
+def input_args(spec: JobSpec) -> list[str]:
+    """``--input name:DTYPE:-1xDIMS`` per input: TorchScript carries no shapes, so the server is told them."""
+    if spec.model_format != "torchscript":
+        return []
+    out: list[str] = []
+    for t in spec.inputs:
+        out += ["--input", f"{t.name}:{t.dtype}:" + "x".join(str(d) for d in (-1, *t.shape))]
+    return out
 
 
 class ProcessRunner(Runner):

@@ -37,6 +37,10 @@ class Sampler(ABC):
     def series(self) -> list[dict[str, float]]:
         return list(self.samples)
 
+    def details(self) -> dict[str, Any]:
+        """Sampler-specific facts for the result's details (baseline, sources, I/O totals)."""
+        return {}
+
     def _loop(self) -> None:
         next_t = time.monotonic()
         while not self._stop.is_set():

@@ -1,0 +1,160 @@
+"""The engine backend interface: one loaded model session that turns numpy inputs into numpy outputs.
+
+Datatypes are KServe v2 names (``FP32``, ``INT64``, ...); shapes use -1 for a dynamic dimension.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from farm.errors import ServerError
+
+BACKEND_ENGINES: tuple[str, ...] = ("onnxruntime", "torchscript")
+
+# KServe v2 datatype -> numpy dtype (BYTES/BF16 have no fixed-width numpy twin and are not served).
+V2_TO_NP: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+NP_TO_V2: dict[np.dtype, str] = {v: k for k, v in V2_TO_NP.items()}
+# KServe v2 datatype -> the InferTensorContents field carrying it (FP16 has none: it must come raw).
+TYPED_CONTENTS: dict[str, str] = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+def np_to_v2(dtype: np.dtype) -> str:
+    """The KServe v2 datatype of a numpy dtype; ServerError for one farm cannot send."""
+    try:
+        return NP_TO_V2[np.dtype(dtype)]
+    except KeyError:
+        raise ServerError(
+            f"numpy dtype {np.dtype(dtype)} has no KServe v2 fixed-width datatype; "
+            "make the model output a numeric or bool tensor"
+        ) from None
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    """One model input or output: name, KServe v2 datatype, shape (-1 = dynamic).
+
+    ``datatype`` is ``""`` and ``shape`` is None when the engine cannot tell (TorchScript without
+    declared inputs); the server then accepts any numeric dtype / any shape for it.
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...] | None
+
+    def metadata_shape(self) -> list[int]:
+        """The shape as KServe metadata reports it (unknown rank -> ``[-1]``)."""
+        return list(self.shape) if self.shape is not None else [-1]
+
+
+class InputError(ValueError):
+    """The request's tensors do not fit the model (name, dtype or shape); maps to INVALID_ARGUMENT."""
+
+
+class Backend(ABC):
+    """One model session of one engine. Not thread-safe: the server gives each instance its own."""
+
+    engine: str = "base"
+    platform: str = "unknown"  # Triton-style platform name reported in ModelMetadata
+
+    def declare_inputs(self, specs: list[IOSpec]) -> None:
+        """Declare the inputs' datatypes and shapes for engines whose files carry none (TorchScript);
+        call before ``load``. Engines that read them from the model ignore this."""
+
+    @abstractmethod
+    def load(self, model_path: Path, device: str, threads: int) -> None:
+        """Load ``model_path`` on ``device`` ("cpu" or "gpu:<slug>") with ``threads`` intra-op threads
+        (0 = engine default). Raises ServerError (or ModelError) saying what to fix."""
+
+    @abstractmethod
+    def inputs(self) -> list[IOSpec]:
+        """The model's inputs, in the order the model declares them."""
+
+    @abstractmethod
+    def outputs(self) -> list[IOSpec]:
+        """The model's outputs, in the order the model declares them."""
+
+    @abstractmethod
+    def infer(
+        self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run one inference. ``outputs`` restricts which outputs are computed (None = all).
+        Raises InputError when the inputs do not fit the model."""
+
+    def close(self) -> None:
+        """Release the session (and its device memory)."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def parse_input_spec(text: str) -> IOSpec:
+    """Parse ``NAME:DTYPE:DIMS`` (DIMS like ``-1x3x224x224``; -1 = dynamic) into an IOSpec."""
+    parts = text.rsplit(":", 2)
+    if len(parts) != 3:
+        raise ValueError(f"input {text!r} is not NAME:DTYPE:DIMS, e.g. x:FP32:-1x3x224x224")
+    name, dtype, dims = parts[0], parts[1].upper(), parts[2]
+    if dtype not in V2_TO_NP:
+        raise ValueError(f"input {text!r}: datatype {dtype!r} unknown; use one of {', '.join(V2_TO_NP)}")
+    try:
+        shape = tuple(int(d) for d in dims.replace(",", "x").split("x")) if dims else ()
+    except ValueError:
+        raise ValueError(f"input {text!r}: dims {dims!r} are not integers joined by 'x'") from None
+    if not name or any(d == 0 or d < -1 for d in shape):
+        raise ValueError(f"input {text!r}: needs a name and dims > 0 or -1")
+    return IOSpec(name, dtype, shape)
+
+
+def parse_device(device: str) -> tuple[str, str | None]:
+    """Split ``cpu`` / ``gpu`` / ``gpu:<slug>`` into (kind, slug)."""
+    d = device.strip().lower()
+    if d == "cpu":
+        return "cpu", None
+    if d == "gpu" or d.startswith("gpu:"):
+        return "gpu", (d[4:] or None)
+    raise ServerError(f"device {device!r} is unknown; use cpu, gpu or gpu:<product>")
+
+
+def make_backend(engine: str) -> Backend:
+    """A fresh, unloaded backend for ``engine`` ("onnxruntime" or "torchscript")."""
+    e = engine.strip().lower()
+    if e == "onnxruntime":
+        from workers.engines.onnxruntime_backend import OnnxRuntimeBackend
+
+        return OnnxRuntimeBackend()
+    if e == "torchscript":
+        from workers.engines.torchscript_backend import TorchScriptBackend
+
+        return TorchScriptBackend()
+    if e == "triton":
+        raise ServerError(
+            "engine 'triton' is served by the official Triton server, not the built-in one; "
+            "use workers.engines.triton to build its model repository"
+        )
+    raise ServerError(f"engine {engine!r} is unknown; the built-in server runs {', '.join(BACKEND_ENGINES)}")

@@ -1,0 +1,110 @@
+"""ONNX Runtime backend: one InferenceSession per instance, CPU or CUDA execution provider."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from farm.errors import ModelError, ServerError
+from workers.engines.base import Backend, InputError, IOSpec, parse_device
+
+# ONNX Runtime type strings -> KServe v2 datatypes.
+ORT_TO_V2: dict[str, str] = {
+    "tensor(float)": "FP32",
+    "tensor(float16)": "FP16",
+    "tensor(double)": "FP64",
+    "tensor(bfloat16)": "BF16",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(bool)": "BOOL",
+    "tensor(string)": "BYTES",
+}
+
+
+def _spec(arg: object) -> IOSpec:
+    dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in arg.shape)  # type: ignore[attr-defined]
+    return IOSpec(arg.name, ORT_TO_V2.get(arg.type, arg.type), dims)  # type: ignore[attr-defined]
+
+
+class OnnxRuntimeBackend(Backend):
+    """ONNX Runtime session; intra-op threads from ``threads`` (0 = ORT default), sequential execution."""
+
+    engine = "onnxruntime"
+    platform = "onnxruntime_onnx"
+
+    def __init__(self) -> None:
+        self._sess: object | None = None
+        self._inputs: list[IOSpec] = []
+        self._outputs: list[IOSpec] = []
+        self._output_names: list[str] = []
+
+    def load(self, model_path: Path, device: str, threads: int) -> None:
+        import onnxruntime as ort
+
+        kind, slug = parse_device(device)
+        providers: list[object] = ["CPUExecutionProvider"]
+        if kind == "gpu":
+            available = ort.get_available_providers()
+            if "CUDAExecutionProvider" not in available:
+                raise ServerError(
+                    f"device {device!r} needs ONNX Runtime's CUDAExecutionProvider, but this onnxruntime "
+                    f"offers only {', '.join(available)}; install onnxruntime-gpu or run on cpu"
+                )
+            providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
+        opts = ort.SessionOptions()
+        if threads > 0:
+            opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        path = Path(model_path)
+        if not path.is_file():
+            raise ModelError(f"model file {path} does not exist; check the path the job was given")
+        try:
+            sess = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        except Exception as exc:  # ORT raises its own pybind types (Fail, InvalidGraph, NoSuchFile, ...)
+            raise ModelError(
+                f"ONNX Runtime cannot load {path.name}: {str(exc).strip().splitlines()[0]}; "
+                "check the file is a valid ONNX model (onnx.checker.check_model)"
+            ) from exc
+        if kind == "gpu" and "CUDAExecutionProvider" not in sess.get_providers():
+            raise ServerError(
+                f"ONNX Runtime could not start CUDA for {device!r} (providers in use: "
+                f"{', '.join(sess.get_providers())}); check the CUDA/cuDNN libraries and the GPU driver"
+            )
+        self._sess = sess
+        self._inputs = [_spec(a) for a in sess.get_inputs()]
+        self._outputs = [_spec(a) for a in sess.get_outputs()]
+        self._output_names = [o.name for o in self._outputs]
+
+    def inputs(self) -> list[IOSpec]:
+        return list(self._inputs)
+
+    def outputs(self) -> list[IOSpec]:
+        return list(self._outputs)
+
+    def infer(
+        self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        sess = self._sess
+        if sess is None:
+            raise ServerError("the ONNX Runtime backend is not loaded; call load() first")
+        names = outputs or self._output_names
+        try:
+            results = sess.run(names, inputs)  # type: ignore[attr-defined]
+        except Exception as exc:
+            kind = type(exc).__name__
+            msg = str(exc).strip()
+            if kind in ("InvalidArgument", "InvalidProtobuf") or "Invalid" in msg[:120]:
+                raise InputError(f"ONNX Runtime rejected the inputs: {msg}") from exc
+            raise
+        return dict(zip(names, results))
+
+    def close(self) -> None:
+        self._sess = None

@@ -1,0 +1,497 @@
+"""farm's lean built-in model server: the KServe v2 / Triton gRPC protocol over one model.
+
+The protocol comes from the stubs generated in ``tritonclient.grpc`` (service_pb2, service_pb2_grpc).
+Inference runs off the event loop on ``instances`` threads, each owning its own backend session and
+taking requests from one shared queue. Every ModelInfer response carries int64 parameters
+``farm_queue_ns`` (waiting for a free instance) and ``farm_compute_ns`` (the engine call), in ns.
+
+Run: ``python -m workers.engines.server MODEL --format onnx --engine onnxruntime --port 0``; once bound
+it prints ``farm-serve listening HOST:PORT`` on stdout. Exit codes: 0 clean stop, 2 model load error,
+3 port bind error.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from farm.errors import FarmError, ServerError
+from workers.engines.base import (
+    TYPED_CONTENTS,
+    V2_TO_NP,
+    Backend,
+    InputError,
+    IOSpec,
+    make_backend,
+    np_to_v2,
+    parse_input_spec,
+)
+
+SERVER_NAME = "farm"
+SERVER_VERSION = "0.1.0"
+MODEL_VERSION = "1"
+MAX_MESSAGE_BYTES = (1 << 30) - 1  # gRPC caps lengths at INT32_MAX
+GRACE_S = 5.0
+LISTEN_PREFIX = "farm-serve listening"
+
+_FORMAT_ENGINE: dict[str, str] = {"onnx": "onnxruntime", "torchscript": "torchscript"}
+
+
+@dataclass
+class ServerConfig:
+    """How to serve one model. ``threads``: intra-op threads per instance (0 = engine default);
+    ``instances``: parallel backend sessions; ``port`` 0 picks a free port."""
+
+    model_path: Path
+    model_format: str
+    engine: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    device: str = "cpu"
+    threads: int = 0
+    instances: int = 1
+    model_name: str = "model"
+    inputs: list[IOSpec] | None = None  # declared input specs, for TorchScript (ONNX reads its own)
+
+
+class _Stats:
+    """Cumulative Triton-style statistics of the one model (updated on the event loop thread only)."""
+
+    def __init__(self) -> None:
+        self.success_count = self.success_ns = 0  # each success is one engine execution
+        self.fail_count = self.fail_ns = 0
+        self.queue_ns = self.input_ns = self.infer_ns = self.output_ns = 0  # over successes
+        self.inference_count = 0  # samples (batch rows)
+        self.last_inference_ms = 0
+
+
+class _Model:
+    """The served model: ``instances`` backends, each bound to one worker thread."""
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        if cfg.instances < 1:
+            raise ServerError(f"instances must be >= 1, got {cfg.instances}")
+        wants = _FORMAT_ENGINE.get(cfg.model_format)
+        if wants is not None and cfg.engine != wants:
+            raise ServerError(
+                f"a {cfg.model_format} model is served by the {wants} engine, not {cfg.engine!r}; "
+                f"pass --engine {wants}"
+            )
+        self.cfg = cfg
+        self.backends: list[Backend] = []
+        try:
+            for _ in range(cfg.instances):
+                b = make_backend(cfg.engine)
+                if cfg.inputs:
+                    b.declare_inputs(list(cfg.inputs))
+                b.load(Path(cfg.model_path), cfg.device, cfg.threads)
+                self.backends.append(b)
+        except BaseException:
+            self.close()
+            raise
+        first = self.backends[0]
+        self.platform = first.platform
+        self.inputs: list[IOSpec] = first.inputs()
+        self.outputs: list[IOSpec] = first.outputs()
+        self.input_by_name = {s.name: s for s in self.inputs}
+        self.output_by_name = {s.name: s for s in self.outputs}
+        # batch dimension: every input's first dim dynamic -> count rows of the first input as samples
+        self.batched = bool(self.inputs) and all(
+            s.shape is None or (len(s.shape) > 0 and s.shape[0] == -1) for s in self.inputs
+        )
+        self.stats = _Stats()
+        self._jobs: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, args=(b,), name=f"farm-infer-{i}", daemon=True)
+            for i, b in enumerate(self.backends)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def config(self) -> object:
+        """A Triton-style ModelConfig of what is served (tensors omitted when the engine cannot tell)."""
+        from workers.engines.triton import model_config
+
+        c = self.cfg
+        try:
+            return model_config(c.model_name, c.model_format, self.inputs, self.outputs,
+                                max_batch_size=0, instances=c.instances, device=c.device, threads=c.threads)
+        except ServerError:
+            return model_config(c.model_name, c.model_format, [], [], max_batch_size=0,
+                                instances=c.instances, device=c.device, threads=c.threads)
+
+    def _work(self, backend: Backend) -> None:
+        """One instance's thread: take the next request, run it on this thread's own backend, hand the
+        result (outputs, queue_ns, compute_ns) back to the event loop."""
+        jobs = self._jobs
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            loop, fut, feed, out_names, t_submit = job
+            t0 = time.perf_counter_ns()
+            try:
+                out = backend.infer(feed, out_names)
+                t1 = time.perf_counter_ns()
+                done, value = _set_result, (out, t0 - t_submit, t1 - t0)
+            except BaseException as exc:  # handed to the request's coroutine, which maps it to a status
+                done, value = _set_exception, exc
+            try:
+                loop.call_soon_threadsafe(done, fut, value)
+            except RuntimeError:  # the event loop is already closed: nobody waits for this answer
+                pass
+
+    def submit(
+        self, feed: dict[str, np.ndarray], out_names: list[str] | None, t_submit: int
+    ) -> asyncio.Future[tuple[dict[str, np.ndarray], int, int]]:
+        """Queue one inference for the next free instance; the future gives (outputs, queue_ns, compute_ns)."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._jobs.put((loop, fut, feed, out_names, t_submit))
+        return fut
+
+    def close(self) -> None:
+        threads = getattr(self, "_threads", [])
+        for _ in threads:
+            self._jobs.put(None)
+        for t in threads:
+            t.join(timeout=60)
+        self._threads = []
+        for b in self.backends:
+            try:
+                b.close()
+            except Exception:
+                pass
+        self.backends = []
+
+
+def _decode(req: pb.ModelInferRequest, model: _Model) -> dict[str, np.ndarray]:
+    """The request's tensors as numpy arrays (raw bytes are viewed, not copied); InputError if unfit."""
+    raw = req.raw_input_contents
+    if raw and len(raw) != len(req.inputs):
+        raise InputError(
+            f"request has {len(req.inputs)} inputs but {len(raw)} raw_input_contents; send one per input"
+        )
+    feed: dict[str, np.ndarray] = {}
+    specs = model.input_by_name
+    for i, t in enumerate(req.inputs):
+        name = t.name
+        spec = specs.get(name)
+        if spec is None:
+            raise InputError(f"unknown input {name!r}; the model's inputs are {', '.join(specs)}")
+        if name in feed:
+            raise InputError(f"input {name!r} appears twice in the request")
+        dt = t.datatype
+        if spec.datatype and dt != spec.datatype:
+            raise InputError(f"input {name!r} has datatype {dt}, the model expects {spec.datatype}")
+        np_dt = V2_TO_NP.get(dt)
+        if np_dt is None:
+            raise InputError(
+                f"input {name!r}: datatype {dt!r} is not supported; use one of {', '.join(V2_TO_NP)}"
+            )
+        shape = tuple(t.shape)
+        if spec.shape is not None:
+            if len(shape) != len(spec.shape) or any(e != -1 and e != s for e, s in zip(spec.shape, shape)):
+                raise InputError(
+                    f"input {name!r} has shape {list(shape)}, the model expects {list(spec.shape)} (-1 = any)"
+                )
+        if any(s < 0 for s in shape):
+            raise InputError(f"input {name!r} has a negative dimension in shape {list(shape)}")
+        count = 1
+        for s in shape:
+            count *= s
+        if raw:
+            buf = raw[i]
+            if len(buf) != count * np_dt.itemsize:
+                raise InputError(
+                    f"input {name!r}: {len(buf)} raw bytes do not match shape {list(shape)} of {dt} "
+                    f"({count * np_dt.itemsize} bytes expected)"
+                )
+            arr = np.frombuffer(buf, dtype=np_dt).reshape(shape)
+        else:
+            field = TYPED_CONTENTS.get(dt)
+            if field is None:
+                raise InputError(f"input {name!r}: datatype {dt} must be sent in raw_input_contents")
+            values = getattr(t.contents, field)
+            if len(values) != count:
+                raise InputError(
+                    f"input {name!r}: {len(values)} values in contents.{field} do not match shape {list(shape)}"
+                )
+            try:
+                arr = np.asarray(values, dtype=np_dt).reshape(shape)
+            except (OverflowError, ValueError) as exc:
+                raise InputError(f"input {name!r}: contents.{field} do not fit {dt}: {exc}") from None
+        feed[name] = arr
+    if len(feed) != len(specs):
+        missing = [n for n in specs if n not in feed]
+        raise InputError(f"missing input(s) {', '.join(missing)}; the model needs all of {', '.join(specs)}")
+    return feed
+
+
+def _status(exc: Exception, engine: str) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status of a failed inference: bad inputs are the client's fault, the rest ours."""
+    if isinstance(exc, InputError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, FarmError):
+        return grpc.StatusCode.INTERNAL, str(exc)
+    return grpc.StatusCode.INTERNAL, f"{engine} failed: {type(exc).__name__}: {exc}"
+
+
+def _set_result(fut: asyncio.Future, value: object) -> None:
+    if not fut.done():  # the RPC may have been cancelled meanwhile
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
+    """The KServe v2 gRPC service over one model."""
+
+    def __init__(self, model: _Model) -> None:
+        self.model = model
+        self.name = model.cfg.model_name
+
+    def _known(self, name: str, version: str) -> bool:
+        return name == self.name and version in ("", MODEL_VERSION)
+
+    async def _not_found(self, context: grpc.aio.ServicerContext, name: str) -> None:
+        await context.abort(
+            grpc.StatusCode.NOT_FOUND,
+            f"unknown model {name!r}; this server serves {self.name!r} version {MODEL_VERSION}",
+        )
+
+    async def ServerLive(self, request, context):  # noqa: N802 (protocol names)
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):  # noqa: N802
+        return pb.ServerReadyResponse(ready=True)
+
+    async def ModelReady(self, request, context):  # noqa: N802
+        return pb.ModelReadyResponse(ready=self._known(request.name, request.version))
+
+    async def ServerMetadata(self, request, context):  # noqa: N802
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=["statistics"])
+
+    async def ModelMetadata(self, request, context):  # noqa: N802
+        if not self._known(request.name, request.version):
+            await self._not_found(context, request.name)
+        m = self.model
+        tm = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=self.name,
+            versions=[MODEL_VERSION],
+            platform=m.platform,
+            inputs=[tm(name=s.name, datatype=s.datatype, shape=s.metadata_shape()) for s in m.inputs],
+            outputs=[tm(name=s.name, datatype=s.datatype, shape=s.metadata_shape()) for s in m.outputs],
+        )
+
+    async def ModelConfig(self, request, context):  # noqa: N802
+        if not self._known(request.name, request.version):
+            await self._not_found(context, request.name)
+        return pb.ModelConfigResponse(config=self.model.config())
+
+    async def ModelStatistics(self, request, context):  # noqa: N802
+        if request.name and not self._known(request.name, request.version):
+            await self._not_found(context, request.name)
+        s = self.model.stats
+        d = pb.StatisticDuration
+        n = s.success_count
+        infer = pb.InferStatistics(
+            success=d(count=n, ns=s.success_ns),
+            fail=d(count=s.fail_count, ns=s.fail_ns),
+            queue=d(count=n, ns=s.queue_ns),
+            compute_input=d(count=n, ns=s.input_ns),
+            compute_infer=d(count=n, ns=s.infer_ns),
+            compute_output=d(count=n, ns=s.output_ns),
+        )
+        ms = pb.ModelStatistics(
+            name=self.name,
+            version=MODEL_VERSION,
+            last_inference=s.last_inference_ms,
+            inference_count=s.inference_count,
+            execution_count=n,
+            inference_stats=infer,
+        )
+        return pb.ModelStatisticsResponse(model_stats=[ms])
+
+    async def ModelInfer(self, request, context):  # noqa: N802
+        t_recv = time.perf_counter_ns()
+        model = self.model
+        stats = model.stats
+        if request.model_name != self.name or request.model_version not in ("", MODEL_VERSION):
+            await self._not_found(context, request.model_name)
+        try:
+            feed = _decode(request, model)
+            out_names: list[str] | None = None
+            if request.outputs:
+                out_names = [o.name for o in request.outputs]
+                unknown = [n for n in out_names if model.output_by_name and n not in model.output_by_name]
+                if unknown:
+                    raise InputError(
+                        f"unknown output(s) {', '.join(unknown)}; the model's outputs are "
+                        f"{', '.join(model.output_by_name)}"
+                    )
+            t_submit = time.perf_counter_ns()
+            outputs, queue_ns, compute_ns = await model.submit(feed, out_names, t_submit)
+            t_out = time.perf_counter_ns()
+            resp = pb.ModelInferResponse(model_name=self.name, model_version=MODEL_VERSION, id=request.id)
+            for name, arr in outputs.items():
+                o = resp.outputs.add()
+                o.name = name
+                o.datatype = _v2(arr.dtype)
+                o.shape.extend(arr.shape)
+                resp.raw_output_contents.append(arr.tobytes())
+            resp.parameters["farm_queue_ns"].int64_param = queue_ns
+            resp.parameters["farm_compute_ns"].int64_param = compute_ns
+        except Exception as exc:
+            stats.fail_count += 1
+            stats.fail_ns += time.perf_counter_ns() - t_recv
+            await context.abort(*_status(exc, model.cfg.engine))
+        t_end = time.perf_counter_ns()
+        stats.success_count += 1
+        stats.success_ns += t_end - t_recv
+        stats.queue_ns += queue_ns
+        stats.input_ns += t_submit - t_recv
+        stats.infer_ns += compute_ns
+        stats.output_ns += t_end - t_out
+        shape = request.inputs[0].shape if request.inputs else ()
+        stats.inference_count += shape[0] if model.batched and shape else 1
+        stats.last_inference_ms = time.time_ns() // 1_000_000
+        return resp
+
+
+_V2_CACHE: dict[np.dtype, str] = {}
+
+
+def _v2(dtype: np.dtype) -> str:
+    v = _V2_CACHE.get(dtype)
+    if v is None:
+        v = _V2_CACHE[dtype] = np_to_v2(dtype)
+    return v
+
+
+def load_model(cfg: ServerConfig) -> _Model:
+    """Load ``cfg.instances`` backend sessions (raises ServerError/ModelError on failure)."""
+    return _Model(cfg)
+
+
+async def serve(cfg: ServerConfig, model: _Model, stop: asyncio.Event, on_bound=None) -> None:
+    """Serve ``model`` until ``stop`` is set, then stop gracefully (in-flight requests finish).
+    ``on_bound(host, port)`` is called once the port accepts connections."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(model), server)
+    host = cfg.host
+    addr = f"[{host}]:{cfg.port}" if ":" in host and not host.startswith("[") else f"{host}:{cfg.port}"
+    try:
+        port = server.add_insecure_port(addr)
+    except RuntimeError as exc:
+        raise OSError(f"cannot bind {addr}: {exc}") from exc
+    if port == 0:
+        raise OSError(f"cannot bind {addr}; is the port in use?")
+    await server.start()
+    if on_bound is not None:
+        on_bound(host, port)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop(GRACE_S)
+
+
+def _print_bound(host: str, port: int) -> None:
+    sys.stdout.write(f"{LISTEN_PREFIX} {host}:{port}\n")
+    sys.stdout.flush()
+
+
+def _block(cfg: ServerConfig, model: _Model) -> None:
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (RuntimeError, ValueError):  # not the main thread: serve until cancelled
+                pass
+        await serve(cfg, model, stop, _print_bound)
+
+    try:
+        asyncio.run(run())
+    finally:
+        model.close()
+
+
+def run_server(cfg: ServerConfig) -> None:
+    """Load the model, serve it, print the listening line, and block until SIGTERM/SIGINT.
+    Raises ServerError/ModelError when the model does not load, OSError when the port cannot be bound."""
+    _block(cfg, load_model(cfg))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workers.engines.server", description=__doc__.splitlines()[0])
+    p.add_argument("model", type=Path, help="model file")
+    p.add_argument("--format", dest="model_format", default="onnx", choices=["onnx", "torchscript"])
+    p.add_argument("--engine", default="onnxruntime", choices=["onnxruntime", "torchscript"])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
+    p.add_argument("--device", default="cpu", help="cpu or gpu:<slug>")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads per instance, 0 = engine default")
+    p.add_argument("--instances", type=int, default=1, help="parallel model instances")
+    p.add_argument("--model-name", default="model")
+    p.add_argument(
+        "--input", action="append", default=[], metavar="NAME:DTYPE:DIMS",
+        help="declare an input (TorchScript), e.g. x:FP32:-1x16; repeat per input",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    p = _parser()
+    a = p.parse_args(argv)
+    try:
+        declared = [parse_input_spec(t) for t in a.input] or None
+    except ValueError as exc:
+        p.error(str(exc))
+    cfg = ServerConfig(
+        model_path=a.model, model_format=a.model_format, engine=a.engine, host=a.host, port=a.port,
+        device=a.device, threads=a.threads, instances=a.instances, model_name=a.model_name,
+        inputs=declared,
+    )
+    try:
+        model = load_model(cfg)
+    except FarmError as exc:
+        print(f"farm-serve: cannot load model: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as exc:
+        print(f"farm-serve: cannot load model: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+    try:
+        _block(cfg, model)
+    except OSError as exc:
+        print(f"farm-serve: {exc}", file=sys.stderr, flush=True)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

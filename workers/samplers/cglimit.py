@@ -1,0 +1,291 @@
+"""``LimitedCgroup``: a throw-away child cgroup with CPU/memory limits for one server or edge run.
+
+Used as a context manager: entering creates the cgroup and applies the limits, ``add_pid`` (or
+``command`` for a process not started yet) puts a process in, exiting removes the cgroup (processes
+still inside are moved to the parent first; nothing is killed). When the limits cannot be applied
+(not root, controller not available, no delegation) nothing raises: ``enforced`` is False and
+``reason`` says why and what to do, so the result can state ``limits_enforced = False``.
+
+v2: the cgroup is ``<mount>/farm/<name>`` (``cpu.max``, ``memory.max``, ``memory.swap.max = 0``,
+``cpuset.cpus``). v1: one directory per hierarchy, nested under this process's own cgroup there
+(``cpu.cfs_quota_us``, ``memory.limit_in_bytes``, ``memory.memsw.limit_in_bytes`` = the same limit,
+``cpuset.cpus``/``cpuset.mems``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import time
+import uuid
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from farm.errors import SamplerError
+from workers.samplers.cgroupfs import (
+    CgroupMount,
+    CgroupSet,
+    cgroup_mounts,
+    memory_on_v1,
+    pid_cgroups,
+    v1_mount,
+    v2_mount,
+)
+
+log = logging.getLogger(__name__)
+
+CFS_PERIOD_US = 100_000
+
+
+def _swap_in_use() -> bool:
+    """True when the host has any swap device configured."""
+    try:
+        return len(Path("/proc/swaps").read_text().splitlines()) > 1
+    except OSError:
+        return False
+
+
+def _quota_us(cpus: float) -> int:
+    """CFS quota per 100 ms period for ``cpus`` cores (the kernel's minimum is 1 ms)."""
+    return max(1000, round(cpus * CFS_PERIOD_US))
+
+
+def _procs(d: Path) -> list[int]:
+    try:
+        return [int(x) for x in (d / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+class LimitedCgroup(AbstractContextManager["LimitedCgroup"]):
+    """A child cgroup limited to ``cpus`` cores, ``memory_bytes`` bytes (no extra swap) and optionally
+    the CPU list ``cpuset_cpus`` (e.g. ``"0"`` or ``"0-1"``). ``None`` leaves that resource unlimited;
+    with no limit at all the cgroup still isolates the run for ``CgroupSampler``."""
+
+    def __init__(
+        self,
+        cpus: float | None = None,
+        memory_bytes: int | None = None,
+        cpuset_cpus: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        if cpus is not None and cpus <= 0:
+            raise SamplerError(f"cpus must be > 0, got {cpus}")
+        if memory_bytes is not None and memory_bytes <= 0:
+            raise SamplerError(f"memory_bytes must be > 0, got {memory_bytes}")
+        self.cpus = cpus
+        self.memory_bytes = memory_bytes
+        self.cpuset_cpus = cpuset_cpus
+        self.name = name or f"farm-{uuid.uuid4().hex[:12]}"
+        self.cgroups: CgroupSet | None = None
+        self.enforced = False
+        self.reason = "not entered"
+        self.notes: list[str] = []
+        self.cleanup_error: str | None = None
+        self._created: list[Path] = []  # creation order; removed in reverse
+
+    # -- public -------------------------------------------------------------------------------------
+    @property
+    def created(self) -> bool:
+        """True when the cgroup exists (processes can be put in it and sampled)."""
+        return self.cgroups is not None
+
+    @property
+    def path(self) -> Path | None:
+        """The directory naming the cgroup (v2 directory, v1 memory directory); None if not created."""
+        return self.cgroups.path if self.cgroups else None
+
+    def add_pid(self, pid: int) -> bool:
+        """Move process ``pid`` (and its future children) into the cgroup; False if not created. On v1,
+        memory the process already touched stays charged to its old cgroup: prefer ``command``."""
+        if self.cgroups is None:
+            return False
+        for d in self.cgroups.dirs():
+            try:
+                (d / "cgroup.procs").write_text(str(pid))
+            except OSError as exc:
+                raise SamplerError(f"cannot move pid {pid} into {d} ({exc}); is it still running?") from exc
+        return True
+
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` wrapped so the process enters the cgroup before it execs (all its memory is charged
+        to the cgroup); ``argv`` unchanged when the cgroup was not created."""
+        if self.cgroups is None:
+            return list(argv)
+        files = " ".join(shlex.quote(str(d / "cgroup.procs")) for d in self.cgroups.dirs())
+        script = f'for f in {files}; do echo $$ > "$f" || exit 97; done; exec "$@"'
+        return ["/bin/sh", "-c", script, "farm-cgexec", *argv]
+
+    def metrics(self) -> dict[str, Any]:
+        """``limits_enforced`` plus ``cpu_limit`` (cores) / ``mem_limit_bytes`` when requested."""
+        out: dict[str, Any] = {"limits_enforced": self.enforced}
+        if self.cpus is not None:
+            out["cpu_limit"] = self.cpus
+        if self.memory_bytes is not None:
+            out["mem_limit_bytes"] = self.memory_bytes
+        return out
+
+    # -- context manager ----------------------------------------------------------------------------
+    def __enter__(self) -> LimitedCgroup:
+        try:
+            mounts = cgroup_mounts()
+            if memory_on_v1(mounts):
+                self._create_v1(mounts)
+            elif v2_mount(mounts) is not None:
+                self._create_v2(mounts)
+            else:
+                self._fail("no cgroup hierarchy is mounted at /sys/fs/cgroup; limits cannot be applied")
+        except PermissionError as exc:
+            self._fail(
+                f"no permission to create cgroups ({exc}); run the worker as root or in a delegated cgroup"
+            )
+        except (OSError, SamplerError) as exc:
+            self._fail(f"cannot create the cgroup ({exc}); limits are not applied")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._remove()
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _fail(self, reason: str) -> None:
+        self._remove()
+        self.cgroups = None
+        self.enforced = False
+        self.reason = reason
+        log.warning("LimitedCgroup: %s", reason)
+
+    def _mkdir(self, d: Path) -> None:
+        d.mkdir()
+        self._created.append(d)
+
+    def _set(self, f: Path, value: str, what: str, problems: list[str]) -> bool:
+        """Write one limit file; a refusal becomes a problem (limits not enforced), not an exception."""
+        try:
+            f.write_text(value)
+            return True
+        except OSError as exc:
+            problems.append(f"{what}: writing {value!r} to {f.name} failed ({exc.strerror})")
+            return False
+
+    def _create_v1(self, mounts: list[CgroupMount]) -> None:
+        wanted = ["memory", "cpuacct", "cpu", "blkio"] + (["cpuset"] if self.cpuset_cpus else [])
+        own = pid_cgroups(os.getpid())
+        dirs: dict[str, Path] = {}
+        for c in wanted:
+            m = v1_mount(mounts, c)
+            if m is None or c not in own:
+                continue
+            d = m.dir_for(own[c]) / self.name
+            if d not in dirs.values():
+                try:
+                    self._mkdir(d)
+                except OSError:
+                    if c in ("memory", "cpuacct"):
+                        raise
+                    self.notes.append(f"v1 {c} cgroup could not be created")
+                    continue
+            dirs[c] = d
+        if "memory" not in dirs:
+            self._fail("the v1 memory controller is not mounted; limits cannot be applied")
+            return
+        self.cgroups = CgroupSet(version=1, v1=dirs)
+        problems: list[str] = []
+        if self.cpus is not None:
+            cpu = dirs.get("cpu")
+            if cpu is None:
+                problems.append("no v1 cpu controller for the CPU limit")
+            elif self._set(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US), "cpus", problems):
+                self._set(cpu / "cpu.cfs_quota_us", str(_quota_us(self.cpus)), "cpus", problems)
+        if self.memory_bytes is not None:
+            mem = dirs["memory"]
+            if self._set(mem / "memory.limit_in_bytes", str(self.memory_bytes), "memory", problems):
+                memsw = mem / "memory.memsw.limit_in_bytes"
+                if memsw.exists():
+                    self._set(memsw, str(self.memory_bytes), "memory+swap", problems)
+                elif _swap_in_use():
+                    self._set(mem / "memory.swappiness", "0", "swappiness", problems)
+                    self.notes.append("swap accounting is off: swap discouraged (swappiness 0), not forbidden")
+        if self.cpuset_cpus:
+            cs = dirs.get("cpuset")
+            if cs is None:
+                problems.append("no v1 cpuset controller for cpuset_cpus")
+            else:
+                parent = cs.parent
+                mems = (parent / "cpuset.mems").read_text().strip()
+                self._set(cs / "cpuset.mems", mems, "cpuset", problems)
+                if not self._set(cs / "cpuset.cpus", self.cpuset_cpus, "cpuset", problems):
+                    (cs / "cpuset.cpus").write_text((parent / "cpuset.cpus").read_text().strip())
+        self._finish(problems)
+
+    def _create_v2(self, mounts: list[CgroupMount]) -> None:
+        m = v2_mount(mounts)
+        assert m is not None
+        need = {"memory"} | ({"cpu"} if self.cpus is not None else set())
+        if self.cpuset_cpus:
+            need.add("cpuset")
+        missing = need - set(m.controllers)
+        if missing:
+            self._fail(
+                f"cgroup v2 controllers {sorted(missing)} are not available at {m.mountpoint} "
+                "(not delegated to this cgroup namespace); limits cannot be applied"
+            )
+            return
+        parent = m.mountpoint / "farm"  # shared by all runs; left in place
+        if not parent.is_dir():
+            parent.mkdir()
+        optional = {"io"} & set(m.controllers)
+        for d in (m.mountpoint, parent):
+            for c in sorted(need | optional):
+                try:
+                    (d / "cgroup.subtree_control").write_text(f"+{c}")
+                except OSError as exc:
+                    if c in optional:
+                        continue
+                    self._fail(
+                        f"cannot enable +{c} in {d}/cgroup.subtree_control ({exc.strerror}); processes in "
+                        "that cgroup block delegation: run the worker in a leaf cgroup"
+                    )
+                    return
+        d = parent / self.name
+        self._mkdir(d)
+        self.cgroups = CgroupSet(version=2, unified=d)
+        problems: list[str] = []
+        if self.cpus is not None:
+            self._set(d / "cpu.max", f"{_quota_us(self.cpus)} {CFS_PERIOD_US}", "cpus", problems)
+        if self.memory_bytes is not None:
+            if self._set(d / "memory.max", str(self.memory_bytes), "memory", problems):
+                swap = d / "memory.swap.max"
+                if swap.exists():
+                    self._set(swap, "0", "swap", problems)
+                elif _swap_in_use():
+                    self.notes.append("memory.swap.max is missing: swap is not limited")
+        if self.cpuset_cpus:
+            self._set(d / "cpuset.cpus", self.cpuset_cpus, "cpuset", problems)
+        self._finish(problems)
+
+    def _finish(self, problems: list[str]) -> None:
+        self.enforced = not problems
+        self.reason = "; ".join(problems) if problems else "limits applied"
+
+    def _remove(self) -> None:
+        for d in reversed(self._created):
+            for pid in _procs(d):  # move leftovers out so the directory can go; never kill
+                try:
+                    (d.parent / "cgroup.procs").write_text(str(pid))
+                except OSError:
+                    pass
+            deadline = time.monotonic() + 5.0
+            while True:
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if time.monotonic() > deadline:
+                        self.cleanup_error = f"could not remove {d} ({exc.strerror}); remove it with rmdir"
+                        log.warning("LimitedCgroup: %s", self.cleanup_error)
+                        break
+                    time.sleep(0.02)
+        self._created.clear()
