@@ -30,6 +30,21 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1)
     visibility_timeout_s: int = Field(default=7200, ge=60)
     server_ready_timeout_s: float = Field(default=60.0, gt=0)
+    #: queued jobs absent from the broker this long are sent again (`farm scheduler`), s
+    requeue_after_s: float = Field(default=60.0, gt=0)
+    #: how often `farm scheduler` reconciles the ledger with workers and the broker, s
+    reconcile_interval_s: float = Field(default=5.0, gt=0)
+    #: how long a worker retries a database write (claim, result) before spooling it to disk, s
+    db_retry_s: float = Field(default=30.0, ge=0)
+    #: how often a worker checks whether its running job was cancelled, s
+    cancel_poll_s: float = Field(default=1.0, gt=0)
+    #: a running job this far past its timeout_s is failed by `farm scheduler` (its worker did not stop it), s
+    timeout_grace_s: float = Field(default=60.0, ge=0)
+    #: TEST/BENCHMARK HARNESS ONLY: workers complete jobs without serving or measuring anything (dispatch
+    #: tests and the dispatch benchmark); results carry no metrics and details.noop = true
+    noop_jobs: bool = False
+    #: with noop_jobs: how long each no-op job pretends to run, s
+    noop_sleep_s: float = Field(default=0.0, ge=0)
 
     @property
     def db_url(self) -> str:
@@ -42,6 +57,11 @@ class Settings(BaseSettings):
     def cache_dir(self) -> Path:
         """Local cache of model artifacts fetched from the database (content-addressed)."""
         return self.home / "artifacts"
+
+    @property
+    def spool_dir(self) -> Path:
+        """Where a worker keeps results it could not write to the database yet (replayed later)."""
+        return self.home / "spool"
 
     @property
     def embedded(self) -> bool:

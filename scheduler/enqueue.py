@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlalchemy import select, update
+from typing import Any
+
+from sqlalchemy import insert, select, update
 
 from farm.artifacts import store_model
 from farm.db.models import Job, Request, Worker
@@ -15,8 +17,11 @@ from farm.db.session import session_scope
 from farm.errors import RequestError, SchedulerError
 from farm.modelinfo import inspect_model
 from farm.settings import get_settings
-from schemas import ProfileRequest
+from schemas import JobSpec, ProfileRequest
 from scheduler.expand import Expansion, ModelRef, expand
+
+#: JobSpec fields that differ between the jobs of one request (the rest is dumped once per request)
+_PER_JOB = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "queue")
 
 
 @dataclass
@@ -73,28 +78,53 @@ def submit(request: ProfileRequest, send: bool | None = None) -> Submission:
         s.add(Request(id=sub.request_id, name=request.name, model_sha256=ref.sha256,
                       spec=request.model_dump(mode="json"), excluded=sub.expansion.excluded))
         s.flush()
-        s.add_all(Job(id=j.job_id, request_id=sub.request_id, device=j.device, engine=j.engine,
-                      batch_size=j.batch_size, concurrency=j.concurrency,
-                      edge_profile=j.edge_profile.name if j.edge_profile else None, queue=j.queue,
-                      spec=j.model_dump(mode="json"), status="queued")
-                  for j in sub.expansion.jobs)
+        rows = job_rows(sub.request_id, sub.expansion.jobs)
+        for i in range(0, len(rows), 2000):
+            s.execute(insert(Job), rows[i:i + 2000])
     if send if send is not None else not get_settings().embedded:
-        enqueue_jobs([(j.job_id, j.queue) for j in sub.expansion.jobs])
+        enqueue_jobs([(j.job_id, j.queue) for j in sub.expansion.jobs], request_id=sub.request_id)
     return sub
 
 
-def enqueue_jobs(jobs: list[tuple[str, str]]) -> None:
-    """Send (job id, queue) pairs to the broker and stamp ``enqueued_at``."""
-    from farm.celery_app import enqueue_job
+def spec_json(job: JobSpec, common: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``job.model_dump(mode="json")``, reusing ``common`` (the request-wide fields, dumped once)."""
+    if common is None:
+        return job.model_dump(mode="json")
+    out = dict(common)
+    out.update(job_id=job.job_id, device=job.device, engine=job.engine, batch_size=job.batch_size,
+               concurrency=job.concurrency, queue=job.queue,
+               edge_profile=job.edge_profile.model_dump(mode="json") if job.edge_profile else None)
+    return out
+
+
+def job_rows(request_id: str, jobs: list[JobSpec]) -> list[dict[str, Any]]:
+    """Rows for a bulk insert into ``jobs`` (status queued)."""
+    if not jobs:
+        return []
+    common = jobs[0].model_dump(mode="json", exclude=set(_PER_JOB))
+    now = datetime.now(timezone.utc)
+    return [dict(id=j.job_id, request_id=request_id, device=j.device, engine=j.engine, batch_size=j.batch_size,
+                 concurrency=j.concurrency, edge_profile=j.edge_profile.name if j.edge_profile else None,
+                 queue=j.queue, spec=spec_json(j, common), status="queued", attempts=0, created_at=now)
+            for j in jobs]
+
+
+def enqueue_jobs(jobs: list[tuple[str, str]], request_id: str | None = None) -> None:
+    """Send (job id, queue) pairs to the broker in one batch and stamp ``enqueued_at`` (by request when
+    ``request_id`` is given: one UPDATE)."""
+    from farm.celery_app import enqueue_many
 
     try:
-        for job_id, queue in jobs:
-            enqueue_job(job_id, queue)
-    except Exception as exc:  # kombu raises many types; the jobs stay queued in the ledger
+        enqueue_many(jobs)
+    except Exception as exc:  # kombu/redis raise many types; the jobs stay queued in the ledger
         raise SchedulerError(f"the broker refused jobs ({type(exc).__name__}: {exc}); they stay queued in the "
                              "database and are re-enqueued by `farm scheduler`; check FARM_BROKER_URL") from exc
     now = datetime.now(timezone.utc)
     with session_scope() as s:
+        if request_id is not None:
+            s.execute(update(Job).where(Job.request_id == request_id, Job.status == "queued")
+                      .values(enqueued_at=now))
+            return
         ids = [j for j, _ in jobs]
         for i in range(0, len(ids), 500):
             s.execute(update(Job).where(Job.id.in_(ids[i:i + 500])).values(enqueued_at=now))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import uuid
@@ -21,9 +22,11 @@ from farm.db.models import Worker
 from farm.db.session import session_scope
 from farm.settings import get_settings
 from schemas import WorkerHardware
-from workers.execute import run_job
-from workers.ledger import now
+from workers.cancel import SHUTDOWN, JobWatch
+from workers.execute import replay_spool, run_job
+from workers.ledger import job_status, now
 from workers.runners.base import Runner
+from workers.spool import Spool
 
 log = logging.getLogger("farm.worker")
 
@@ -43,9 +46,13 @@ class WorkerNode:
     heartbeat_s: float = field(default_factory=lambda: get_settings().heartbeat_s)
 
     def __post_init__(self) -> None:
+        settings = get_settings()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.current_job: str | None = None
+        self.watch = JobWatch(job_status, poll_s=settings.cancel_poll_s)
+        self.spool = Spool(settings.spool_dir)
+        self.stopping = False
 
     @property
     def queues(self) -> list[str]:
@@ -82,18 +89,37 @@ class WorkerNode:
             try:
                 self.beat()
             except Exception as exc:  # the database may blink; the next beat tries again
-                log.warning("heartbeat failed: %s", exc)
+                log.warning("heartbeat failed: %s", " ".join(str(exc).split())[:200])
+                continue
+            self.flush_spool()
+
+    def flush_spool(self) -> int:
+        """Write results spooled during a database outage (called after each successful heartbeat)."""
+        try:
+            return replay_spool(self.spool) if self.spool.pending() else 0
+        except Exception as exc:
+            log.warning("replaying spooled results failed: %s", exc)
+            return 0
+
+    def shutdown(self, signum: int | None = None) -> None:
+        """Stop taking jobs and hand the job in hand back to its queue (SIGTERM)."""
+        self.stopping = True
+        self.watch.interrupt(SHUTDOWN)
 
     def __enter__(self) -> WorkerNode:
         self.register()
+        self.flush_spool()
+        self.watch.__enter__()
         self._thread = threading.Thread(target=self._beat_loop, name="farm-heartbeat", daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        self.watch.__exit__(None, None, None)
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.flush_spool()
         try:
             with session_scope() as s:
                 s.execute(update(Worker).where(Worker.id == self.worker_id)
@@ -104,10 +130,10 @@ class WorkerNode:
 
     def run(self, job_id: str) -> str:
         """Run one delivered job (claiming it first)."""
-        spec_device = _device_of(job_id)
         self.current_job = job_id
         try:
-            return run_job(job_id, self.worker_id, self.runner, self.gpu_uuids_for(spec_device))
+            return run_job(job_id, self.worker_id, self.runner, self.gpu_uuids_for, watch=self.watch,
+                           spool=self.spool)
         finally:
             self.current_job = None
 
@@ -115,43 +141,48 @@ class WorkerNode:
         """Burst mode: consume this node's queues until empty; returns the number of messages handled."""
         handled = 0
         app = get_app()
-        with app.connection_for_read() as conn:
-            channel = conn.default_channel
-            idle = False
-            while not idle and (max_jobs is None or handled < max_jobs):
-                idle = True
-                for queue in self.queues:
-                    message = channel.basic_get(queue, no_ack=False)
-                    if message is None:
-                        continue
-                    idle = False
-                    task = (message.headers or {}).get("task")
-                    if task == RUN_JOB_TASK:
-                        args = message.decode()[0]
-                        self.run(args[0])
-                    else:
-                        log.warning("ignoring unknown task %r", task)
-                    message.ack()
-                    handled += 1
-                    break
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, lambda signum, frame: self.shutdown(signum))
+        try:
+            with app.connection_for_read() as conn:
+                handled = self._drain(conn.default_channel, max_jobs)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+        return handled
+
+    def _drain(self, channel: Any, max_jobs: int | None) -> int:
+        handled = 0
+        idle = False
+        while not idle and not self.stopping and (max_jobs is None or handled < max_jobs):
+            idle = True
+            for queue in self.queues:
+                message = channel.basic_get(queue, no_ack=False)
+                if message is None:
+                    continue
+                idle = False
+                task = (message.headers or {}).get("task")
+                if task == RUN_JOB_TASK:
+                    self.run(message.decode()[0][0])
+                else:
+                    log.warning("ignoring unknown task %r", task)
+                message.ack()
+                handled += 1
+                break
         return handled
 
     def serve_forever(self, loglevel: str = "INFO") -> None:
         """Run a Celery worker on this node's queues until stopped (SIGTERM: warm shutdown)."""
+        from celery.signals import worker_shutting_down
+
         app = get_app()
         install_task(self)
+        worker_shutting_down.connect(lambda **_: self.shutdown(), weak=False)
         worker = app.Worker(queues=self.queues, concurrency=1, pool="solo", prefetch_multiplier=1,
                             hostname=f"{self.worker_id}@{self.hardware.hostname[:60]}", loglevel=loglevel,
                             without_heartbeat=True, without_mingle=True, without_gossip=True)
         worker.start()
-
-
-def _device_of(job_id: str) -> str:
-    from farm.db.models import Job
-
-    with session_scope() as s:
-        job = s.get(Job, job_id)
-        return job.device if job is not None else "cpu"
 
 
 _NODE: WorkerNode | None = None

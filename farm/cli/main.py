@@ -21,7 +21,7 @@ db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 #: piped output is not squeezed to 80 columns (a terminal keeps its own width)
 console = Console() if sys.stdout.isatty() else Console(width=140)
-err_console = Console(stderr=True)
+err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=140)
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -230,6 +230,9 @@ def workers(as_json: bool = typer.Option(False, "--json")) -> None:
 from farm.cli import ops  # noqa: E402  (registers worker, serve, db, example-model, analyze)
 
 ops.register(app, db_app)
+from farm.cli import cluster  # noqa: E402  (registers scheduler, cancel)
+
+cluster.register(app)
 
 
 def main() -> None:

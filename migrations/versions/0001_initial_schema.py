@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-22 05:32:23.607932
+Create Date: 2026-11-22 05:43:29.593427
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ depends_on = None
 
 
 def upgrade() -> None:
-    
     op.create_table('model_artifacts',
     sa.Column('sha256', sa.String(length=64), nullable=False),
     sa.Column('filename', sa.String(length=255), nullable=False),
@@ -51,6 +50,9 @@ def upgrade() -> None:
     sa.ForeignKeyConstraint(['model_sha256'], ['model_artifacts.sha256'], name=op.f('fk_requests_model_sha256_model_artifacts')),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_requests'))
     )
+    with op.batch_alter_table('requests', schema=None) as batch_op:
+        batch_op.create_index(batch_op.f('ix_requests_created_at'), ['created_at'], unique=False)
+
     op.create_table('jobs',
     sa.Column('id', sa.String(length=32), nullable=False),
     sa.Column('request_id', sa.String(length=36), nullable=False),
@@ -76,6 +78,7 @@ def upgrade() -> None:
     with op.batch_alter_table('jobs', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_jobs_request_id_status'), ['request_id', 'status'], unique=False)
         batch_op.create_index(batch_op.f('ix_jobs_status_queue'), ['status', 'queue'], unique=False)
+        batch_op.create_index(batch_op.f('ix_jobs_worker_id'), ['worker_id'], unique=False)
 
     op.create_table('results',
     sa.Column('job_id', sa.String(length=32), nullable=False),
@@ -120,21 +123,22 @@ def upgrade() -> None:
     with op.batch_alter_table('results', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_results_request_id'), ['request_id'], unique=False)
 
-    
 
 
 def downgrade() -> None:
-    
     with op.batch_alter_table('results', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_results_request_id'))
 
     op.drop_table('results')
     with op.batch_alter_table('jobs', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_jobs_worker_id'))
         batch_op.drop_index(batch_op.f('ix_jobs_status_queue'))
         batch_op.drop_index(batch_op.f('ix_jobs_request_id_status'))
 
     op.drop_table('jobs')
+    with op.batch_alter_table('requests', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_requests_created_at'))
+
     op.drop_table('requests')
     op.drop_table('workers')
     op.drop_table('model_artifacts')
-    
