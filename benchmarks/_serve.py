@@ -1,0 +1,126 @@
+"""Shared by the measurement benchmarks: test models built with onnx.helper, farm's server as a
+context manager, CPU pinning. Nothing here asserts; benchmarks print figures."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+START_TIMEOUT_S = 60.0
+
+
+def cpus() -> list[int]:
+    """The CPUs this process may run on."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def split_cpus() -> tuple[set[int] | None, set[int] | None]:
+    """(client CPUs, server CPUs): one half each, or (None, None) on a single CPU (no pinning)."""
+    all_cpus = cpus()
+    if len(all_cpus) < 2:
+        return None, None
+    half = len(all_cpus) // 2
+    return set(all_cpus[:half]), set(all_cpus[half:])
+
+
+def pin(cpu_set: set[int] | None) -> None:
+    """Pin this process (all its threads created later) to ``cpu_set``; None leaves it as is."""
+    if cpu_set:
+        os.sched_setaffinity(0, cpu_set)
+
+
+def identity_model(path: Path, shape: tuple[int, ...]) -> Path:
+    """ONNX Identity, input ``x`` FP32 ``[batch, *shape]``, output ``y``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    dims: list[int | str] = ["batch", *shape]
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "identity",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def matmul_chain_model(path: Path, layers: int, dim: int) -> Path:
+    """ONNX chain of ``layers`` MatMuls: ``x`` FP32 ``[batch, dim, dim]`` times ``dim x dim`` weights
+    (scaled so values stay bounded), output ``y`` of the same shape."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "x"
+    for i in range(layers):
+        w = (rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        out = "y" if i == layers - 1 else f"h{i}"
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [out]))
+        prev = out
+    dims: list[int | str] = ["batch", dim, dim]
+    graph = helper.make_graph(nodes, "matmul_chain",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@contextmanager
+def farm_server(model: Path, threads: int = 1, instances: int = 1,
+                cpu_set: set[int] | None = None) -> Iterator[str]:
+    """farm's built-in server for ``model`` (name ``model``), pinned to ``cpu_set``; yields
+    ``host:port`` once ready and always stops it."""
+    from workers.engines.ready import wait_ready
+
+    cmd = [sys.executable, "-m", "workers.engines.server", str(model), "--format", "onnx", "--engine",
+           "onnxruntime", "--host", "127.0.0.1", "--port", "0", "--threads", str(threads),
+           "--instances", str(instances), "--model-name", "model"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS=str(max(threads, 1)))
+
+    def preexec() -> None:
+        if cpu_set:
+            os.sched_setaffinity(0, cpu_set)
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+                            env=env, preexec_fn=preexec)
+    try:
+        found: list[str] = []
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith("farm-serve listening"):
+                    found.append(line.split()[-1])
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(START_TIMEOUT_S)
+        if not found:
+            raise RuntimeError(f"farm's server did not start within {START_TIMEOUT_S} s: {' '.join(cmd)}")
+        wait_ready(found[0], "model", 30.0, alive=lambda: proc.poll() is None)
+        yield found[0]
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()

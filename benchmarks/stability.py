@@ -1,0 +1,68 @@
+"""Do repeated runs of the same job agree? Coefficient of variation of throughput over N runs.
+
+Each run is a whole job: a fresh farm server process, then ``run_load`` with the default measurement
+settings (warm-up 1 s, 1 s windows, stop when the last 3 agree within ±10 %, at most 10). Two jobs: an
+identity model at concurrency 4 (transport-bound) and a ~5 ms MatMul chain at concurrency 2
+(compute-bound). Target: CV of throughput <= 3 %.
+
+Run: ``python benchmarks/stability.py [--quick] [--runs N]``. Prints figures, asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from _serve import farm_server, identity_model, matmul_chain_model, pin, split_cpus  # noqa: I001
+from schemas import MeasurementSettings, TensorSpec
+from workers.loadgen import run_load
+
+
+def run_job(model: Path, shape: tuple[int, ...], conc: int, settings: MeasurementSettings,
+            server_cpus: set[int] | None) -> dict[str, object]:
+    """One job: start a server for ``model``, measure, stop it."""
+    with farm_server(model, threads=1, cpu_set=server_cpus) as url:
+        r = run_load(url, "model", [TensorSpec(name="x", shape=shape)], 1, conc, settings, processes=1)
+    return r.metrics
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="3 short runs for a CI smoke test")
+    ap.add_argument("--runs", type=int, default=None, help="runs per job (default 5, quick 3)")
+    args = ap.parse_args()
+    runs = args.runs or (3 if args.quick else 5)
+    settings = (MeasurementSettings(warmup_s=0.3, window_s=0.3, min_windows=3, max_windows=5)
+                if args.quick else MeasurementSettings())
+    client_cpus, server_cpus = split_cpus()
+    pin(client_cpus)
+    print(f"{runs} runs per job; settings: warm-up {settings.warmup_s} s, windows {settings.window_s} s, "
+          f"min {settings.min_windows}, max {settings.max_windows}, ±{settings.stability_pct:g} %; "
+          f"client CPUs {sorted(client_cpus or [])}, server CPUs {sorted(server_cpus or [])}")
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        jobs = [
+            ("identity [1,16], c=4", identity_model(tmp / "identity.onnx", (16,)), (16,), 4),
+            ("MatMul chain 25x[256,256], c=2", matmul_chain_model(tmp / "chain.onnx", 25, 256), (256, 256), 2),
+        ]
+        for name, model, shape, conc in jobs:
+            rows = [run_job(model, shape, conc, settings, server_cpus) for _ in range(runs)]
+            tput = np.array([float(m["throughput_infer_per_s"]) for m in rows])  # type: ignore[arg-type]
+            p50 = np.array([float(m["latency_p50_ms"]) for m in rows])  # type: ignore[arg-type]
+            p99 = np.array([float(m["latency_p99_ms"]) for m in rows])  # type: ignore[arg-type]
+            print(f"\n{name}")
+            for i, m in enumerate(rows):
+                t, a, b = (float(m[k]) for k in ("throughput_infer_per_s", "latency_p50_ms",  # type: ignore[arg-type]
+                                                 "latency_p99_ms"))
+                print(f"  run {i + 1}: {t:9.1f} infer/s  p50 {a:7.3f} ms  p99 {b:7.3f} ms  "
+                      f"windows {m['windows']}  stable {m['stable']}")
+            cv = 100 * tput.std(ddof=1) / tput.mean() if runs > 1 else float("nan")
+            p50_cv, p99_cv = (100 * a.std(ddof=1) / a.mean() for a in (p50, p99))
+            print(f"  throughput mean {tput.mean():.1f} infer/s, CV {cv:.2f} % (target <= 3 %); "
+                  f"p50 CV {p50_cv:.2f} %, p99 CV {p99_cv:.2f} %")
+
+
+if __name__ == "__main__":
+    main()

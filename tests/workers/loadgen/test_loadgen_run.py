@@ -1,0 +1,182 @@
+"""run_load against a scripted KServe v2 test server (a subprocess): counts, modes, stalls, errors."""
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+import pytest
+
+from farm.errors import LoadGenError
+from farm.metrics import BY_NAME
+from schemas import MeasurementSettings, TensorSpec
+from workers.loadgen import LoadResult, run_load
+from workers.loadgen import stats
+
+INPUTS = [TensorSpec(name="x", shape=(16,))]
+QUICK = dict(warmup_s=0.3, window_s=0.3, min_windows=2, max_windows=4)
+PCTS = ("latency_p50_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms", "latency_p999_ms",
+        "latency_max_ms")
+
+
+def _metric_windows(r: LoadResult) -> list[dict[str, Any]]:
+    first, last = r.details["metrics_windows"]
+    return [w for w in r.details["windows"] if first <= w["k"] <= last]
+
+
+def _check_consistent(r: LoadResult, batch: int) -> None:
+    """Counts agree across metrics, windows and the histogram; keys are registry names."""
+    m = r.metrics
+    assert set(m) <= set(BY_NAME), set(m) - set(BY_NAME)
+    used = _metric_windows(r)
+    n_ok = sum(w["requests"] for w in used)
+    assert n_ok > 0
+    assert r.details["latency_histogram"]["count"] == n_ok
+    assert m["requests_per_s"] * m["duration_s"] == pytest.approx(n_ok)
+    assert m["throughput_infer_per_s"] == pytest.approx(m["requests_per_s"] * batch)
+    assert m["duration_s"] == pytest.approx(sum(w["length_s"] for w in used))
+    values = [m[k] for k in PCTS]
+    assert values == sorted(values)
+    assert m["latency_mean_ms"] > 0 and m["latency_std_ms"] >= 0
+    assert m["windows"] == len(r.details["windows"])
+    assert 0 < m["client_busy_pct"] < 1000
+    hist_p50 = stats.histogram_quantile(r.details["latency_histogram"], 50)
+    assert hist_p50 == pytest.approx(m["latency_p50_ms"], rel=0.1)
+    assert json.loads(json.dumps({"metrics": m, "details": r.details}))["metrics"] == m  # storable
+
+
+def test_closed_loop_counts_and_server_params(fake_server) -> None:
+    with fake_server("--params", "--compute-ms", "0.5") as url:
+        r = run_load(url, "model", INPUTS, batch_size=3, concurrency=2,
+                     settings=MeasurementSettings(**QUICK, stability_pct=50))
+    _check_consistent(r, batch=3)
+    m = r.metrics
+    assert m["error_count"] == 0 and m["late_send_pct"] is None
+    assert m["server_compute_p50_ms"] is not None and m["server_queue_p50_ms"] is not None
+    assert m["server_compute_p50_ms"] >= 0.4  # the server sleeps 0.5 ms per request
+    assert m["server_compute_p50_ms"] <= m["latency_p50_ms"]
+    assert m["server_compute_p99_ms"] >= m["server_compute_p50_ms"]
+    assert r.details["mode"] == "closed" and r.details["concurrency"] == 2
+    assert r.details["processes"] == 1 and r.details["batch_size"] == 3
+    assert r.details["server_compute_histogram"]["count"] > 0
+
+
+def test_server_without_params_reports_none(fake_server) -> None:
+    with fake_server() as url:
+        r = run_load(url, "model", INPUTS, 1, 1, MeasurementSettings(**QUICK, stability_pct=50))
+    for key in ("server_queue_p50_ms", "server_compute_p50_ms", "server_compute_p99_ms"):
+        assert r.metrics[key] is None
+    assert r.details["server_compute_histogram"] is None
+    _check_consistent(r, batch=1)
+
+
+def test_unstable_run_is_kept_at_max_windows(fake_server) -> None:
+    with fake_server() as url:
+        r = run_load(url, "model", INPUTS, 1, 1, MeasurementSettings(**QUICK, stability_pct=0.001))
+    assert r.metrics["stable"] is False
+    assert r.metrics["windows"] == 4
+    assert r.details["metrics_windows"] == [2, 3]
+    assert any("not stable" in n for n in r.details["notes"])
+    _check_consistent(r, batch=1)
+
+
+def test_open_loop_stall_shows_in_tail(fake_server) -> None:
+    """A 200 ms server stall delays every request scheduled during it: counted from the schedule,
+    the tail shows the stall (no coordinated omission)."""
+    settings = MeasurementSettings(mode="constant", rate=200, warmup_s=0.5, window_s=0.5, duration_s=2.5)
+    with fake_server("--stall-after-s", "1.2", "--stall-ms", "200") as url:
+        r = run_load(url, "model", INPUTS, 1, 1, settings)
+    m = r.metrics
+    assert m["latency_max_ms"] >= 150
+    assert m["latency_p99_ms"] >= 150
+    assert m["late_send_pct"] is not None and 0 <= m["late_send_pct"] <= 100
+    assert m["requests_per_s"] == pytest.approx(200, rel=0.15)
+    assert r.details["mode"] == "constant" and r.details["rate"] == 200
+    _check_consistent(r, batch=1)
+
+
+def test_closed_loop_stall_only_hits_one_request(fake_server) -> None:
+    """The contrast: a closed loop with one outstanding request waits out the stall, so only one
+    latency carries it (this is why open-loop runs count from the schedule)."""
+    settings = MeasurementSettings(warmup_s=0.5, window_s=0.5, duration_s=2.5)
+    with fake_server("--stall-after-s", "1.2", "--stall-ms", "200") as url:
+        r = run_load(url, "model", INPUTS, 1, 1, settings)
+    assert r.metrics["latency_max_ms"] >= 150
+    assert r.metrics["latency_p99_ms"] < 100
+
+
+def test_poisson_rate(fake_server) -> None:
+    settings = MeasurementSettings(mode="poisson", rate=300, warmup_s=0.3, window_s=0.5, duration_s=2.0)
+    with fake_server() as url:
+        r = run_load(url, "model", INPUTS, 2, 1, settings)
+    assert r.metrics["requests_per_s"] == pytest.approx(300, rel=0.2)
+    assert r.metrics["throughput_infer_per_s"] == pytest.approx(2 * r.metrics["requests_per_s"])
+    assert r.details["mode"] == "poisson"
+
+
+def test_errors_counted_by_status(fake_server) -> None:
+    settings = MeasurementSettings(warmup_s=0.3, window_s=0.5, duration_s=1.5)
+    with fake_server("--error-every", "4", "--error-code", "RESOURCE_EXHAUSTED") as url:
+        r = run_load(url, "model", INPUTS, 1, 2, settings)
+    errors = r.details["errors"]
+    assert set(errors) == {"RESOURCE_EXHAUSTED"}
+    assert r.metrics["error_count"] == errors["RESOURCE_EXHAUSTED"]
+    ok = sum(w["requests"] for w in r.details["windows"])
+    assert r.metrics["error_count"] / (ok + r.metrics["error_count"]) == pytest.approx(0.25, abs=0.05)
+    assert "scripted error" in r.details["first_error"]
+
+
+def test_all_requests_failing_raises(fake_server) -> None:
+    with fake_server("--error-every", "1", "--error-code", "INVALID_ARGUMENT") as url:
+        with pytest.raises(LoadGenError, match="no request succeeded.*INVALID_ARGUMENT"):
+            run_load(url, "model", INPUTS, 1, 1, MeasurementSettings(**QUICK))
+
+
+def test_model_not_ready_raises(fake_server) -> None:
+    with fake_server() as url:
+        with pytest.raises(LoadGenError, match="'other' is not ready"):
+            run_load(url, "other", INPUTS, 1, 1, MeasurementSettings(**QUICK))
+
+
+def test_unreachable_server_raises() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(LoadGenError, match="cannot connect.*check that the server is running"):
+        run_load(f"127.0.0.1:{port}", "model", INPUTS, 1, 1, MeasurementSettings(**QUICK),
+                 connect_timeout_s=1.0)
+
+
+def test_bad_arguments_raise() -> None:
+    with pytest.raises(LoadGenError):
+        run_load("127.0.0.1:1", "model", INPUTS, 0, 1, MeasurementSettings())
+    with pytest.raises(LoadGenError):
+        run_load("127.0.0.1:1", "model", INPUTS, 1, 1, MeasurementSettings(), processes=0)
+    with pytest.raises(LoadGenError, match="cannot build the request"):
+        run_load("127.0.0.1:1", "model", [], 1, 1, MeasurementSettings())
+
+
+def test_two_processes_closed_loop_merge(fake_server) -> None:
+    with fake_server("--params") as url:
+        r = run_load(url, "model", INPUTS, 1, 4, MeasurementSettings(**QUICK, stability_pct=50),
+                     processes=2)
+    assert r.details["processes"] == 2
+    assert len(r.details["client_busy_pct_by_process"]) == 2
+    assert r.metrics["client_busy_pct"] == max(r.details["client_busy_pct_by_process"])
+    _check_consistent(r, batch=1)
+
+
+def test_two_processes_open_loop_rate(fake_server) -> None:
+    settings = MeasurementSettings(mode="constant", rate=200, warmup_s=0.3, window_s=0.5, duration_s=1.5)
+    with fake_server() as url:
+        r = run_load(url, "model", INPUTS, 1, 1, settings, processes=2)
+    assert r.details["processes"] == 2
+    assert r.metrics["requests_per_s"] == pytest.approx(200, rel=0.1)
+    _check_consistent(r, batch=1)
+
+
+def test_hung_server_raises_after_first_window(fake_server) -> None:
+    """A server that accepts requests but never answers: the run stops after the first empty window."""
+    with fake_server("--compute-ms", "60000") as url:
+        with pytest.raises(LoadGenError, match="no request succeeded.*no responses at all"):
+            run_load(url, "model", INPUTS, 1, 2, MeasurementSettings(**QUICK))

@@ -1,0 +1,212 @@
+"""Pure helpers of the load generator: percentiles, histograms, stability, planning, request building."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2 as pb
+
+from schemas import MeasurementSettings, TensorSpec
+from workers.loadgen import auto_process_cap, split_work, window_lengths
+from workers.loadgen import stats
+from workers.loadgen.request import V2_NUMPY, build_request, random_tensor, serialized_request
+
+QS = (0, 1, 25, 50, 90, 95, 99, 99.9, 100)
+
+
+# ----------------------------------------------------------------------------- percentiles
+
+@pytest.mark.parametrize("sample", [
+    [1.0], [3.0, 1.0], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [5.5, 0.1, 0.1, 9.0, 2.25, 100.0, 7.0],
+    list(np.random.default_rng(1).lognormal(0, 1, 1001)),
+])
+def test_percentiles_match_numpy_linear(sample: list[float]) -> None:
+    for q in QS:
+        assert stats.percentile(sample, q) == pytest.approx(float(np.percentile(sample, q, method="linear")))
+    assert stats.percentiles(sample, QS) == pytest.approx([float(np.percentile(sample, q)) for q in QS])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=1e-3, max_value=1e6, allow_nan=False), min_size=1, max_size=300),
+       st.floats(min_value=0, max_value=100))
+def test_percentile_matches_numpy_on_random_samples(sample: list[float], q: float) -> None:
+    assert stats.percentile(sample, q) == pytest.approx(float(np.percentile(sample, q)), rel=1e-9, abs=1e-9)
+
+
+def test_percentile_empty_and_out_of_range() -> None:
+    assert stats.percentile([], 50) is None
+    with pytest.raises(ValueError, match="0..100"):
+        stats.percentile([1.0], 101)
+
+
+def test_summarize_latencies() -> None:
+    a = np.array([1.0, 2.0, 3.0, 4.0, 100.0])
+    s = stats.summarize_latencies(a)
+    assert s["mean"] == pytest.approx(22.0)
+    assert s["p50"] == 3.0 and s["max"] == 100.0
+    assert s["std"] == pytest.approx(float(np.std(a)))
+    assert s["p99"] == pytest.approx(float(np.percentile(a, 99)))
+    assert all(v is None for v in stats.summarize_latencies(np.array([])).values())
+
+
+# ----------------------------------------------------------------------------- histograms
+
+def test_histogram_counts_and_bounds_are_consistent() -> None:
+    values = [0.5, 0.5, 1.0, 2.0, 10.0, 10.5, 250.0]
+    h = stats.histogram(values)
+    assert h["count"] == 7 and sum(h["counts"]) == 7
+    assert len(h["bounds_ms"]) == len(h["counts"]) + 1
+    assert h["min_ms"] == 0.5 and h["max_ms"] == 250.0
+    assert h["sum_ms"] == pytest.approx(sum(values))
+    bounds = h["bounds_ms"]
+    for v in values:  # every value falls inside exactly one stored bucket
+        j = stats.bucket_index(v) - h["first_index"]
+        assert bounds[j] <= v * (1 + 1e-12) and v < bounds[j + 1] * (1 + 1e-12)
+        assert h["counts"][j] >= 1
+    assert json.loads(json.dumps(h)) == h  # storable as JSON
+
+
+def test_histogram_edge_values() -> None:
+    h = stats.histogram([0.0, -1.0, float("inf"), 1.0])
+    assert h["count"] == 4 and sum(h["counts"]) == 4
+    assert stats.bucket_index(0.0) == stats.HIST_MIN_INDEX
+    assert stats.bucket_index(float("inf")) == stats.HIST_MAX_INDEX
+    empty = stats.histogram([])
+    assert empty["count"] == 0 and stats.histogram_quantile(empty, 50) is None
+
+
+def test_histogram_merge_equals_histogram_of_union() -> None:
+    rng = np.random.default_rng(7)
+    a, b, c = rng.lognormal(0, 1, 500), rng.lognormal(2, 0.5, 300), rng.lognormal(-1, 2, 50)
+    merged = stats.merge_histograms([stats.histogram(a), stats.histogram(b), stats.histogram(c)])
+    whole = stats.histogram(np.concatenate([a, b, c]))
+    assert merged["counts"] == whole["counts"]
+    assert merged["first_index"] == whole["first_index"]
+    assert merged["count"] == 850
+    assert merged["min_ms"] == whole["min_ms"] and merged["max_ms"] == whole["max_ms"]
+    assert merged["sum_ms"] == pytest.approx(whole["sum_ms"])
+    assert stats.histogram_mean(merged) == pytest.approx(float(np.concatenate([a, b, c]).mean()))
+    # merging round-trips through JSON too
+    again = stats.merge_histograms([json.loads(json.dumps(merged)), stats.histogram([])])
+    assert again["counts"] == merged["counts"]
+
+
+def test_histogram_merge_rejects_other_grid() -> None:
+    h = stats.histogram([1.0])
+    h["per_decade"] = 10
+    with pytest.raises(ValueError, match="per decade"):
+        stats.merge_histograms([h])
+
+
+def test_histogram_quantile_within_one_bucket() -> None:
+    rng = np.random.default_rng(3)
+    values = rng.lognormal(1, 0.8, 20000)
+    h = stats.histogram(values)
+    width = 10 ** (1 / stats.HIST_PER_DECADE) - 1  # relative bucket width
+    for q in (10, 50, 90, 99, 99.9):
+        exact = float(np.percentile(values, q))
+        assert stats.histogram_quantile(h, q) == pytest.approx(exact, rel=width)
+    assert stats.histogram_quantile(h, 0) == values.min()
+    assert stats.histogram_quantile(h, 100) == values.max()
+
+
+# ----------------------------------------------------------------------------- stability
+
+def _series(throughputs: list[float], p99s: list[float]) -> list[dict[str, float]]:
+    return [{"throughput_infer_per_s": t, "p99_ms": p} for t, p in zip(throughputs, p99s)]
+
+
+def test_stable_series() -> None:
+    w = _series([1000, 1010, 995, 1003], [5.0, 5.1, 4.9, 5.05])
+    assert stats.is_stable(w, 3, 5.0)
+    assert stats.stable_since(w, 3, 5.0) == 3
+
+
+def test_unstable_series_throughput_or_p99() -> None:
+    assert not stats.is_stable(_series([1000, 1300, 700, 1000], [5, 5, 5, 5]), 3, 10.0)
+    assert not stats.is_stable(_series([1000, 1000, 1000], [5, 9, 5]), 3, 10.0)  # p99 alone disagrees
+    assert stats.stable_since(_series([1000, 1300, 700, 1000, 1250], [5] * 5), 3, 10.0) is None
+
+
+def test_stabilizing_late() -> None:
+    w = _series([400, 700, 900, 1000, 990, 1005, 1002], [20, 12, 8, 5.0, 5.1, 5.0, 4.95])
+    assert not stats.is_stable(w[:5], 3, 5.0)
+    assert stats.is_stable(w, 3, 5.0)
+    assert stats.stable_since(w, 3, 5.0) == 6
+
+
+def test_stability_edge_cases() -> None:
+    assert not stats.is_stable(_series([1000, 1000], [5, 5]), 3, 10.0)  # too few windows
+    assert not stats.is_stable([{"throughput_infer_per_s": 0.0, "p99_ms": None}] * 3, 3, 10.0)
+    assert not stats.is_stable(_series([0, 0, 0], [1, 1, 1]), 3, 10.0)  # nothing completed
+    assert stats.is_stable(_series([100], [2]), 1, 1.0)
+    with pytest.raises(ValueError):
+        stats.is_stable([], 0, 10.0)
+
+
+# ----------------------------------------------------------------------------- planning
+
+def test_window_lengths() -> None:
+    assert window_lengths(MeasurementSettings(window_s=2, max_windows=4)) == (2, 2, 2, 2)
+    assert window_lengths(MeasurementSettings(window_s=1, duration_s=3)) == (1, 1, 1)
+    assert window_lengths(MeasurementSettings(window_s=1, duration_s=2.5)) == (1, 1, 0.5)
+    assert window_lengths(MeasurementSettings(window_s=5, duration_s=2)) == (2,)
+
+
+def test_split_work() -> None:
+    assert split_work("closed", 5, None, 2) == [(3, None, 0.0), (2, None, 0.0)]
+    assert split_work("closed", 1, None, 4) == [(1, None, 0.0)]  # cannot split one outstanding request
+    plan = split_work("constant", 8, 300.0, 3)
+    assert [r for _, r, _ in plan] == pytest.approx([100.0] * 3)
+    assert [p for _, _, p in plan] == pytest.approx([0, 1 / 300, 2 / 300])  # interleaved schedules
+
+
+def test_auto_process_cap() -> None:
+    assert auto_process_cap(2) == 1
+    assert auto_process_cap(16) == 8
+    assert auto_process_cap(64) == 8
+    assert auto_process_cap(1) == 1
+
+
+# ----------------------------------------------------------------------------- requests
+
+@pytest.mark.parametrize("dtype", sorted(V2_NUMPY))
+def test_random_tensor_dtype_and_shape(dtype: str) -> None:
+    spec = TensorSpec(name="x", dtype=dtype, shape=(3, 2))
+    a = random_tensor(spec, 4)
+    assert a.shape == (4, 3, 2) and a.dtype == V2_NUMPY[dtype]
+    assert np.array_equal(a, random_tensor(spec, 4))  # same seed, same data
+
+
+def test_serialized_request_round_trips() -> None:
+    inputs = [TensorSpec(name="a", shape=(8,)), TensorSpec(name="ids", dtype="INT64", shape=(2, 3))]
+    raw = serialized_request("m", inputs, 5)
+    req = pb.ModelInferRequest.FromString(raw)
+    assert req.model_name == "m"
+    assert [t.name for t in req.inputs] == ["a", "ids"]
+    assert list(req.inputs[1].shape) == [5, 2, 3] and req.inputs[1].datatype == "INT64"
+    assert len(req.raw_input_contents[0]) == 5 * 8 * 4
+    assert len(req.raw_input_contents[1]) == 5 * 6 * 8
+    assert raw == build_request("m", inputs, 5).SerializeToString()
+    with pytest.raises(ValueError):
+        build_request("m", [], 1)
+
+
+def test_escalation_rule() -> None:
+    from workers.loadgen.run import escalation
+
+    busy = {"busy_pct": 95.0, "late": 0, "sent": 1000}
+    calm = {"busy_pct": 30.0, "late": 0, "sent": 1000}
+    lagging = {"busy_pct": 50.0, "late": 200, "sent": 1000}
+    assert escalation([busy], "closed", 16, cap=8) == 2
+    assert escalation([{**busy, "busy_pct": 190.0}], "closed", 16, cap=8) == 4
+    assert escalation([{**busy, "busy_pct": 190.0}], "closed", 3, cap=8) == 3  # never above concurrency
+    assert escalation([busy], "closed", 1, cap=8) is None  # one outstanding request cannot be split
+    assert escalation([busy], "closed", 16, cap=1) is None  # not allowed to (e.g. a 2-core machine)
+    assert escalation([calm], "constant", 1, cap=8) is None
+    assert escalation([lagging], "poisson", 1, cap=8) == 2  # open loop: late sends trigger it too
+    assert escalation([lagging], "closed", 4, cap=8) is None
+    assert escalation([busy, busy], "closed", 16, cap=8) is None  # already spread

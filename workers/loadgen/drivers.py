@@ -1,0 +1,235 @@
+"""Where load workers run: one thread of this process, or several processes. Context managers, so a
+failed measurement never leaves a worker behind."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from workers.loadgen.worker import Control, WorkerConfig, run_worker
+
+JOIN_TIMEOUT_S = 10.0  # how long a stopped worker may take to close its channel and exit
+
+
+class Driver(ABC):
+    """Runs one or more load workers and relays their messages to the coordinator."""
+
+    def __init__(self, configs: list[WorkerConfig]) -> None:
+        if not configs:
+            raise ValueError("a driver needs at least one worker config")
+        self.configs = configs
+
+    @property
+    def n(self) -> int:
+        """Number of workers."""
+        return len(self.configs)
+
+    @abstractmethod
+    def go(self, t_start: float) -> None:
+        """Tell every worker to start its schedule at monotonic time ``t_start``."""
+
+    @abstractmethod
+    def recv(self, timeout_s: float) -> list[tuple[int, tuple[Any, ...]]]:
+        """Messages that arrived within ``timeout_s``, as (worker index, message); may be empty."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Ask every worker to stop (non-blocking, idempotent)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop and reap every worker."""
+
+    def __enter__(self) -> Driver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- in-process thread
+
+class _ThreadControl(Control):
+    def __init__(self, index: int, out: queue.Queue[tuple[int, tuple[Any, ...]]]) -> None:
+        self.index = index
+        self.out = out
+        self.go_ev = threading.Event()
+        self.stop_ev = threading.Event()
+        self.t_start: float | None = None
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        self.out.put((self.index, msg))
+
+    def wait_go(self, timeout_s: float) -> float | None:
+        deadline = time.monotonic() + timeout_s
+        while not self.go_ev.wait(0.05):
+            if self.stop_ev.is_set() or time.monotonic() > deadline:
+                return None
+        return None if self.stop_ev.is_set() else self.t_start
+
+    def stop_requested(self) -> bool:
+        return self.stop_ev.is_set()
+
+
+class ThreadDriver(Driver):
+    """Each worker runs its own event loop in a daemon thread of this process."""
+
+    def __init__(self, configs: list[WorkerConfig]) -> None:
+        super().__init__(configs)
+        self._out: queue.Queue[tuple[int, tuple[Any, ...]]] = queue.Queue()
+        self._controls = [_ThreadControl(i, self._out) for i in range(self.n)]
+        self._threads = [
+            threading.Thread(target=run_worker, args=(cfg, ctl), name=f"farm-loadgen-{i}", daemon=True)
+            for i, (cfg, ctl) in enumerate(zip(configs, self._controls))
+        ]
+        for t in self._threads:
+            t.start()
+
+    def go(self, t_start: float) -> None:
+        for ctl in self._controls:
+            ctl.t_start = t_start
+            ctl.go_ev.set()
+
+    def recv(self, timeout_s: float) -> list[tuple[int, tuple[Any, ...]]]:
+        try:
+            first = self._out.get(timeout=max(timeout_s, 0.0))
+        except queue.Empty:
+            return []
+        got = [first]
+        while True:
+            try:
+                got.append(self._out.get_nowait())
+            except queue.Empty:
+                return got
+
+    def stop(self) -> None:
+        for ctl in self._controls:
+            ctl.stop_ev.set()
+
+    def close(self) -> None:
+        self.stop()
+        for t in self._threads:
+            t.join(JOIN_TIMEOUT_S)
+
+
+# --------------------------------------------------------------------------- processes
+
+class _PipeControl(Control):
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._stopped = False
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        try:
+            self.conn.send(msg)
+        except (BrokenPipeError, OSError):
+            self._stopped = True
+
+    def wait_go(self, timeout_s: float) -> float | None:
+        if not self.conn.poll(timeout_s):
+            return None
+        msg = self.conn.recv()
+        if msg[0] == "go":
+            return float(msg[1])
+        self._stopped = True
+        return None
+
+    def stop_requested(self) -> bool:
+        if self._stopped:
+            return True
+        try:
+            if self.conn.poll():
+                self.conn.recv()  # the only message after "go" is "stop"
+                self._stopped = True
+        except (EOFError, OSError):
+            self._stopped = True
+        return self._stopped
+
+
+def _process_main(cfg: WorkerConfig, conn: Connection) -> None:
+    run_worker(cfg, _PipeControl(conn))
+    conn.close()
+
+
+class ProcessDriver(Driver):
+    """Each worker runs in its own (spawned) process with its own event loop and gRPC channel."""
+
+    def __init__(self, configs: list[WorkerConfig]) -> None:
+        super().__init__(configs)
+        ctx = mp.get_context("spawn")  # no fork: gRPC's core does not survive fork
+        self._conns: list[Connection] = []
+        self._procs: list[Any] = []
+        self._gone: set[int] = set()
+        self._finished: set[int] = set()
+        try:
+            for i, cfg in enumerate(configs):
+                parent, child = ctx.Pipe(duplex=True)
+                proc = ctx.Process(target=_process_main, args=(cfg, child), name=f"farm-loadgen-{i}",
+                                   daemon=True)
+                proc.start()
+                child.close()
+                self._conns.append(parent)
+                self._procs.append(proc)
+        except BaseException:
+            self.close()
+            raise
+        self._stopped = False
+
+    def _send_all(self, msg: tuple[Any, ...]) -> None:
+        for conn in self._conns:
+            try:
+                conn.send(msg)
+            except (BrokenPipeError, OSError):
+                pass
+
+    def go(self, t_start: float) -> None:
+        self._send_all(("go", t_start))
+
+    def recv(self, timeout_s: float) -> list[tuple[int, tuple[Any, ...]]]:
+        got: list[tuple[int, tuple[Any, ...]]] = []
+        active = {id(c): i for i, c in enumerate(self._conns) if i not in self._gone}
+        if not active:
+            time.sleep(max(timeout_s, 0.0))
+            return got
+        for conn in wait([self._conns[i] for i in active.values()], timeout=max(timeout_s, 0.0)):
+            i = active[id(conn)]
+            try:
+                while conn.poll():  # type: ignore[union-attr]
+                    got.append((i, conn.recv()))  # type: ignore[union-attr]
+            except (EOFError, OSError):
+                self._gone.add(i)
+                if not any(m[0] in ("done", "error") for j, m in got if j == i) and i not in self._finished:
+                    self._procs[i].join(1.0)
+                    got.append((i, ("error", f"load process {i} exited early (exit code "
+                                              f"{self._procs[i].exitcode}); see its stderr")))
+            for j, m in got:
+                if m[0] in ("done", "error"):
+                    self._finished.add(j)
+        return got
+
+    def stop(self) -> None:
+        if not getattr(self, "_stopped", False):
+            self._stopped = True
+            self._send_all(("stop",))
+
+    def close(self) -> None:
+        self.stop()
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for proc in self._procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2.0)
+        for conn in self._conns:
+            try:
+                conn.close()
+            except OSError:
+                pass

@@ -1,0 +1,313 @@
+"""One load-generating event loop: a grpc.aio channel driving closed- or open-loop ModelInfer traffic.
+
+A worker runs in a thread of the caller's process or in its own process (see ``drivers``). It talks to
+its coordinator through a :class:`Control`: it reports ``ready``, waits for ``go`` (a shared
+``time.monotonic()`` start, valid across processes on one machine), then reports ``warmup`` and one
+``window`` message per measurement window, and ``done`` when it stopped. Times are monotonic seconds;
+latencies milliseconds.
+"""
+from __future__ import annotations
+
+import asyncio
+import bisect
+import math
+import random
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+MAX_MESSAGE_BYTES = -1  # unlimited send/receive message size
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.enable_retries", 0),
+]
+INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+LATE_S = 0.001  # an open-loop send leaving more than 1 ms after its schedule is late
+WAKE_LEAD_S = 0.00075  # wake this early: asyncio timers fire up to ~1 ms late (epoll's ms resolution)
+STOP_POLL_S = 0.01  # how often the worker checks for a stop request
+QUEUE_PARAM = "farm_queue_ns"
+COMPUTE_PARAM = "farm_compute_ns"
+BACKLOG_STATUS = "CLIENT_BACKLOG"  # open loop: a send skipped because max_outstanding were in flight
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What one worker sends. ``window_lengths_s``: the measurement windows after the warm-up, in order.
+
+    Closed loop: ``concurrency`` requests always outstanding. Open loop (``constant``/``poisson``):
+    ``rate`` requests/s from this worker, the first (constant mode) ``phase_s`` after the warm-up
+    schedule starts; at most ``max_outstanding`` in flight (sends beyond are counted as errors).
+    """
+
+    url: str
+    model_name: str
+    request: bytes
+    mode: str
+    concurrency: int
+    rate: float | None
+    phase_s: float
+    warmup_s: float
+    window_lengths_s: tuple[float, ...]
+    connect_timeout_s: float = 10.0
+    seed: int = 0
+    max_outstanding: int = 10000
+    check_ready: bool = True
+
+
+class Control(ABC):
+    """The worker's line to its coordinator."""
+
+    @abstractmethod
+    def send(self, msg: tuple[Any, ...]) -> None:
+        """Report a message: ("ready",), ("warmup", dict), ("window", k, dict), ("done", dict), ("error", str)."""
+
+    @abstractmethod
+    def wait_go(self, timeout_s: float) -> float | None:
+        """Block until the coordinator says go; the shared monotonic start time, None on stop/timeout."""
+
+    @abstractmethod
+    def stop_requested(self) -> bool:
+        """True once the coordinator asked to stop (non-blocking)."""
+
+
+def _status_name(exc: BaseException) -> str:
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+        code = exc.code()
+        return code.name if code is not None else "UNKNOWN"
+    return type(exc).__name__
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "details"):
+        return f"{_status_name(exc)}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class LoadWorker:
+    """Generates the load of one :class:`WorkerConfig` on the running event loop."""
+
+    def __init__(self, cfg: WorkerConfig, control: Control) -> None:
+        self.cfg = cfg
+        self.control = control
+        self._stopping = False
+        self._stop_ev: asyncio.Event | None = None
+        # completions, in completion order (monotonic times, so sorted)
+        self._t_done: list[float] = []
+        self._lat: list[float] = []
+        self._queue: list[float] = []
+        self._compute: list[float] = []
+        self._err_t: list[float] = []
+        self._err_name: list[str] = []
+        self.first_error: str | None = None
+        self._sent = 0
+        self._late = 0
+        self._inflight: set[asyncio.Task[None]] = set()
+
+    # ----------------------------------------------------------------- recording
+    def _record_ok(self, start: float, done: float, resp: pb.ModelInferResponse) -> None:
+        self._t_done.append(done)
+        self._lat.append((done - start) * 1e3)
+        params = resp.parameters
+        if QUEUE_PARAM in params:
+            self._queue.append(params[QUEUE_PARAM].int64_param * 1e-6)
+        else:
+            self._queue.append(math.nan)
+        if COMPUTE_PARAM in params:
+            self._compute.append(params[COMPUTE_PARAM].int64_param * 1e-6)
+        else:
+            self._compute.append(math.nan)
+
+    def _record_err(self, done: float, name: str, text: str) -> None:
+        self._err_t.append(done)
+        self._err_name.append(name)
+        if self.first_error is None:
+            self.first_error = text
+
+    def _cut(self, edge: float) -> dict[str, Any]:
+        """Take every completion and error up to ``edge`` out of the buffers."""
+        i = bisect.bisect_right(self._t_done, edge)
+        lat = np.asarray(self._lat[:i], dtype=np.float64)
+        queue = np.asarray(self._queue[:i], dtype=np.float64)
+        compute = np.asarray(self._compute[:i], dtype=np.float64)
+        del self._t_done[:i], self._lat[:i], self._queue[:i], self._compute[:i]
+        j = bisect.bisect_right(self._err_t, edge)
+        errors: dict[str, int] = {}
+        for name in self._err_name[:j]:
+            errors[name] = errors.get(name, 0) + 1
+        del self._err_t[:j], self._err_name[:j]
+        sent, late = self._sent, self._late
+        self._sent = self._late = 0
+        return {"lat_ms": lat, "queue_ms": queue[~np.isnan(queue)], "compute_ms": compute[~np.isnan(compute)],
+                "errors": errors, "sent": sent, "late": late}
+
+    # ----------------------------------------------------------------- traffic
+    async def _closed_loop(self, infer: Any) -> None:
+        req = self.cfg.request
+        now = time.monotonic
+        while not self._stopping:
+            self._sent += 1
+            t0 = now()
+            try:
+                resp = await infer(req)
+            except grpc.RpcError as exc:
+                if self._stopping:
+                    return
+                self._record_err(now(), _status_name(exc), _describe(exc))
+                continue
+            self._record_ok(t0, now(), resp)
+
+    async def _one(self, infer: Any, start: float) -> None:
+        try:
+            resp = await infer(self.cfg.request)
+        except grpc.RpcError as exc:
+            if not self._stopping:
+                self._record_err(time.monotonic(), _status_name(exc), _describe(exc))
+            return
+        self._record_ok(start, time.monotonic(), resp)
+
+    async def _open_loop(self, infer: Any, t_first: float) -> None:
+        cfg = self.cfg
+        assert cfg.rate is not None and cfg.rate > 0
+        loop = asyncio.get_running_loop()
+        rng = random.Random(cfg.seed)
+        poisson = cfg.mode == "poisson"
+        interval = 1.0 / cfg.rate
+        t = t_first + (rng.expovariate(cfg.rate) if poisson else cfg.phase_s)
+        now = time.monotonic
+        inflight = self._inflight
+        while not self._stopping:
+            delay = t - WAKE_LEAD_S - now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                if self._stopping:
+                    return
+            sent_at = now()
+            self._sent += 1
+            if sent_at - t > LATE_S:
+                self._late += 1
+            if len(inflight) >= cfg.max_outstanding:
+                self._record_err(sent_at, BACKLOG_STATUS,
+                                 f"{BACKLOG_STATUS}: {cfg.max_outstanding} requests already in flight")
+            else:
+                # latency counts from the schedule (a stall delays the schedule, not the clock) or from
+                # the actual send when it left a little early
+                task = loop.create_task(self._one(infer, min(t, sent_at)))
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
+            t += rng.expovariate(cfg.rate) if poisson else interval
+
+    # ----------------------------------------------------------------- control
+    async def _sleep_until(self, t: float) -> None:
+        assert self._stop_ev is not None
+        delay = t - time.monotonic()
+        if delay <= 0 or self._stop_ev.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._stop_ev.wait(), delay)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _watch_stop(self) -> None:
+        assert self._stop_ev is not None
+        while not self._stop_ev.is_set():
+            if self.control.stop_requested():
+                self._stopping = True
+                self._stop_ev.set()
+                return
+            await asyncio.sleep(STOP_POLL_S)
+
+    async def _ticker(self, t_start: float) -> None:
+        """Cut the warm-up, then each window at its edge, and report them."""
+        cfg = self.cfg
+        edge = t_start + cfg.warmup_s
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        await self._sleep_until(edge)
+        if self._stopping:
+            return
+        warm = self._cut(edge)
+        cpu1, wall1 = time.process_time(), time.monotonic()
+        self.control.send(("warmup", {
+            "ok": int(warm["lat_ms"].size), "errors": warm["errors"], "sent": warm["sent"],
+            "late": warm["late"], "busy_pct": 100.0 * (cpu1 - cpu0) / max(wall1 - wall0, 1e-9)}))
+        for k, length in enumerate(cfg.window_lengths_s):
+            end = edge + length
+            await self._sleep_until(end)
+            if self._stopping:
+                return
+            data = self._cut(end)
+            cpu2, wall2 = time.process_time(), time.monotonic()
+            data.update(k=k, t0=edge, t1=end, cpu_s=cpu2 - cpu1, wall_s=wall2 - wall1,
+                        first_error=self.first_error)
+            cpu1, wall1 = cpu2, wall2
+            self.control.send(("window", k, data))
+            edge = end
+
+    async def _check_ready(self, channel: grpc.aio.Channel) -> str | None:
+        cfg = self.cfg
+        try:
+            await asyncio.wait_for(channel.channel_ready(), cfg.connect_timeout_s)
+        except asyncio.TimeoutError:
+            return (f"cannot connect to the KServe v2 gRPC server at {cfg.url} within "
+                    f"{cfg.connect_timeout_s:g} s; check that the server is running and listens on that "
+                    "host:port")
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            if not (await stub.ServerReady(pb.ServerReadyRequest(), timeout=cfg.connect_timeout_s)).ready:
+                return f"the server at {cfg.url} answered ServerReady=false; wait for it to finish loading"
+            ready = await stub.ModelReady(pb.ModelReadyRequest(name=cfg.model_name),
+                                          timeout=cfg.connect_timeout_s)
+            if not ready.ready:
+                return (f"model {cfg.model_name!r} is not ready on {cfg.url}; check the model name and the "
+                        "server's log for load errors")
+        except grpc.RpcError as exc:
+            return (f"readiness check of {cfg.url} failed ({_describe(exc)}); check that it is a KServe v2 "
+                    f"gRPC server serving model {cfg.model_name!r}")
+        return None
+
+    async def run(self) -> None:
+        """Connect, report ready, wait for go, generate load until the last window or a stop request."""
+        cfg = self.cfg
+        self._stop_ev = asyncio.Event()
+        async with grpc.aio.insecure_channel(cfg.url, options=CHANNEL_OPTIONS) as channel:
+            if cfg.check_ready:
+                problem = await self._check_ready(channel)
+                if problem is not None:
+                    self.control.send(("error", problem))
+                    return
+            infer = channel.unary_unary(INFER_METHOD, request_serializer=None,
+                                        response_deserializer=pb.ModelInferResponse.FromString)
+            self.control.send(("ready",))
+            loop = asyncio.get_running_loop()
+            t_start = await loop.run_in_executor(None, self.control.wait_go, 60.0)
+            if t_start is None:
+                return
+            await self._sleep_until(t_start)
+            watcher = asyncio.create_task(self._watch_stop())
+            if cfg.mode == "closed":
+                traffic = [asyncio.create_task(self._closed_loop(infer)) for _ in range(cfg.concurrency)]
+            else:
+                traffic = [asyncio.create_task(self._open_loop(infer, t_start))]
+            try:
+                await self._ticker(t_start)
+            finally:
+                self._stopping = True
+                self._stop_ev.set()
+                for task in [*traffic, *self._inflight, watcher]:
+                    task.cancel()
+                await asyncio.gather(*traffic, *self._inflight, watcher, return_exceptions=True)
+        self.control.send(("done", {"first_error": self.first_error}))
+
+
+def run_worker(cfg: WorkerConfig, control: Control) -> None:
+    """Run one worker to completion on a fresh event loop (the thread's or process's own)."""
+    try:
+        asyncio.run(LoadWorker(cfg, control).run())
+    except Exception as exc:  # reported to the coordinator, which raises LoadGenError
+        control.send(("error", f"load worker failed: {type(exc).__name__}: {exc}"))
