@@ -71,5 +71,6 @@ def fetch_model(sha256: str, filename: str, cache_dir: Path | None = None) -> Pa
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.write_bytes(row)
+    os.chmod(tmp, 0o644)  # containers read the model as an unprivileged user through a read-only mount
     os.replace(tmp, target)
     return target

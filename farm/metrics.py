@@ -55,6 +55,7 @@ METRICS: tuple[Metric, ...] = (
     _M("oom_killed", "bool", False, "all", "bool", "the run was killed for exceeding its memory limit"),
     _M("limits_enforced", "bool", True, "all", "bool", "the CPU/memory limits were actually enforced"),
     _M("duration_s", "s", False, "sum", description="measured time, warm-up excluded"),
+    _M("total_time_s", "s", False, "sum", description="edge run: container start to exit"),
     # static metrics of the model artifact (farm analyze), stored once per artifact
     _M("params", "params", False, "last", "int", "trainable and constant parameters", "model"),
     _M("size_bytes", "B", False, "last", "int", "model file size", "model"),

@@ -13,6 +13,7 @@ DTYPES: tuple[str, ...] = (
 )
 _MEMORY_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgKMG]?)(?:i?[bB])?$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,199}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
 _DEVICE_RE = re.compile(r"^(cpu|gpu(:[a-z0-9][a-z0-9_.-]{0,62})?)$")
 
 
@@ -76,6 +77,24 @@ class EdgeProfile(_Strict):
     cpus: float = Field(gt=0, le=256, description="CPU limit in cores, e.g. 0.5")
     memory: int = Field(description="memory limit in bytes; accepts 512m, 1g")
     cpuset: str | None = None
+    image: str | None = Field(default=None, max_length=255,
+                              description="run `command` in this local image instead of farm's runtime image")
+    command: list[str] | None = Field(default=None, description="argv run instead of farm's edge benchmark; "
+                                      "{model} is replaced by the model's path inside the container")
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and not _IMAGE_RE.match(v):
+            raise ValueError(f"image {v!r} is not an image reference like name:tag or registry/name@sha256:...")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (not v or any(not a or "\x00" in a for a in v)):
+            raise ValueError("command must be a non-empty list of non-empty arguments (argv, no shell)")
+        return v
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -95,7 +114,9 @@ class EdgeProfile(_Strict):
     def _default_name(self) -> EdgeProfile:
         if not self.name:
             object.__setattr__(self, "name", f"cpus{self.cpus:g}-mem{self.memory >> 20}m")
-        elif not _NAME_RE.match(self.name):
+        if self.image is not None and self.command is None:
+            raise ValueError("an edge profile with an image needs a command to run in it")
+        if not _NAME_RE.match(self.name):
             raise ValueError(
                 f"edge profile name {self.name!r} must be 1-63 characters of letters, digits, '_', '.', '-'"
             )

@@ -38,7 +38,7 @@ def _samplers(target: ServingTarget) -> list[Sampler]:
     if target.cgroup_path is not None:
         from workers.samplers.cgroup import CgroupSampler
 
-        return [CgroupSampler(target.cgroup_path)]
+        return [CgroupSampler(target.cgroup_path, reset_peak=target.reused)]
     if target.pid is not None:
         from workers.samplers.process import ProcessTreeSampler
 

@@ -102,12 +102,12 @@ def _run_embedded(request_id: str, job_ids: list[str], quiet: bool) -> None:
     """Run the jobs in this process with the same job runner a worker uses."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from workers.hardware import detect_hardware
+    from workers.hardware import detect_gpus, detect_hardware
     from workers.node import WorkerNode, new_worker_id
     from workers.runners.select import make_runner
 
     worker_id = f"embedded-{new_worker_id()}"
-    runner, why = make_runner(get_settings().runner, worker_id)
+    runner, why = make_runner(get_settings().runner, worker_id, detect_gpus())
     if not quiet:
         err_console.print(f"embedded mode (no FARM_BROKER_URL): jobs run in this process; {why}")
     node = WorkerNode(runner=runner, hardware=detect_hardware(docker=runner.name == "docker"), worker_id=worker_id)

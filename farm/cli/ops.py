@@ -27,7 +27,7 @@ def worker(
 ) -> None:
     """Run a worker: register hardware, heartbeat, consume the queues this host can serve."""
     from farm.errors import ConfigError
-    from workers.hardware import detect_hardware
+    from workers.hardware import detect_gpus, detect_hardware
     from workers.node import WorkerNode, new_worker_id
     from workers.runners.select import make_runner
 
@@ -36,7 +36,7 @@ def worker(
         raise ConfigError("farm worker needs a broker: set FARM_BROKER_URL (e.g. redis://127.0.0.1:6379/0)")
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     wid = worker_id or new_worker_id()
-    run, why = make_runner(runner or settings.runner, wid)
+    run, why = make_runner(runner or settings.runner, wid, detect_gpus())
     hardware = detect_hardware(docker=run.name == "docker")
     if queues:
         wanted = [q.strip() for q in queues.split(",") if q.strip()]

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-22 05:43:29.593427
+Create Date: 2026-11-22 05:58:45.591517
 """
 from __future__ import annotations
 
@@ -116,6 +116,7 @@ def upgrade() -> None:
     sa.Column('oom_killed', sa.Boolean(), nullable=True),
     sa.Column('limits_enforced', sa.Boolean(), nullable=True),
     sa.Column('duration_s', sa.Float(), nullable=True),
+    sa.Column('total_time_s', sa.Float(), nullable=True),
     sa.ForeignKeyConstraint(['job_id'], ['jobs.id'], name=op.f('fk_results_job_id_jobs'), ondelete='CASCADE'),
     sa.ForeignKeyConstraint(['request_id'], ['requests.id'], name=op.f('fk_results_request_id_requests'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('job_id', name=op.f('pk_results'))

@@ -14,7 +14,8 @@ class ServingTarget:
     """A ready model server: where to send KServe v2 gRPC requests, and what to sample.
 
     ``pid`` is the server's root process (process runner); ``container_id`` the container (Docker runner).
-    ``notes`` carry facts the result must state (e.g. a limit that could not be enforced).
+    ``notes`` carry facts the result must state (e.g. a limit that could not be enforced); ``reused`` says
+    the server was already running for an earlier job (samplers reset peak counters).
     """
 
     host: str
@@ -25,6 +26,7 @@ class ServingTarget:
     cgroup_path: Path | None = None
     gpu_uuids: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    reused: bool = False  # a kept container: its cgroup's peak counters cover earlier jobs
 
     @property
     def url(self) -> str:

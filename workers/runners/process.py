@@ -107,7 +107,7 @@ def input_args(spec: JobSpec) -> list[str]:
 
 
 class ProcessRunner(Runner):
-    """Runs the built-in server as a subprocess on 127.0.0.1; edge runs need cgroup limits (see run_edge)."""
+    """Runs the built-in server as a subprocess on 127.0.0.1, and edge runs in a limited cgroup where permitted."""
 
     name = "process"
 
@@ -129,4 +129,6 @@ class ProcessRunner(Runner):
             yield ServingTarget(host="127.0.0.1", port=port, model_name="model", pid=server.proc.pid)
 
     def run_edge(self, spec: JobSpec, model_path: Path) -> JobResult:
-        raise UnsupportedError("edge runs need the Docker runner (farm worker --runner docker)")
+        from workers.runners.process_edge import run_edge_process
+
+        return run_edge_process(spec, model_path)

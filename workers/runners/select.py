@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from farm.errors import ConfigError, ContainerError
+from schemas import GpuInfo
 from workers.runners.base import Runner
 
 RUNNERS = ("auto", "docker", "process")
@@ -20,8 +21,9 @@ def docker_available() -> tuple[bool, str]:
         return False, f"no Docker engine answered ({type(exc).__name__})"
 
 
-def make_runner(name: str, worker_id: str) -> tuple[Runner, str]:
-    """Build the runner called ``name``; returns it with a sentence saying why it was chosen."""
+def make_runner(name: str, worker_id: str, gpus: list[GpuInfo] | None = None) -> tuple[Runner, str]:
+    """Build the runner called ``name`` (``gpus``: this host's GPUs, for Docker device requests); returns it
+    with a sentence saying why it was chosen."""
     if name not in RUNNERS:
         raise ConfigError(f"runner {name!r} is unknown; use one of: {', '.join(RUNNERS)} (FARM_RUNNER)")
     if name == "auto":
@@ -35,7 +37,7 @@ def make_runner(name: str, worker_id: str) -> tuple[Runner, str]:
             from workers.runners.docker import DockerRunner
         except ImportError as exc:
             raise ContainerError(f"the Docker runner is not available ({exc})") from None
-        return DockerRunner(worker_id=worker_id), reason
+        return DockerRunner(worker_id=worker_id, gpus=gpus or []), reason
     from workers.runners.process import ProcessRunner
 
     return ProcessRunner(), reason

@@ -1,0 +1,196 @@
+"""DockerRunner.serve(): real containers from the locally built image, reached on 127.0.0.1 only."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from farm.errors import ContainerError
+
+pytestmark = pytest.mark.docker
+
+
+def _farm_containers(client: Any, **labels: str) -> list[Any]:
+    flt = ["farm.owner=farm"] + [f"{k}={v}" for k, v in labels.items()]
+    return client.containers.list(all=True, filters={"label": flt})
+
+
+def test_serving_container_matches_in_process_onnxruntime(runner: Any, models: dict[str, Path],
+                                                          make_spec: Any) -> None:
+    import onnxruntime as ort
+    import tritonclient.grpc as grpcclient
+
+    x = np.random.default_rng(1).random((4, 256), dtype=np.float32)
+    expected = ort.InferenceSession(str(models["mlp"])).run(["output"], {"input": x})[0]
+    with runner.serve(make_spec(models["mlp"]), models["mlp"]) as target:
+        assert target.host == "127.0.0.1"
+        assert target.container_id
+        client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{target.port}")
+        inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        got = client.infer(target.model_name, [inp]).as_numpy("output")
+        client.close()
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_serving_container_is_hardened_and_published_on_loopback_only(
+    runner: Any, docker_client: Any, models: dict[str, Path], make_spec: Any
+) -> None:
+    spec = make_spec(models["mlp"])
+    with runner.serve(spec, models["mlp"]) as target:
+        c = docker_client.containers.get(target.container_id)
+        hc = c.attrs["HostConfig"]
+        assert hc["CapDrop"] == ["ALL"]
+        assert "no-new-privileges" in hc["SecurityOpt"]
+        assert hc["ReadonlyRootfs"] is True
+        assert "/tmp" in hc["Tmpfs"]
+        assert hc["PidsLimit"] and hc["PidsLimit"] > 0
+        assert c.attrs["Config"]["User"] == "65534:65534"
+        bindings = hc["PortBindings"]
+        assert list(bindings) == ["8001/tcp"]
+        assert all(b["HostIp"] == "127.0.0.1" for b in bindings["8001/tcp"])
+        mounts = c.attrs["Mounts"]
+        assert len(mounts) == 1 and mounts[0]["RW"] is False and mounts[0]["Destination"].startswith("/model/")
+        labels = c.labels
+        assert labels["farm.owner"] == "farm"
+        assert labels["farm.job_id"] == spec.job_id
+        assert labels["farm.worker_id"] == runner.worker_id
+        assert target.cgroup_path is not None and target.cgroup_path.is_dir()
+
+
+def test_reuse_same_settings_same_container(
+    runner: Any, docker_client: Any, models: dict[str, Path], make_spec: Any
+) -> None:
+    with runner.serve(make_spec(models["mlp"], threads=1), models["mlp"]) as t1:
+        first = t1.container_id
+    with runner.serve(make_spec(models["mlp"], threads=1), models["mlp"]) as t2:
+        assert t2.container_id == first
+        assert any("reused" in n for n in t2.notes)
+    with runner.serve(make_spec(models["mlp"], threads=2), models["mlp"]) as t3:
+        assert t3.container_id != first  # other server settings: a new container
+    assert not [c for c in _farm_containers(docker_client) if c.id == first]  # replaced one removed
+    runner.close()
+    assert not _farm_containers(docker_client, **{"farm.worker_id": runner.worker_id})
+
+
+def test_reused_container_removed_after_idle_timeout(
+    docker_client: Any, make_runner: Any, worker_id: str, models: dict[str, Path], make_spec: Any
+) -> None:
+    r = make_runner(idle_timeout_s=1.0)
+    try:
+        with r.serve(make_spec(models["mlp"]), models["mlp"]) as t:
+            cid = t.container_id
+        assert [c.id for c in _farm_containers(docker_client, **{"farm.worker_id": worker_id})] == [cid]
+        deadline = time.monotonic() + 30
+        while _farm_containers(docker_client, **{"farm.worker_id": worker_id}) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _farm_containers(docker_client, **{"farm.worker_id": worker_id})
+    finally:
+        r.close()
+
+
+def test_no_reuse_removes_container_on_exit(
+    docker_client: Any, make_runner: Any, worker_id: str, models: dict[str, Path], make_spec: Any
+) -> None:
+    with make_runner(reuse=False) as r:
+        with r.serve(make_spec(models["mlp"]), models["mlp"]) as t:
+            assert docker_client.containers.get(t.container_id).status == "running"
+        assert not _farm_containers(docker_client, **{"farm.worker_id": worker_id})
+
+
+def test_error_in_body_removes_even_a_reusable_container(
+    runner: Any, docker_client: Any, models: dict[str, Path], make_spec: Any
+) -> None:
+    with pytest.raises(RuntimeError, match="measurement failed"):
+        with runner.serve(make_spec(models["mlp"]), models["mlp"]):
+            raise RuntimeError("measurement failed")
+    assert not _farm_containers(docker_client, **{"farm.worker_id": runner.worker_id})
+
+
+def test_server_that_never_becomes_ready_times_out_and_is_removed(
+    docker_client: Any, make_runner: Any, worker_id: str, models: dict[str, Path], make_spec: Any
+) -> None:
+    r = make_runner(ready_timeout_s=3,
+                    server_command=["python", "-c", "print('loading forever', flush=True); import time; "
+                                    "time.sleep(600)"])
+    spec = make_spec(models["mlp"])
+    with pytest.raises(ContainerError) as err:
+        with r.serve(spec, models["mlp"]):
+            pytest.fail("serve() yielded a server that never became ready")
+    msg = str(err.value)
+    assert "not ready within 3 s" in msg
+    assert "loading forever" in msg  # the container's last log lines
+    assert not _farm_containers(docker_client, **{"farm.job_id": spec.job_id})
+    r.close()
+
+
+def test_server_that_crashes_reports_exit_code_and_logs(
+    docker_client: Any, make_runner: Any, worker_id: str, models: dict[str, Path], make_spec: Any
+) -> None:
+    r = make_runner(ready_timeout_s=30,
+                    server_command=["python", "-c", "import sys; print('cannot load {model}'); sys.exit(3)"])
+    spec = make_spec(models["mlp"])
+    with pytest.raises(ContainerError) as err:
+        with r.serve(spec, models["mlp"]):
+            pass
+    assert "exited with code 3" in str(err.value)
+    assert "cannot load /model/mlp.onnx" in str(err.value)
+    assert not _farm_containers(docker_client, **{"farm.job_id": spec.job_id})
+
+
+def test_cleanup_orphans_removes_only_own_containers(
+    docker_client: Any, runtime_image: str, make_runner: Any, worker_id: str
+) -> None:
+    from workers.runners import hardening as hd
+
+    mine = docker_client.containers.run(runtime_image, ["python", "-c", "import time; time.sleep(600)"],
+                                        detach=True, labels=hd.labels(worker_id, "crashed-job", "serve"),
+                                        network_mode="none", **hd.hardening())
+    other_id = worker_id + "-other"
+    other = docker_client.containers.run(runtime_image, ["python", "-c", "import time; time.sleep(600)"],
+                                         detach=True, labels=hd.labels(other_id, "their-job", "serve"),
+                                         network_mode="none", **hd.hardening())
+    try:
+        r = make_runner()
+        assert mine.id in r.orphans_removed
+        assert not _farm_containers(docker_client, **{"farm.worker_id": worker_id})
+        assert [c.id for c in _farm_containers(docker_client, **{"farm.worker_id": other_id})] == [other.id]
+    finally:
+        hd.remove(other, stop_timeout_s=1)
+        hd.remove(mine, stop_timeout_s=1)
+
+
+def test_unreadable_model_is_refused_with_a_fix(runner: Any, tmp_path: Path, models: dict[str, Path],
+                                                make_spec: Any) -> None:
+    secret = tmp_path / "secret.onnx"
+    secret.write_bytes(models["mlp"].read_bytes())
+    secret.chmod(0o600)
+    with pytest.raises(ContainerError, match="chmod o\\+r"):
+        with runner.serve(make_spec(secret), secret):
+            pass
+
+
+def test_gpu_job_requests_its_gpu_by_uuid(docker_client: Any, make_runner: Any, models: dict[str, Path],
+                                          make_spec: Any) -> None:
+    from schemas import GpuInfo
+
+    gpu = GpuInfo(index=0, uuid="GPU-00000000-farm-test", name="NVIDIA A100-SXM4-40GB", slug="a100-sxm4-40gb",
+                  memory_total_bytes=40 << 30)
+    r = make_runner(gpus=[gpu])
+    assert r._gpu_uuids("gpu:a100-sxm4-40gb") == [gpu.uuid]
+    assert r._gpu_uuids("gpu") == [gpu.uuid]
+    assert r._gpu_uuids("cpu") == []
+    with pytest.raises(ContainerError, match="no such GPU"):
+        r._gpu_uuids("gpu:h100")
+    spec = make_spec(models["mlp"]).model_copy(update={"device": "gpu:a100-sxm4-40gb"})
+    if any(k for k in (docker_client.info().get("Runtimes") or {}) if "nvidia" in k):
+        pytest.skip("this host has the NVIDIA runtime; the refusal below is only seen without it")
+    with pytest.raises(ContainerError, match="NVIDIA container toolkit"):  # no GPU runtime on this host
+        with r.serve(spec, models["mlp"]):
+            pass
+    assert not _farm_containers(docker_client, **{"farm.job_id": spec.job_id})
+    r.close()

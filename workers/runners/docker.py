@@ -1,0 +1,298 @@
+"""The Docker runner: serve each job's model from a hardened container, and run edge jobs in
+containers limited like the edge box (``workers.runners.docker_edge``).
+
+Serving: one container per job runs ``python -m workers.engines.server`` with the model bind-mounted
+read-only; its gRPC port 8001 is published on 127.0.0.1 at a free host port chosen by Docker, and
+farm talks to it only there. Consecutive jobs with the same model sha, format, engine, device, threads
+and instances reuse the running container (the server is stateless between jobs); a reused container
+is removed after ``idle_timeout_s`` seconds without a job (a timer), at ``close()``, or when the next
+job needs other settings.
+
+Every container carries ``farm.owner=farm``, ``farm.worker_id`` and ``farm.job_id`` labels; the
+constructor removes the worker's own leftovers from a previous crash (``cleanup_orphans``).
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from farm.errors import ContainerError, ServerError
+from schemas import GpuInfo, JobResult, JobSpec
+from workers.runners import hardening as hd
+from workers.runners.base import Runner, ServingTarget
+
+SERVER_PORT = 8001
+MODEL_NAME = "model"
+DEFAULT_IDLE_TIMEOUT_S = 120.0
+
+
+@dataclass
+class _Kept:
+    """A serving container kept for reuse."""
+
+    key: str
+    container: Any
+    target: ServingTarget
+    last_used: float
+
+
+def _server_command(spec: JobSpec, model_inside: str, device: str) -> list[str]:
+    return [
+        "python", "-m", "workers.engines.server", model_inside,
+        "--format", spec.model_format, "--engine", spec.engine,
+        "--host", "0.0.0.0", "--port", str(SERVER_PORT), "--device", device,
+        "--threads", str(spec.measurement.threads), "--instances", str(spec.measurement.instances),
+        "--model-name", MODEL_NAME,
+    ]
+
+
+class DockerRunner(Runner):
+    """Runs serving engines and edge jobs in containers of ``image``.
+
+    ``worker_id`` scopes labels and orphan cleanup; ``gpus`` are this node's GPUs (a ``gpu:<slug>`` job
+    gets the first one whose slug matches, by UUID); ``ready_timeout_s`` defaults to the
+    ``FARM_SERVER_READY_TIMEOUT_S`` setting; ``reuse`` keeps a serving container for the next job with
+    identical settings for up to ``idle_timeout_s`` seconds; ``build_image`` builds the local runtime
+    image (``workers.images``, a no-op when its content hash is unchanged) so containers run this
+    checkout's code; ``server_command`` replaces the built-in server's
+    argv (``{model}`` = the model's path inside the container; it must serve KServe v2 gRPC on port 8001).
+    """
+
+    name = "docker"
+
+    def __init__(
+        self,
+        worker_id: str = "local",
+        image: str | None = None,
+        *,
+        gpus: Sequence[GpuInfo] = (),
+        ready_timeout_s: float | None = None,
+        reuse: bool = True,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        pids_limit: int = hd.PIDS_LIMIT,
+        build_image: bool = True,
+        cleanup: bool = True,
+        server_command: Sequence[str] | None = None,
+        docker_client: Any | None = None,
+    ) -> None:
+        from workers.images import DEFAULT_TAG, build_local_image, image_exists
+
+        self.worker_id = worker_id
+        self.image = image or DEFAULT_TAG
+        self.gpus = list(gpus)
+        if ready_timeout_s is None:
+            from farm.settings import get_settings
+
+            ready_timeout_s = get_settings().server_ready_timeout_s
+        self.ready_timeout_s = ready_timeout_s
+        self.reuse = reuse
+        self.idle_timeout_s = idle_timeout_s
+        self.pids_limit = pids_limit
+        self.server_command = list(server_command) if server_command is not None else None
+        self.client = hd.client(docker_client)
+        self._lock = threading.RLock()
+        self._kept: _Kept | None = None
+        self._timer: threading.Timer | None = None
+        ref = weakref.ref(self)
+        atexit.register(lambda: (r := ref()) is not None and r.close())  # no kept container outlives us
+        self.orphans_removed: list[str] = hd.cleanup_orphans(self.client, worker_id) if cleanup else []
+        if build_image and self.image == DEFAULT_TAG:
+            build_local_image(self.image, client=self.client)  # cached: ~2 s unless the code changed
+        elif not image_exists(self.image, client=self.client):
+            raise ContainerError(
+                f"image {self.image!r} is not on this Docker host; build it (python -m workers.images "
+                f"--tag {self.image}, or docker build -f docker/Dockerfile) or load it with docker load")
+
+    # -- serving ----------------------------------------------------------------------------------
+
+    def _gpu_uuids(self, device: str) -> list[str]:
+        if not device.startswith("gpu"):
+            return []
+        slug = device[4:] if device.startswith("gpu:") else ""
+        for g in self.gpus:
+            if not slug or g.slug == slug or g.slug.startswith(slug):
+                return [g.uuid]
+        raise ContainerError(
+            f"job wants device {device!r} but this worker has no such GPU "
+            f"(has: {', '.join(g.slug for g in self.gpus) or 'none'}); it was routed to the wrong queue")
+
+    @staticmethod
+    def reuse_key(spec: JobSpec, model_path: Path, image: str) -> str:
+        """What must match for a job to reuse a serving container."""
+        m = spec.measurement
+        parts = [image, spec.model_sha256, spec.model_format, spec.engine, spec.device,
+                 str(m.threads), str(m.instances), str(Path(model_path).resolve())]
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+    def _start_server(self, spec: JobSpec, model_path: Path, key: str) -> tuple[Any, ServingTarget]:
+        volumes, inside = hd.model_mount(model_path)
+        uuids = self._gpu_uuids(spec.device)
+        kwargs: dict[str, Any] = dict(
+            image=self.image,
+            command=([a.replace("{model}", inside) for a in self.server_command] if self.server_command
+                     else _server_command(spec, inside, spec.device)),
+            name=hd.container_name("serve", self.worker_id, spec.job_id),
+            labels=hd.labels(self.worker_id, spec.job_id, "serve", **{hd.KEY_LABEL: key}),
+            volumes=volumes,
+            ports={f"{SERVER_PORT}/tcp": ("127.0.0.1", None)},
+            **hd.hardening(self.pids_limit),
+        )
+        if uuids:
+            import docker
+
+            kwargs["device_requests"] = [docker.types.DeviceRequest(device_ids=uuids, capabilities=[["gpu"]])]
+        try:
+            container = self.client.containers.create(**kwargs)
+        except Exception as exc:
+            raise ContainerError(
+                f"could not create the serving container for job {spec.job_id} from {self.image}: {exc}; "
+                "check dockerd's log and the image") from exc
+        try:
+            try:
+                container.start()
+            except Exception as exc:
+                raise ContainerError(
+                    f"could not start the serving container for job {spec.job_id} from {self.image}: {exc}; "
+                    "check dockerd's log, and for GPU jobs the NVIDIA container toolkit") from exc
+            port = hd.host_port(container, f"{SERVER_PORT}/tcp")
+            target = ServingTarget(host="127.0.0.1", port=port, model_name=MODEL_NAME,
+                                   container_id=container.id, cgroup_path=hd.cgroup_path(container.id),
+                                   gpu_uuids=uuids)
+            self._wait_ready(container, target, self.ready_timeout_s)
+        except BaseException:
+            hd.remove(container, stop_timeout_s=1)
+            raise
+        return container, target
+
+    def _wait_ready(self, container: Any, target: ServingTarget, timeout_s: float) -> None:
+        from workers.engines.ready import wait_ready
+
+        def alive() -> bool:
+            try:
+                container.reload()
+            except Exception:
+                return False
+            return container.status in ("created", "running")
+
+        try:
+            wait_ready(target.url, target.model_name, timeout_s, alive=alive)
+        except ServerError as exc:
+            container.reload()
+            state = container.attrs.get("State", {})
+            what = (f"exited with code {state.get('ExitCode')}" if container.status not in ("created", "running")
+                    else f"was not ready within {timeout_s:g} s")
+            if state.get("OOMKilled"):
+                what = "was killed: out of memory"
+            raise ContainerError(
+                f"serving container {container.short_id} ({self.image}) {what}; {exc}\n"
+                f"last log lines:\n{hd.log_tail(container)}") from exc
+
+    def _take_kept(self, key: str) -> _Kept | None:
+        """The kept container if it matches ``key`` and still answers; drops a stale one."""
+        with self._lock:
+            kept, self._kept = self._kept, None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        if kept is None:
+            return None
+        expired = time.monotonic() - kept.last_used > self.idle_timeout_s
+        if kept.key != key or expired:
+            hd.remove(kept.container)
+            return None
+        try:
+            self._wait_ready(kept.container, kept.target, min(5.0, self.ready_timeout_s))
+        except ContainerError:
+            hd.remove(kept.container, stop_timeout_s=1)
+            return None
+        return kept
+
+    def _keep(self, kept: _Kept) -> None:
+        with self._lock:
+            old, self._kept = self._kept, kept
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(self.idle_timeout_s, self._expire, args=(kept,))
+            self._timer.daemon = True
+            self._timer.start()
+        if old is not None and old is not kept:
+            hd.remove(old.container)
+
+    def _expire(self, kept: _Kept) -> None:
+        with self._lock:
+            if self._kept is not kept:
+                return
+            self._kept = None
+            self._timer = None
+        hd.remove(kept.container)
+
+    @contextmanager
+    def serve(self, spec: JobSpec, model_path: Path) -> Iterator[ServingTarget]:
+        """Serve ``model_path`` for ``spec`` from a container (new or reused); yields the ready target
+        on 127.0.0.1. The container is removed on exit unless kept for reuse; after an error in the body
+        it is always removed."""
+        if spec.is_edge:
+            raise ContainerError(f"job {spec.job_id} is an edge job; call run_edge(), not serve()")
+        key = self.reuse_key(spec, model_path, self.image)
+        kept = self._take_kept(key) if self.reuse else None
+        if kept is not None:
+            container, target = kept.container, kept.target
+            target.reused = True
+            target.notes = ["served by a reused container (model already loaded); memory peak reset for this job"]
+        else:
+            container, target = self._start_server(spec, model_path, key)
+        ok = False
+        try:
+            yield target
+            ok = True
+        finally:
+            if ok and self.reuse:
+                self._keep(_Kept(key, container, target, time.monotonic()))
+            else:
+                hd.remove(container)
+
+    # -- edge -------------------------------------------------------------------------------------
+
+    def run_edge(self, spec: JobSpec, model_path: Path, **kwargs: Any) -> JobResult:
+        """Run ``spec`` as an edge job; see ``workers.runners.docker_edge.run_edge`` for ``kwargs``
+        (``image``, ``command``, ``edge_command``)."""
+        from workers.runners.docker_edge import run_edge
+
+        return run_edge(self.client, spec, model_path, image=kwargs.pop("image", None) or self.image,
+                        worker_id=self.worker_id, pids_limit=self.pids_limit, **kwargs)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def cleanup_orphans(self) -> list[str]:
+        """Remove this worker's leftover containers (any state); returns their ids. Called by the
+        constructor; call it again only when no job of this runner is running."""
+        with self._lock:
+            self._kept = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        return hd.cleanup_orphans(self.client, self.worker_id)
+
+    def close(self) -> None:
+        """Remove the container kept for reuse (if any)."""
+        with self._lock:
+            kept, self._kept = self._kept, None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        if kept is not None:
+            hd.remove(kept.container)
+
+    def __enter__(self) -> DockerRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

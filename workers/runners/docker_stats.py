@@ -1,0 +1,131 @@
+"""Container resource sampling: the cgroup sampler when available, the Docker stats API as a fallback.
+
+``container_sampler()`` prefers ``workers.samplers.cgroup.CgroupSampler`` (reads the container's cgroup
+files at 20 Hz, true memory peak). When that module is missing or the cgroup cannot be found, it falls
+back to ``DockerStatsSampler``, which reads Docker's stats stream (about 1 Hz, coarser), and says so in
+a note for the result's details.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workers.samplers.base import Sampler
+
+SAMPLE_INTERVAL_S = 0.05  # 20 Hz: the cgroup sampler's period
+
+
+class DockerStatsSampler(Sampler):
+    """Samples one container through ``GET /containers/{id}/stats`` (stream, ~1 Hz).
+
+    Keys per sample: ``cpu_ns`` (cumulative CPU time), ``mem_bytes`` (usage minus page cache),
+    ``mem_max_bytes`` (v1 max_usage when Docker reports it), ``blk_read_bytes``/``blk_write_bytes``,
+    ``net_rx_bytes``/``net_tx_bytes``.
+    """
+
+    name = "docker-stats"
+
+    def __init__(self, container: Any, interval_s: float = 0.0) -> None:
+        super().__init__(interval_s=interval_s)
+        self._container = container
+        self._stream: Any = None
+
+    def before(self) -> None:
+        self._stream = self._container.stats(stream=True, decode=True)
+
+    def sample(self) -> dict[str, float] | None:
+        if self._stream is None or self._stop.is_set():
+            return None
+        try:
+            s = next(self._stream)
+        except StopIteration:
+            self._stop.set()
+            return None
+        cpu = (s.get("cpu_stats") or {}).get("cpu_usage", {}).get("total_usage")
+        mem = s.get("memory_stats") or {}
+        if cpu is None or not mem:
+            return None
+        stats = mem.get("stats") or {}
+        cache = stats.get("total_inactive_file", stats.get("inactive_file", 0))
+        out: dict[str, float] = {"cpu_ns": float(cpu), "mem_bytes": float(max(0, mem.get("usage", 0) - cache))}
+        if mem.get("max_usage"):
+            out["mem_max_bytes"] = float(mem["max_usage"])
+        blk = (s.get("blkio_stats") or {}).get("io_service_bytes_recursive") or []
+        out["blk_read_bytes"] = float(sum(e.get("value", 0) for e in blk if e.get("op", "").lower() == "read"))
+        out["blk_write_bytes"] = float(sum(e.get("value", 0) for e in blk if e.get("op", "").lower() == "write"))
+        nets = (s.get("networks") or {}).values()
+        out["net_rx_bytes"] = float(sum(n.get("rx_bytes", 0) for n in nets))
+        out["net_tx_bytes"] = float(sum(n.get("tx_bytes", 0) for n in nets))
+        return out
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._stream is not None:
+            try:
+                self._stream.close()
+            except Exception:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=3)
+
+    def summary(self) -> dict[str, Any]:
+        s = self.samples
+        if len(s) < 2:
+            return {}
+        pcts = [100.0 * (b["cpu_ns"] - a["cpu_ns"]) / 1e9 / (b["t"] - a["t"])
+                for a, b in zip(s, s[1:]) if b["t"] > a["t"]]
+        total_s = s[-1]["t"] - s[0]["t"]
+        out: dict[str, Any] = {
+            "cpu_pct_avg": 100.0 * (s[-1]["cpu_ns"] - s[0]["cpu_ns"]) / 1e9 / total_s if total_s > 0 else None,
+            "cpu_pct_peak": max(pcts) if pcts else None,
+            "mem_avg_bytes": int(sum(x["mem_bytes"] for x in s) / len(s)),
+            "mem_peak_bytes": int(max(x.get("mem_max_bytes", x["mem_bytes"]) for x in s)),
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+    def details(self) -> dict[str, float]:
+        """Block and network bytes moved between the first and last sample."""
+        if len(self.samples) < 2:
+            return {}
+        a, b = self.samples[0], self.samples[-1]
+        return {"block_read_bytes": b["blk_read_bytes"] - a["blk_read_bytes"],
+                "block_write_bytes": b["blk_write_bytes"] - a["blk_write_bytes"],
+                "net_rx_bytes": b["net_rx_bytes"] - a["net_rx_bytes"],
+                "net_tx_bytes": b["net_tx_bytes"] - a["net_tx_bytes"]}
+
+
+def container_sampler(container: Any, cgroup: Path | None) -> tuple[Sampler, str | None]:
+    """The best sampler for ``container``: (sampler, note when it is the coarse fallback)."""
+    if cgroup is not None:
+        try:
+            from workers.samplers.cgroup import CgroupSampler
+        except ImportError:
+            CgroupSampler = None
+        if CgroupSampler is not None:
+            try:
+                return CgroupSampler(cgroup, interval_s=SAMPLE_INTERVAL_S), None
+            except TypeError:
+                return CgroupSampler(cgroup), None
+    why = "cgroup not found" if cgroup is None else "workers.samplers.cgroup not installed"
+    return DockerStatsSampler(container), f"resources sampled via the Docker stats API (~1 Hz) because {why}"
+
+
+def sampler_details(sampler: Sampler, max_points: int = 600) -> dict[str, Any]:
+    """Sampler series (thinned to ``max_points``) and I/O totals for a result's details."""
+    series = sampler.series()
+    step = max(1, len(series) // max_points)
+    out: dict[str, Any] = {"sampler": sampler.name, "series": series[::step], "samples": len(series)}
+    if sampler.error:
+        out["error"] = sampler.error
+    fn = getattr(sampler, "details", None)
+    if callable(fn):
+        try:
+            extra = fn()
+        except Exception as exc:
+            extra = {"details_error": f"{type(exc).__name__}: {exc}"}
+        if isinstance(extra, dict):
+            out.update({k: v for k, v in extra.items() if k not in out})
+    if len(series) >= 2 and "rate_hz" not in out:
+        span = series[-1]["t"] - series[0]["t"]
+        out["rate_hz"] = (len(series) - 1) / span if span > 0 else None
+    return out

@@ -1,0 +1,225 @@
+"""Container hardening, labels and small Docker helpers shared by the serving and edge runners.
+
+Every farm container: all capabilities dropped, ``no-new-privileges``, read-only root filesystem with a
+64 MiB tmpfs on ``/tmp``, a pids limit, user ``nobody`` (65534:65534), the model bind-mounted read-only
+under ``/model``. Edge containers have no network at all; serving containers sit on the default bridge
+with exactly one port published on 127.0.0.1.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from farm.errors import ContainerError
+
+OWNER_LABEL = "farm.owner"
+OWNER = "farm"
+JOB_LABEL = "farm.job_id"
+WORKER_LABEL = "farm.worker_id"
+ROLE_LABEL = "farm.role"  # serve | edge
+KEY_LABEL = "farm.reuse_key"
+USER = "65534:65534"
+PIDS_LIMIT = 256
+TMPFS = {"/tmp": "size=64m"}
+MODEL_DIR = "/model"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def hardening(pids_limit: int = PIDS_LIMIT) -> dict[str, Any]:
+    """Keyword arguments for ``containers.create`` that lock a container down (network not included)."""
+    return {
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "read_only": True,
+        "tmpfs": dict(TMPFS),
+        "pids_limit": pids_limit,
+        "user": USER,
+    }
+
+
+def labels(worker_id: str, job_id: str, role: str, **extra: str) -> dict[str, str]:
+    """The labels that mark a container as farm's, owned by ``worker_id``, for ``job_id``."""
+    out = {OWNER_LABEL: OWNER, WORKER_LABEL: worker_id, JOB_LABEL: job_id, ROLE_LABEL: role}
+    out.update(extra)
+    return out
+
+
+def container_name(role: str, worker_id: str, job_id: str) -> str:
+    """A readable, unique, Docker-valid container name: ``farm-<role>-<worker>-<job>-<random>``."""
+    def clean(s: str) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", s)[:24].strip("-.") or "x"
+
+    return f"farm-{role}-{clean(worker_id)}-{clean(job_id)}-{os.urandom(3).hex()}"
+
+
+def model_mount(model_path: Path) -> tuple[dict[str, dict[str, str]], str]:
+    """Bind-mount one model file read-only at ``/model/<name>``; returns (volumes, path in container)."""
+    p = Path(model_path).resolve()
+    if not p.is_file():
+        raise ContainerError(f"model file {p} does not exist; fetch the artifact before starting the job")
+    if not os.stat(p).st_mode & 0o004:
+        raise ContainerError(
+            f"model file {p} is not readable by others (mode {os.stat(p).st_mode & 0o777:o}); containers run "
+            f"as user nobody (65534): chmod o+r it, or keep the artifact cache at umask 022")
+    inside = f"{MODEL_DIR}/{p.name}"
+    return {str(p): {"bind": inside, "mode": "ro"}}, inside
+
+
+def client(docker_client: Any | None = None) -> Any:
+    """A Docker client that answered a ping; ContainerError saying how to start Docker otherwise."""
+    if docker_client is not None:
+        return docker_client
+    import docker
+
+    try:
+        c = docker.from_env(timeout=120)
+        c.ping()
+        return c
+    except Exception as exc:
+        raise ContainerError(
+            f"no Docker daemon answers ({type(exc).__name__}: {exc}); start dockerd, set DOCKER_HOST, "
+            "or use FARM_RUNNER=process") from exc
+
+
+def log_tail(container: Any, lines: int = 20) -> str:
+    """The container's last ``lines`` log lines (stdout+stderr), or a note why there are none."""
+    try:
+        text = container.logs(stdout=True, stderr=True, tail=lines).decode("utf-8", "replace").strip()
+    except Exception as exc:
+        return f"(logs unavailable: {type(exc).__name__})"
+    return text or "(no output)"
+
+
+def remove(container: Any, stop_timeout_s: float = 5.0) -> None:
+    """Stop (SIGTERM, then SIGKILL after ``stop_timeout_s``) and remove a container; never raises."""
+    import docker
+
+    try:
+        container.reload()
+        if container.status == "running":
+            container.stop(timeout=int(max(1, stop_timeout_s)))
+    except docker.errors.NotFound:
+        return
+    except Exception:
+        pass
+    for _ in range(3):
+        try:
+            container.remove(force=True, v=True)
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as exc:
+            if "already in progress" in str(exc):
+                return
+            time.sleep(0.2)
+        except Exception:
+            time.sleep(0.2)
+
+
+def cleanup_orphans(docker_client: Any, worker_id: str) -> list[str]:
+    """Remove every container labelled as ``worker_id``'s (left over by a crashed worker); returns
+    their ids. Only this worker's containers are touched, never another worker's or anyone else's."""
+    found = docker_client.containers.list(
+        all=True, filters={"label": [f"{OWNER_LABEL}={OWNER}", f"{WORKER_LABEL}={worker_id}"]})
+    for c in found:
+        remove(c, stop_timeout_s=1)
+    return [c.id for c in found]
+
+
+def cgroup_path(container_id: str) -> Path | None:
+    """The container's cgroup directory: the v2 unified directory, or on v1 the ``memory`` controller's
+    directory (``cpuacct``/``blkio`` sit beside it under the same relative path). None when not found.
+
+    Uses ``workers.samplers.cgroup.find_container_cgroup`` when that module is installed.
+    """
+    try:
+        from workers.samplers.cgroup import find_container_cgroup
+    except ImportError:
+        find_container_cgroup = None
+    if find_container_cgroup is not None:
+        try:
+            return find_container_cgroup(container_id)
+        except Exception:
+            pass
+    candidates = [
+        CGROUP_ROOT / "memory" / "docker" / container_id,  # v1, cgroupfs driver
+        CGROUP_ROOT / "memory" / "system.slice" / f"docker-{container_id}.scope",  # v1, systemd
+        CGROUP_ROOT / "system.slice" / f"docker-{container_id}.scope",  # v2, systemd
+        CGROUP_ROOT / "docker" / container_id,  # v2, cgroupfs
+    ]
+    for c in candidates:
+        if c.is_dir():
+            return c
+    return None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        raw = path.read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    return None if raw == "max" else int(raw)
+
+
+def limits_in_cgroup(cg: Path | None) -> tuple[int | None, float | None]:
+    """(memory limit bytes, CPU limit cores) as the kernel sees them in cgroup ``cg`` (v1 or v2);
+    None for a value that cannot be read or is unlimited."""
+    if cg is None:
+        return None, None
+    if (cg / "memory.max").exists() or (cg / "cpu.max").exists():  # v2
+        mem = _read_int(cg / "memory.max")
+        try:
+            quota, period = (cg / "cpu.max").read_text().split()
+            cpu = None if quota == "max" else int(quota) / int(period)
+        except (OSError, ValueError):
+            cpu = None
+        return mem, cpu
+    rel = cg.relative_to(CGROUP_ROOT / "memory") if cg.is_relative_to(CGROUP_ROOT / "memory") else None
+    mem = _read_int(cg / "memory.limit_in_bytes")
+    if mem is not None and mem >= (1 << 62):
+        mem = None
+    cpu = None
+    if rel is not None:
+        for ctl in ("cpu", "cpu,cpuacct"):
+            d = CGROUP_ROOT / ctl / rel
+            q, p = _read_int(d / "cpu.cfs_quota_us"), _read_int(d / "cpu.cfs_period_us")
+            if q is not None and p:
+                cpu = None if q < 0 else q / p
+                break
+    return mem, cpu
+
+
+def oom_kills_in_cgroup(cg: Path | None) -> int | None:
+    """The cgroup's OOM-kill counter (v2 ``memory.events``, v1 ``memory.oom_control``), None if unread."""
+    if cg is None:
+        return None
+    for name in ("memory.events", "memory.oom_control"):
+        try:
+            for line in (cg / name).read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k == "oom_kill":
+                    return int(v)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def host_port(container: Any, container_port: str = "8001/tcp", timeout_s: float = 5.0) -> int:
+    """The 127.0.0.1 host port Docker published for ``container_port`` (polls until set)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        container.reload()
+        bindings = (container.attrs.get("NetworkSettings", {}).get("Ports") or {}).get(container_port)
+        for b in bindings or []:
+            if b.get("HostIp") in ("127.0.0.1", "") and b.get("HostPort"):
+                return int(b["HostPort"])
+        if container.status not in ("created", "running") or time.monotonic() > deadline:
+            raise ContainerError(
+                f"container {container.short_id} has no port published for {container_port} "
+                f"(status {container.status}); last log lines:\n{log_tail(container)}")
+        time.sleep(0.05)
+
+

@@ -1,0 +1,88 @@
+"""Edge runs without Docker: the edge benchmark (or the profile's command) as a local process in a cgroup
+limited like the edge box. Where cgroups cannot be created or limited (no permission, controller missing),
+the run still happens and the result says plainly that the limits were not enforced."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from farm.errors import UnsupportedError, WorkerError
+from farm.metrics import BY_NAME
+from schemas import JobResult, JobSpec
+from workers.edge_bench import parse_report
+from workers.runners.docker_edge import MODEL_PLACEHOLDER, bench_command
+
+
+def edge_argv(spec: JobSpec, model_path: Path) -> tuple[list[str], bool]:
+    """The argv of the edge run on this host and whether it is a user's command."""
+    prof = spec.edge_profile
+    assert prof is not None
+    if prof.image:
+        raise UnsupportedError(f"edge profile {prof.name!r} names an image ({prof.image}); images need the Docker "
+                               "runner (farm worker --runner docker)")
+    if prof.command:
+        return [a.replace(MODEL_PLACEHOLDER, str(model_path)) for a in prof.command], True
+    argv = bench_command(spec, str(model_path))
+    return [sys.executable, *argv[1:]], False  # argv[0] is the container's "python"
+
+
+def run_edge_process(spec: JobSpec, model_path: Path) -> JobResult:
+    """Run edge job ``spec`` as a cgroup-limited process and return its result (OOM kills reported)."""
+    from workers.samplers.cgroup import CgroupSampler, LimitedCgroup
+    from workers.samplers.process import ProcessTreeSampler
+
+    prof = spec.edge_profile
+    if prof is None:
+        raise UnsupportedError(f"job {spec.job_id} has no edge profile")
+    argv, custom = edge_argv(spec, model_path)
+    started = time.monotonic()
+    with LimitedCgroup(cpus=prof.cpus, memory_bytes=prof.memory, cpuset_cpus=prof.cpuset,
+                       name=f"farm-edge-{spec.job_id[:12]}") as cg:
+        notes = list(cg.notes)
+        if not cg.enforced:
+            notes.append(f"limits NOT enforced: {cg.reason}")
+        proc = subprocess.Popen(cg.command(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        sampler = CgroupSampler(cg.cgroups, pid=proc.pid) if cg.created else ProcessTreeSampler(proc.pid)
+        with sampler:
+            try:
+                out, err = proc.communicate(timeout=spec.measurement.timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                raise WorkerError(f"edge run {prof.name} did not finish within {spec.measurement.timeout_s:g} s; "
+                                  "raise measurement.timeout_s or shorten the run") from None
+        total_s = time.monotonic() - started
+        summary = sampler.summary()
+        limits = cg.metrics()
+    oom = bool(summary.get("oom_killed"))
+    tail = " | ".join(line for line in err.strip().splitlines()[-8:])
+    report = parse_report(out)
+    if not oom and proc.returncode != 0:
+        reason = (report or {}).get("error") or f"exit code {proc.returncode}"
+        raise WorkerError(f"edge run {prof.name} failed: {reason}; last lines: {tail[-1500:]}")
+    if not oom and not custom and (report is None or "metrics" not in report):
+        raise WorkerError(f"edge run {prof.name} printed no edge_bench result; last lines: {tail[-1500:]}")
+    metrics: dict[str, Any] = {}
+    if report and not oom and isinstance(report.get("metrics"), dict):
+        metrics.update(report["metrics"])
+    for k in ("cpu_pct_avg", "cpu_pct_peak", "mem_avg_bytes", "mem_peak_bytes"):
+        if summary.get(k) is not None:
+            metrics[k] = summary[k]
+    metrics.update(limits, oom_killed=oom, total_time_s=total_s)
+    details: dict[str, Any] = {"runner": "process", "kind": "edge", "command": argv, "notes": notes,
+                               "edge_profile": prof.model_dump(), "exit_code": proc.returncode,
+                               "resources": sampler.details(), "total_time_s": total_s}
+    if report:
+        details["bench"] = {k: v for k, v in report.items() if k not in ("metrics", "edge_bench")}
+    if oom:
+        details["error"] = (f"killed: out of memory (limit {prof.memory / 2**20:g} MiB) after {total_s:.1f} s; the "
+                            f"model needs more memory than edge profile {prof.name!r} allows at batch size "
+                            f"{spec.batch_size}: raise the profile's memory or lower the batch size")
+    return JobResult(job_id=spec.job_id, metrics={k: v for k, v in metrics.items() if k in BY_NAME},
+                     details=details)
