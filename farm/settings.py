@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1)
     visibility_timeout_s: int = Field(default=7200, ge=60)
     server_ready_timeout_s: float = Field(default=60.0, gt=0)
+    triton_image: str = "nvcr.io/nvidia/tritonserver:24.08-py3"  # must already be on the Docker host
+    triton_url: str | None = None  # attach to a running Triton (host:port) instead of starting one
+    triton_model: str = "model"
     #: queued jobs absent from the broker this long are sent again (`farm scheduler`), s
     requeue_after_s: float = Field(default=60.0, gt=0)
     #: how often `farm scheduler` reconciles the ledger with workers and the broker, s

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import ContainerError, ServerError
+from farm.settings import get_settings
 from schemas import GpuInfo, JobResult, JobSpec
 from workers.runners import hardening as hd
 from workers.runners.base import Runner, ServingTarget
@@ -89,8 +90,6 @@ class DockerRunner(Runner):
         self.image = image or DEFAULT_TAG
         self.gpus = list(gpus)
         if ready_timeout_s is None:
-            from farm.settings import get_settings
-
             ready_timeout_s = get_settings().server_ready_timeout_s
         self.ready_timeout_s = ready_timeout_s
         self.reuse = reuse
@@ -132,18 +131,41 @@ class DockerRunner(Runner):
                  str(m.threads), str(m.instances), str(Path(model_path).resolve())]
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
+    def _require_image(self, image: str) -> None:
+        """ContainerError unless ``image`` is on this Docker host (farm never pulls)."""
+        import docker
+
+        try:
+            self.client.images.get(image)
+        except docker.errors.ImageNotFound:
+            raise ContainerError(f"image {image!r} is not on this Docker host and farm never pulls; load it "
+                                 "(docker load) or set FARM_TRITON_IMAGE / FARM_TRITON_URL") from None
+
     def _start_server(self, spec: JobSpec, model_path: Path, key: str) -> tuple[Any, ServingTarget]:
-        volumes, inside = hd.model_mount(model_path)
         uuids = self._gpu_uuids(spec.device)
+        image, port_inside = self.image, SERVER_PORT
+        extra: dict[str, Any] = {}
+        if spec.engine == "triton":
+            from workers.runners.triton_serving import container_args, prepare_repository
+
+            triton = container_args(prepare_repository(spec, model_path))
+            image, port_inside, volumes = str(triton["image"]), int(triton["port"]), triton["volumes"]
+            command = list(triton["command"])  # type: ignore[call-overload]
+            extra["shm_size"] = triton["shm_size"]
+            self._require_image(image)
+        else:
+            volumes, inside = hd.model_mount(model_path)
+            command = ([a.replace("{model}", inside) for a in self.server_command] if self.server_command
+                       else _server_command(spec, inside, spec.device))
         kwargs: dict[str, Any] = dict(
-            image=self.image,
-            command=([a.replace("{model}", inside) for a in self.server_command] if self.server_command
-                     else _server_command(spec, inside, spec.device)),
+            image=image,
+            command=command,
             name=hd.container_name("serve", self.worker_id, spec.job_id),
             labels=hd.labels(self.worker_id, spec.job_id, "serve", **{hd.KEY_LABEL: key}),
             volumes=volumes,
-            ports={f"{SERVER_PORT}/tcp": ("127.0.0.1", None)},
+            ports={f"{port_inside}/tcp": ("127.0.0.1", None)},
             **hd.hardening(self.pids_limit),
+            **extra,
         )
         if uuids:
             import docker
@@ -162,7 +184,7 @@ class DockerRunner(Runner):
                 raise ContainerError(
                     f"could not start the serving container for job {spec.job_id} from {self.image}: {exc}; "
                     "check dockerd's log, and for GPU jobs the NVIDIA container toolkit") from exc
-            port = hd.host_port(container, f"{SERVER_PORT}/tcp")
+            port = hd.host_port(container, f"{port_inside}/tcp")
             target = ServingTarget(host="127.0.0.1", port=port, model_name=MODEL_NAME,
                                    container_id=container.id, cgroup_path=hd.cgroup_path(container.id),
                                    gpu_uuids=uuids)
@@ -241,6 +263,12 @@ class DockerRunner(Runner):
         it is always removed."""
         if spec.is_edge:
             raise ContainerError(f"job {spec.job_id} is an edge job; call run_edge(), not serve()")
+        if spec.engine == "triton" and get_settings().triton_url:
+            from workers.runners.triton_serving import attached
+
+            with attached(spec) as target:
+                yield target
+            return
         key = self.reuse_key(spec, model_path, self.image)
         kept = self._take_kept(key) if self.reuse else None
         if kept is not None:

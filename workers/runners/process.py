@@ -114,8 +114,14 @@ class ProcessRunner(Runner):
     @contextmanager
     def serve(self, spec: JobSpec, model_path: Path) -> Iterator[ServingTarget]:
         if spec.engine == "triton":
-            raise UnsupportedError("the triton engine needs the Docker runner (farm worker --runner docker) "
-                                   "or a running Triton server")
+            if not get_settings().triton_url:
+                raise UnsupportedError("the triton engine needs the Docker runner (farm worker --runner docker) "
+                                       "or a running Triton server (FARM_TRITON_URL=host:port)")
+            from workers.runners.triton_serving import attached
+
+            with attached(spec) as target:
+                yield target
+            return
         from workers.engines.ready import wait_ready
 
         timeout = get_settings().server_ready_timeout_s
