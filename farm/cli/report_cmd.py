@@ -1,0 +1,94 @@
+"""``farm report``: the answer to "which configuration is best under my budget, and does the edge box fit"."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from farm.cli.views import fmt_value
+
+console = Console() if sys.stdout.isatty() else Console(width=140)
+
+
+def report(
+    request_id: str = typer.Argument(..., help="Request id (or a unique prefix)."),
+    objective: str = typer.Option("throughput_infer_per_s", "--objective", help="Metric to rank by; its "
+                                  "direction (higher/lower is better) comes from the metric registry."),
+    constraint: Optional[list[str]] = typer.Option(None, "--constraint", "-C",
+                                                   help="metric=limit, e.g. latency_p99_ms=20; repeat."),
+    p99: Optional[float] = typer.Option(None, "--p99", help="Shorthand for --constraint latency_p99_ms=MS."),
+    stable: bool = typer.Option(False, "--stable", help="Rank only measurements that stabilised."),
+    top: int = typer.Option(10, "--top", min=1, help="How many ranked configurations to show."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Rank the request's configurations under constraints; say which edge profiles fit."""
+    from farm.cli.main import _prepare_db
+    from farm.db.models import ModelArtifact
+    from farm.db.session import session_scope
+    from farm.report import build_report, parse_constraint
+    from farm.results import find_request, result_rows
+
+    _prepare_db()
+    constraints = [parse_constraint(c) for c in constraint or []]
+    if p99 is not None:
+        constraints.append(parse_constraint(f"latency_p99_ms={p99}"))
+    req = find_request(request_id)
+    rep = build_report(result_rows(req.id), objective, constraints, stable)
+    with session_scope() as s:
+        static = (s.get(ModelArtifact, req.model_sha256).static_metrics or {})
+    if as_json:
+        def short(r: dict[str, Any]) -> dict[str, Any]:
+            return {k: r.get(k) for k in ("job_id", "device", "engine", "batch_size", "concurrency", objective,
+                                          "latency_p99_ms", "throughput_infer_per_s", "stable")}
+
+        print(json.dumps({
+            "request_id": req.id, "objective": objective, "constraints": [str(c) for c in constraints],
+            "ranked": [short(r) for r in rep.ranked[:top]],
+            "best_per_device": {d: short(r) for d, r in rep.best_per_device.items()},
+            "rejected": [{**short(r), "reason": why} for r, why in rep.rejected],
+            "edge": [{"edge_profile": e["edge_profile"], "batch_size": e["batch_size"], "fits": e["fits"],
+                      "reason": e["reason"], "throughput_infer_per_s": e.get("throughput_infer_per_s"),
+                      "latency_p99_ms": e.get("latency_p99_ms"), "mem_peak_bytes": e.get("mem_peak_bytes"),
+                      "mem_limit_bytes": e.get("mem_limit_bytes")} for e in rep.edge],
+            "model": static,
+        }, indent=2, default=str))
+        return
+    title = f"request {req.id}: best by {objective}" + (f" with {', '.join(map(str, constraints))}"
+                                                          if constraints else "")
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    cols = [objective] + [m for m in ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms",
+                                      "server_compute_p50_ms", "stable") if m != objective]
+    for c in ("rank", "device", "engine", "b x c", *cols):
+        table.add_column(c, justify="right" if c in cols or c == "rank" else "left")
+    for i, r in enumerate(rep.ranked[:top], 1):
+        table.add_row(str(i), r["device"], r["engine"], f"{r['batch_size']}x{r['concurrency']}",
+                      *(fmt_value(c, r.get(c)) for c in cols))
+    console.print(table)
+    if not rep.ranked:
+        console.print("[yellow]no configuration meets the constraints[/]")
+    for device, r in rep.best_per_device.items():
+        console.print(f"best on {device}: {r['engine']} batch {r['batch_size']} x concurrency {r['concurrency']} "
+                      f"→ {fmt_value(objective, r.get(objective))} {objective}")
+    if rep.rejected:
+        console.print(f"{len(rep.rejected)} configuration(s) left out: "
+                      + "; ".join(f"{r['job_id'][:6]} {why}" for r, why in rep.rejected[:5])
+                      + (" ..." if len(rep.rejected) > 5 else ""), highlight=False)
+    for e in rep.edge:
+        verdict = "fits" if e["fits"] else f"does not fit ({e['reason']})"
+        console.print(f"edge {e['edge_profile']} at batch {e['batch_size']}: {verdict}; "
+                      f"{fmt_value('throughput_infer_per_s', e.get('throughput_infer_per_s'))} infer/s, "
+                      f"p99 {fmt_value('latency_p99_ms', e.get('latency_p99_ms'))} ms, memory peak "
+                      f"{fmt_value('mem_peak_bytes', e.get('mem_peak_bytes'))} of "
+                      f"{fmt_value('mem_limit_bytes', e.get('mem_limit_bytes'))} MiB", highlight=False)
+    if static:
+        console.print("model: " + ", ".join(f"{k} {fmt_value(k, static.get(k))}" for k in
+                                            ("params", "macs_per_sample", "flops_per_sample") if k in static))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(report)
