@@ -230,6 +230,11 @@ def workers(as_json: bool = typer.Option(False, "--json")) -> None:
 from farm.cli import ops  # noqa: E402  (registers worker, serve, db, example-model, analyze)
 
 ops.register(app, db_app)
+
+from farm.cli import report_cmd  # noqa: E402
+
+report_cmd.register(app)
+
 from farm.cli import cluster  # noqa: E402  (registers scheduler, cancel)
 
 cluster.register(app)
