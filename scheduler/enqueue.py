@@ -6,7 +6,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-
 from typing import Any
 
 from sqlalchemy import insert, select, update
@@ -17,8 +16,8 @@ from farm.db.session import session_scope
 from farm.errors import RequestError, SchedulerError
 from farm.modelinfo import inspect_model
 from farm.settings import get_settings
-from schemas import JobSpec, ProfileRequest
 from scheduler.expand import Expansion, ModelRef, expand
+from schemas import JobSpec, ProfileRequest
 
 #: JobSpec fields that differ between the jobs of one request (the rest is dumped once per request)
 _PER_JOB = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "queue")

@@ -13,9 +13,9 @@ from farm.settings import get_settings
 from schemas import JobResult, JobSpec
 from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
-from workers.spool import Spool, SpooledResult, is_transient, retry_db
 from workers.runners.base import Runner, ServingTarget
 from workers.samplers.base import Sampler
+from workers.spool import Spool, SpooledResult, is_transient, retry_db
 
 log = logging.getLogger("farm.worker")
 

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Connection, Engine, case, create_engine, select, update
+from sqlalchemy import Connection, Engine, case, create_engine, literal, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -37,20 +37,25 @@ def _ledger_engine(url: str, relaxed: bool) -> Engine:
     the pool discards it and the caller's retry gets a fresh one), and with ``relaxed`` commits that do not
     wait for the WAL flush."""
     options = "-c synchronous_commit=off" if relaxed else ""
-    return create_engine(url, pool_size=2, max_overflow=2, connect_args={"options": options} if options else {})
+    return create_engine(url, pool_size=2, max_overflow=2, isolation_level="AUTOCOMMIT",
+                         connect_args={"options": options} if options else {})
 
 
 @contextmanager
 def _tx(relaxed: bool = False) -> Iterator[Connection]:
-    """One transaction on the configured database (commit on success, rollback on any error).
+    """A connection for ONE statement, which is its own transaction (Postgres: autocommit, one round trip;
+    SQLite: a transaction committed on success).
 
     ``relaxed``: commit without waiting for the WAL flush (Postgres). Used for claims and the running mark
     only: if Postgres crashes and loses one, the job is queued again (the worker's result write is refused
     and the reconciler re-sends it). Result writes stay fully durable."""
     url = get_settings().db_url
-    engine = _ledger_engine(url, relaxed) if url.startswith("postgresql") else get_engine(url)
-    with engine.begin() as conn:
-        yield conn
+    if url.startswith("postgresql"):
+        with _ledger_engine(url, relaxed).connect() as conn:
+            yield conn
+    else:
+        with get_engine(url).begin() as conn:
+            yield conn
 
 
 def claim(job_id: str, worker_id: str) -> JobSpec | None:
@@ -108,9 +113,17 @@ def finish(spec: JobSpec, worker_id: str, result: JobResult, status: str = "succ
     values: dict[str, Any] = {"status": status, "finished_at": now()}
     if error is not None:
         values["error"] = error[:4000]
+    mine = update(JOBS).where(JOBS.c.id == spec.job_id, JOBS.c.worker_id == worker_id, JOBS.c.status.in_(ACTIVE))
     with _tx() as conn:
-        res = conn.execute(update(JOBS).where(JOBS.c.id == spec.job_id, JOBS.c.worker_id == worker_id,
-                                              JOBS.c.status.in_(ACTIVE)).values(**values))
+        if conn.dialect.name == "postgresql":
+            # one atomic statement: WITH done AS (UPDATE jobs ... RETURNING id) INSERT INTO results SELECT ...
+            done = mine.values(**values).returning(JOBS.c.id).cte("done")
+            names = [k for k in row if k != "job_id"]
+            source = select(done.c.id, *(literal(row[k], type_=RESULTS.c[k].type) for k in names))
+            ins = (pg_insert(RESULTS).from_select(["job_id", *names], source).add_cte(done)
+                   .on_conflict_do_nothing(index_elements=["job_id"]).returning(RESULTS.c.job_id))
+            return conn.execute(ins).first() is not None
+        res = conn.execute(mine.values(**values))
         if res.rowcount != 1:
             conn.rollback()
             return False
