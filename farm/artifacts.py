@@ -3,6 +3,7 @@ on each worker's disk under ``<home>/artifacts/<sha256>/<filename>``."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -25,16 +26,33 @@ def safe_filename(name: str) -> str:
     return cleaned[:200] or "model"
 
 
+def static_metrics(path: Path, model_format: str, inputs: list[dict]) -> dict:
+    """``farm analyze`` of the model (params, size, MACs/FLOPs, activation memory), JSON-ready; a model
+    the analyser cannot count gets ``{"error": ...}`` rather than blocking the submission."""
+    from farm.analysis import analyze
+    from schemas import TensorSpec
+
+    try:
+        report = analyze(path, model_format, [TensorSpec.model_validate(t) for t in inputs])
+    except Exception as exc:  # analysis is informative; a model that serves must not be refused for it
+        return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"}
+    return json.loads(json.dumps(report, default=str))
+
+
 def store_model(session: Session, path: Path, sha256: str, model_format: str, inputs: list[dict]) -> ModelArtifact:
-    """Put the model at ``path`` in the store (once per sha256) within ``session``'s transaction."""
+    """Put the model at ``path`` in the store (once per sha256) within ``session``'s transaction, with its
+    static metrics computed once per artifact."""
     existing = session.get(ModelArtifact, sha256)
     if existing is not None:
+        if existing.static_metrics is None:
+            existing.static_metrics = static_metrics(path, model_format, inputs)
         return existing
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != sha256:
         raise ArtifactError(f"{path} changed while it was being submitted; submit it again")
     artifact = ModelArtifact(sha256=sha256, filename=safe_filename(path.name), format=model_format,
-                             size_bytes=len(data), content=data, inputs=inputs)
+                             size_bytes=len(data), content=data, inputs=inputs,
+                             static_metrics=static_metrics(path, model_format, inputs))
     session.add(artifact)
     return artifact
 

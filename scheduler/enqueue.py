@@ -51,7 +51,8 @@ def plan(request: ProfileRequest, request_id: str | None = None) -> tuple[Submis
     if request.measurement.timeout_s >= settings.visibility_timeout_s:
         raise RequestError(f"measurement timeout_s {request.measurement.timeout_s:g} must be below the broker "
                            f"visibility timeout ({settings.visibility_timeout_s} s, FARM_VISIBILITY_TIMEOUT_S)")
-    ref = ModelRef(sha256=info.sha256, format=info.format, filename=path.name, inputs=tuple(info.inputs))
+    ref = ModelRef(sha256=info.sha256, format=info.format, filename=path.name, inputs=tuple(info.inputs),
+                   static_batch=info.static_batch)
     rid = request_id or str(uuid.uuid4())
     with session_scope() as s:
         products = online_gpu_products(s)

@@ -46,6 +46,7 @@ class ModelRef:
     format: str
     filename: str
     inputs: tuple[TensorSpec, ...]
+    static_batch: int | None = None  # the model's batch dimension is fixed at this size
 
 
 @dataclass
@@ -89,13 +90,18 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
     inputs = list(model.inputs)
     common = dict(request_id=request_id, model_sha256=model.sha256, model_format=model.format,
                   model_filename=model.filename, inputs=inputs, measurement=request.measurement)
+    batches = [b for b in request.batch_sizes if model.static_batch in (None, b)]
+    for b in request.batch_sizes:
+        if b not in batches:
+            result.excluded.append({"batch_size": b, "reason": f"the model's batch dimension is fixed at "
+                                    f"{model.static_batch}; export it with a dynamic batch axis"})
     for device in devices:
         for engine in request.engines:
             reason = incompatibility(engine, model.format, device)
             if reason:
                 result.excluded.append({"device": device, "engine": engine, "reason": reason})
                 continue
-            for b in request.batch_sizes:
+            for b in batches:
                 for c in request.concurrency:
                     result.jobs.append(JobSpec(
                         job_id=job_id_for(request_id, device, engine, b, c, None), device=device,
@@ -106,7 +112,7 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
             result.excluded.append({"edge_profile": profile.name,
                                     "reason": f"no in-process engine for {model.format} models"})
             continue
-        for b in request.batch_sizes:
+        for b in batches:
             result.jobs.append(JobSpec(
                 job_id=job_id_for(request_id, "cpu", edge_engine, b, 1, profile.name), device="cpu",
                 engine=edge_engine, batch_size=b, concurrency=1, edge_profile=profile, queue=EDGE_QUEUE,

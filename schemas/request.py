@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 MODEL_FORMATS: tuple[str, ...] = ("onnx", "torchscript")
 ENGINES: tuple[str, ...] = ("onnxruntime", "torchscript", "triton")
@@ -167,8 +167,8 @@ class ProfileRequest(_Strict):
     inputs: list[TensorSpec] | None = None
     devices: list[str] = Field(default_factory=lambda: ["cpu"])
     engines: list[str] = Field(default_factory=lambda: ["onnxruntime"])
-    batch_sizes: list[int] = Field(default_factory=lambda: [1])
-    concurrency: list[int] = Field(default_factory=lambda: [1])
+    batch_sizes: list[StrictInt] = Field(default_factory=lambda: [1])
+    concurrency: list[StrictInt] = Field(default_factory=lambda: [1])
     edge: list[EdgeProfile] = Field(default_factory=list)
     measurement: MeasurementSettings = Field(default_factory=MeasurementSettings)
     name: str | None = Field(default=None, max_length=200)

@@ -168,7 +168,7 @@ def test_corpus_is_large_and_distinct() -> None:
 
 #: known gaps, reported to the schema owner: pydantic's lax mode turns ``true`` into 1 before
 #: ``_positive_unique`` can refuse booleans (fix: a mode="before" validator or StrictInt in schemas/request.py)
-KNOWN_GAPS = {"file-batch-bool": "schemas/request.py coerces true to 1 in batch_sizes"}
+KNOWN_GAPS: dict[str, str] = {}  # corpus cases farm does not reject yet (strict xfail flags a fix)
 
 
 def _params() -> list:  # type: ignore[type-arg]

@@ -13,9 +13,10 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import or_, select, update
 
 from farm.celery_app import RUN_JOB_TASK, get_app
 from farm.db.models import Worker
@@ -106,8 +107,23 @@ class WorkerNode:
         self.stopping = True
         self.watch.interrupt(SHUTDOWN)
 
+    def dead_neighbours(self) -> list[str]:
+        """Ids of workers on this host that are not alive: offline, lost, or silent past the dead-after time."""
+        cutoff = now() - timedelta(seconds=get_settings().worker_dead_after_s)
+        with session_scope() as s:
+            rows = s.execute(select(Worker.id).where(
+                Worker.hostname == self.hardware.hostname, Worker.id != self.worker_id,
+                or_(Worker.status != "online", Worker.last_heartbeat < cutoff))).scalars().all()
+        return list(rows)
+
     def __enter__(self) -> WorkerNode:
         self.register()
+        try:
+            removed = self.runner.cleanup_dead(self.dead_neighbours())
+            if removed:
+                log.info("removed %d container(s) left by dead workers on this host", len(removed))
+        except Exception as exc:  # cleanup is best effort; it never keeps a worker from starting
+            log.warning("could not clean up after dead workers: %s", exc)
         self.flush_spool()
         self.watch.__enter__()
         self._thread = threading.Thread(target=self._beat_loop, name="farm-heartbeat", daemon=True)

@@ -23,6 +23,11 @@ def test_embedded_default_runs_jobs_in_process_and_prints_results(tmp_path: Path
     csv = farm("results", rid, "--format", "csv").stdout.splitlines()
     assert csv[0].startswith("job_id,device,engine") and len(csv) == 3
     assert (Path(farm_env()["FARM_HOME"]) / "farm.db").is_file()
+    rep = json.loads(farm("report", rid, "--p99", "100000", "--json").stdout)
+    assert len(rep["ranked"]) == 2 and rep["constraints"] == ["latency_p99_ms <= 100000"]
+    tputs = [r["throughput_infer_per_s"] for r in rep["ranked"]]
+    assert tputs == sorted(tputs, reverse=True)
+    assert rep["model"]["macs_per_sample"] > 0  # static metrics stored once with the artifact
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -52,6 +52,15 @@ def test_gpu_selectors_resolve_against_live_inventory() -> None:
     assert devices == ["cpu"] and "no worker with a GPU is online" in str(excluded[0]["reason"])
 
 
+def test_a_fixed_batch_model_runs_only_its_batch_size() -> None:
+    fixed = ModelRef(sha256="c" * 64, format="onnx", filename="f.onnx", inputs=ONNX.inputs, static_batch=4)
+    exp = expand(ProfileRequest(model="f.onnx", batch_sizes=[1, 4, 16], edge=[{"cpus": 1, "memory": "512m"}]),
+                 "r", fixed)
+    assert sorted({j.batch_size for j in exp.jobs}) == [4] and len(exp.jobs) == 2
+    assert [e["batch_size"] for e in exp.excluded] == [1, 16]
+    assert "fixed at 4" in str(exp.excluded[0]["reason"])
+
+
 def test_queue_names() -> None:
     assert queue_for("cpu") == "farm.cpu"
     assert queue_for("gpu:a100-sxm4-40gb") == "farm.gpu.a100-sxm4-40gb"

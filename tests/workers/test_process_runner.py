@@ -49,3 +49,36 @@ def test_a_server_that_cannot_load_its_model_fails_with_its_own_words(tmp_path: 
             pass
     assert "\n" not in str(info.value)
     assert "model server" in str(info.value)
+
+
+def test_the_server_dies_with_its_worker_even_on_kill_9(example_onnx: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from tests.workers.test_process_runner import _spec\n"
+        "from workers.runners.process import ProcessRunner\n"
+        f"m = Path({str(example_onnx)!r})\n"
+        "with ProcessRunner().serve(_spec(m), m) as t:\n"
+        "    print(t.pid, flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    server_pid = int(worker.stdout.readline())
+    assert psutil.pid_exists(server_pid)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and psutil.pid_exists(server_pid):
+        try:
+            if psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    alive = psutil.pid_exists(server_pid) and psutil.Process(server_pid).status() != psutil.STATUS_ZOMBIE
+    assert not alive, "the model server outlived its killed worker"

@@ -47,5 +47,9 @@ class Runner(ABC):
     def run_edge(self, spec: JobSpec, model_path: Path) -> JobResult:
         """Run an edge job under the profile's CPU/memory limits and return its result."""
 
+    def cleanup_dead(self, worker_ids: list[str]) -> list[str]:
+        """Remove what workers that died on this host left behind (e.g. their containers); returns ids."""
+        return []
+
     def close(self) -> None:
         """Release anything kept between jobs (e.g. reused containers)."""

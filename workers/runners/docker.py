@@ -309,6 +309,14 @@ class DockerRunner(Runner):
                 self._timer = None
         return hd.cleanup_orphans(self.client, self.worker_id)
 
+    def cleanup_dead(self, worker_ids: list[str]) -> list[str]:
+        """Remove the containers of workers on this host that died (kill -9, crash) before cleaning up."""
+        removed: list[str] = []
+        for wid in worker_ids:
+            if wid != self.worker_id:
+                removed += hd.cleanup_orphans(self.client, wid)
+        return removed
+
     def close(self) -> None:
         """Remove the container kept for reuse (if any)."""
         with self._lock:

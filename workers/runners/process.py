@@ -19,6 +19,18 @@ from workers.runners.base import Runner, ServingTarget
 LISTEN_PREFIX = "farm-serve listening "
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the worker that started it dies (even by kill -9), so no
+    server outlives its worker. Linux only; elsewhere a no-op."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class ServerProcess:
     """A ``python -m workers.engines.server`` subprocess; a context manager that always stops it.
 
@@ -56,7 +68,7 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=self.env, start_new_session=True)
+                                     env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
         threading.Thread(target=self._read_stdout, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
         return self

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +195,29 @@ def test_gpu_job_requests_its_gpu_by_uuid(docker_client: Any, make_runner: Any, 
             pass
     assert not _farm_containers(docker_client, **{"farm.job_id": spec.job_id})
     r.close()
+
+
+def test_a_starting_worker_removes_containers_left_by_a_dead_worker_on_its_host(
+        docker_client: Any, make_runner: Any, models: dict[str, Path], make_spec: Any, sqlite_url: str) -> None:
+    """A worker killed with -9 cannot clean up; the next worker on the host removes its containers."""
+    import docker as docker_sdk
+    from sqlalchemy import update
+
+    from farm.db.models import Worker
+    from farm.db.session import session_scope
+    from workers.hardware import detect_hardware
+    from workers.node import WorkerNode
+
+    hw = detect_hardware(docker=True)
+    dead_runner = make_runner(reuse=True, worker_id=f"dead-{uuid.uuid4().hex[:6]}")
+    WorkerNode(runner=dead_runner, hardware=hw, worker_id=dead_runner.worker_id).register()
+    with dead_runner.serve(make_spec(models["mlp"]), models["mlp"]) as target:
+        container_id = target.container_id  # kept for reuse: still running, as after a kill -9
+    with session_scope() as s:
+        s.execute(update(Worker).where(Worker.id == dead_runner.worker_id).values(status="lost"))
+    assert docker_client.containers.get(container_id).status == "running"
+    new_runner = make_runner(worker_id=f"new-{uuid.uuid4().hex[:6]}")
+    assert docker_client.containers.get(container_id).status == "running"  # not this worker's own
+    with WorkerNode(runner=new_runner, hardware=hw, worker_id=new_runner.worker_id):
+        with pytest.raises(docker_sdk.errors.NotFound):
+            docker_client.containers.get(container_id)
