@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scale_common import example_model, scratch_cluster, start_workers, wait_workers_online
+from _scale_common import example_model, scratch_cluster, start_workers, wait_workers_online
 
 
 def main() -> None:

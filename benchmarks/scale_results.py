@@ -19,7 +19,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from scale_common import scratch_cluster
+from _scale_common import scratch_cluster
 
 ENGINES = ("onnxruntime", "triton", "torchscript")
 

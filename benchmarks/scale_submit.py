@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scale_common import example_model, scratch_cluster
+from _scale_common import example_model, scratch_cluster
 
 
 def main() -> None:
