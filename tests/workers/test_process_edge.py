@@ -48,3 +48,16 @@ def test_a_model_above_the_memory_limit_is_reported_oom_killed(tmp_path: Path) -
     assert result.metrics["oom_killed"] is True
     assert "killed: out of memory (limit 96 MiB)" in result.details["error"]
     assert result.metrics["mem_peak_bytes"] >= 64 << 20
+
+
+@pytest.mark.slow
+def test_limits_that_cannot_be_applied_are_reported_not_enforced(example_onnx: Path) -> None:
+    """A cpuset naming a CPU this host lacks cannot be applied: the run still happens, and says so."""
+    import os
+
+    missing_cpu = str((os.cpu_count() or 1) + 62)
+    profile = EdgeProfile(cpus=1, memory="256m", cpuset=missing_cpu, name="bad-cpuset")
+    result = ProcessRunner().run_edge(_spec(example_onnx, (256,), profile), example_onnx)
+    assert result.metrics["limits_enforced"] is False
+    assert any("NOT enforced" in n for n in result.details["notes"])
+    assert result.metrics["throughput_infer_per_s"] > 0

@@ -115,6 +115,20 @@ def test_user_command_runs_hardened_without_network(
     assert _no_containers(docker_client, spec.job_id)
 
 
+def test_profile_command_and_image_from_the_request_run_in_that_image(
+    runner: Any, docker_client: Any, runtime_image: str, models: dict[str, Path], make_spec: Any
+) -> None:
+    """Auptimizer style, as a user writes it in the request: the edge profile names an image and a command."""
+    profile = EdgeProfile.model_validate({"name": "user-cmd", "cpus": 0.5, "memory": "128m", "image": runtime_image,
+                                          "command": ["python", "-c", "import os; print(os.path.getsize('{model}'))"]})
+    spec = make_spec(models["mlp"], edge=profile)
+    result = runner.run_edge(spec, models["mlp"])
+    assert result.details["image"] == runtime_image
+    assert result.details["stdout_tail"].strip().splitlines()[-1] == str(models["mlp"].stat().st_size)
+    assert result.metrics["cpu_limit"] == 0.5 and result.metrics["mem_limit_bytes"] == 128 << 20
+    assert _no_containers(docker_client, spec.job_id)
+
+
 def test_crashing_command_raises_with_its_log(runner: Any, docker_client: Any, models: dict[str, Path],
                                                make_spec: Any) -> None:
     spec = make_spec(models["mlp"], edge=EdgeProfile(cpus=1, memory="256m"))
