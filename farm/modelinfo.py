@@ -108,7 +108,7 @@ def parse_input_spec(text: str) -> TensorSpec:
     per sample. ``name:shape`` defaults the dtype to FP32. Names may contain ``:`` (``input_1:0:FP32:8``).
     """
     raw = text.strip()
-    hint = f"use NAME:DTYPE:SHAPE, e.g. input:FP32:3x224x224 (shape without the batch dimension)"
+    hint = "use NAME:DTYPE:SHAPE, e.g. input:FP32:3x224x224 (shape without the batch dimension)"
     if raw.count(":") < 1:
         raise RequestError(f"input spec {text!r} is not NAME:DTYPE:SHAPE; {hint}")
     parts = raw.rsplit(":", 2)

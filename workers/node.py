@@ -130,7 +130,7 @@ class WorkerNode:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self.watch.__exit__(None, None, None)
         if self._thread is not None:

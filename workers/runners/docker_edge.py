@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import ContainerError, UnsupportedError
-from farm.metrics import BY_NAME
 from schemas import JobResult, JobSpec
-from workers.edge_bench import parse_report
 from workers.runners import hardening as hd
 from workers.runners.docker_stats import container_sampler, sampler_details
+from workers.runners.edge_result import edge_result
 
 MODEL_PLACEHOLDER = "{model}"
 
@@ -206,38 +205,9 @@ def run_edge(
         raise ContainerError(f"{where} did not finish within the job's timeout of {spec.measurement.timeout_s:g} s "
                              f"and was killed; raise measurement.timeout_s or shorten the run. "
                              f"last log lines:\n{tail}")
-    report = parse_report(stdout)
-    if not oom and exit_code != 0:
-        reason = (report or {}).get("error") or f"exit code {exit_code}"
-        raise ContainerError(f"{where} failed: {reason}; last log lines:\n{tail}")
-    if not oom and not custom and (report is None or "metrics" not in report):
-        raise ContainerError(f"{where} printed no edge_bench result; last log lines:\n{tail}")
-
-    metrics: dict[str, Any] = {}
-    if report and not oom and isinstance(report.get("metrics"), dict):
-        metrics.update(report["metrics"])
-    elif custom and not oom:
-        metrics["duration_s"] = total_s
-    for k in ("cpu_pct_avg", "cpu_pct_peak", "mem_avg_bytes", "mem_peak_bytes"):
-        if summary.get(k) is not None:
-            metrics[k] = summary[k]
-    metrics.update(mem_limit_bytes=prof.memory, cpu_limit=prof.cpus, oom_killed=oom, limits_enforced=enforced,
-                   total_time_s=total_s)
-    metrics = {k: v for k, v in metrics.items() if k in BY_NAME}
-
-    details: dict[str, Any] = {
-        "runner": "docker", "kind": "edge", "image": image, "command": argv,
-        "edge_profile": prof.model_dump(), "exit_code": exit_code, "total_time_s": total_s,
-        "resources": sampler_details(sampler) if sampling else {}, "notes": notes,
-    }
-    if report:
-        details["bench"] = {k: v for k, v in report.items() if k not in ("metrics", "edge_bench")}
-    if oom:
-        details["error"] = (
-            f"killed: out of memory (limit {prof.memory / 2**20:g} MiB) after {total_s:.1f} s; the model "
-            f"needs more memory than edge profile {prof.name!r} allows at batch size {spec.batch_size}: "
-            "raise the profile's memory or lower the batch size")
-        details["log_tail"] = tail
-    elif custom:
-        details["stdout_tail"] = "\n".join(stdout.splitlines()[-20:])
-    return JobResult(job_id=spec.job_id, metrics=metrics, details=details)
+    return edge_result(
+        spec, where=where, error=ContainerError, stdout=stdout, tail=tail, exit_code=exit_code, oom=oom,
+        custom=custom, summary=summary, total_s=total_s,
+        limits=dict(mem_limit_bytes=prof.memory, cpu_limit=prof.cpus, limits_enforced=enforced),
+        details={"runner": "docker", "image": image, "command": argv, "notes": notes,
+                 "resources": sampler_details(sampler) if sampling else {}})

@@ -9,13 +9,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
 from farm.errors import UnsupportedError, WorkerError
-from farm.metrics import BY_NAME
 from schemas import JobResult, JobSpec
-from workers.edge_bench import parse_report
 from workers.runners.docker_edge import MODEL_PLACEHOLDER, bench_command
+from workers.runners.edge_result import edge_result
 
 
 def edge_argv(spec: JobSpec, model_path: Path) -> tuple[list[str], bool]:
@@ -61,28 +58,8 @@ def run_edge_process(spec: JobSpec, model_path: Path) -> JobResult:
         summary = sampler.summary()
         limits = cg.metrics()
     oom = bool(summary.get("oom_killed"))
-    tail = " | ".join(line for line in err.strip().splitlines()[-8:])
-    report = parse_report(out)
-    if not oom and proc.returncode != 0:
-        reason = (report or {}).get("error") or f"exit code {proc.returncode}"
-        raise WorkerError(f"edge run {prof.name} failed: {reason}; last lines: {tail[-1500:]}")
-    if not oom and not custom and (report is None or "metrics" not in report):
-        raise WorkerError(f"edge run {prof.name} printed no edge_bench result; last lines: {tail[-1500:]}")
-    metrics: dict[str, Any] = {}
-    if report and not oom and isinstance(report.get("metrics"), dict):
-        metrics.update(report["metrics"])
-    for k in ("cpu_pct_avg", "cpu_pct_peak", "mem_avg_bytes", "mem_peak_bytes"):
-        if summary.get(k) is not None:
-            metrics[k] = summary[k]
-    metrics.update(limits, oom_killed=oom, total_time_s=total_s)
-    details: dict[str, Any] = {"runner": "process", "kind": "edge", "command": argv, "notes": notes,
-                               "edge_profile": prof.model_dump(), "exit_code": proc.returncode,
-                               "resources": sampler.details(), "total_time_s": total_s}
-    if report:
-        details["bench"] = {k: v for k, v in report.items() if k not in ("metrics", "edge_bench")}
-    if oom:
-        details["error"] = (f"killed: out of memory (limit {prof.memory / 2**20:g} MiB) after {total_s:.1f} s; the "
-                            f"model needs more memory than edge profile {prof.name!r} allows at batch size "
-                            f"{spec.batch_size}: raise the profile's memory or lower the batch size")
-    return JobResult(job_id=spec.job_id, metrics={k: v for k, v in metrics.items() if k in BY_NAME},
-                     details=details)
+    tail = "\n".join(err.strip().splitlines()[-8:])
+    return edge_result(spec, where=f"edge run {prof.name}", error=WorkerError, stdout=out, tail=tail,
+                       exit_code=proc.returncode, oom=oom, custom=custom, summary=summary, limits=limits,
+                       total_s=total_s, details={"runner": "process", "command": argv, "notes": notes,
+                                                 "resources": sampler.details()})
