@@ -3,9 +3,7 @@ context manager, CPU pinning. Nothing here asserts; benchmarks print figures."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,6 +82,7 @@ def farm_server(model: Path, threads: int = 1, instances: int = 1,
     """farm's built-in server for ``model`` (name ``model``), pinned to ``cpu_set``; yields
     ``host:port`` once ready and always stops it."""
     from workers.engines.ready import wait_ready
+    from workers.runners.process import ServerProcess
 
     cmd = [sys.executable, "-m", "workers.engines.server", str(model), "--format", "onnx", "--engine",
            "onnxruntime", "--host", "127.0.0.1", "--port", "0", "--threads", str(threads),
@@ -91,36 +90,8 @@ def farm_server(model: Path, threads: int = 1, instances: int = 1,
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS=str(max(threads, 1)))
 
-    def preexec() -> None:
-        if cpu_set:
-            os.sched_setaffinity(0, cpu_set)
-
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
-                            env=env, preexec_fn=preexec)
-    try:
-        found: list[str] = []
-
-        def read() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if line.startswith("farm-serve listening"):
-                    found.append(line.split()[-1])
-                    return
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(START_TIMEOUT_S)
-        if not found:
-            raise RuntimeError(f"farm's server did not start within {START_TIMEOUT_S} s: {' '.join(cmd)}")
-        wait_ready(found[0], "model", 30.0, alive=lambda: proc.poll() is None)
-        yield found[0]
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    with ServerProcess(cmd, env=env, cpu_set=cpu_set) as server:
+        server.wait_port(START_TIMEOUT_S)
+        url = f"127.0.0.1:{server.port}"
+        wait_ready(url, "model", 30.0, alive=server.alive)
+        yield url

@@ -37,21 +37,6 @@ FAULT_SETTINGS = {
 FINAL = ("succeeded", "failed", "cancelled")
 
 
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """Redis db 5 of its own: other test sessions on this host flush their db indexes (7-14)."""
-    import redis
-
-    from tests.conftest import REDIS_URL_BASE, _answers
-
-    if not _answers("127.0.0.1", 6379):
-        pytest.skip("Redis does not answer on 127.0.0.1:6379")
-    url = f"{REDIS_URL_BASE}/5"
-    redis.Redis.from_url(url).flushdb()
-    yield url
-    redis.Redis.from_url(url).flushdb()
-
-
 @pytest.fixture
 def env(cluster_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Subprocess environment: the cluster plus fast fault-handling settings (also set in this process)."""

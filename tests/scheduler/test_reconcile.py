@@ -3,7 +3,6 @@ routing by the live inventory."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -22,21 +21,6 @@ from workers import ledger
 
 A100 = {"index": 0, "uuid": "GPU-1", "name": "NVIDIA A100-SXM4-40GB", "slug": "a100-sxm4-40gb",
         "memory_total_bytes": 40 << 30}
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """Redis db 4 of its own (other test sessions on this host flush db 7-14)."""
-    import redis
-
-    from tests.conftest import REDIS_URL_BASE, _answers
-
-    if not _answers("127.0.0.1", 6379):
-        pytest.skip("Redis does not answer on 127.0.0.1:6379")
-    url = f"{REDIS_URL_BASE}/4"
-    redis.Redis.from_url(url).flushdb()
-    yield url
-    redis.Redis.from_url(url).flushdb()
 
 
 @pytest.fixture

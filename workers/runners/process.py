@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,18 +31,32 @@ def _die_with_parent() -> None:
         pass
 
 
+def _child_setup(cpu_set: set[int] | None) -> Callable[[], None]:
+    def setup() -> None:
+        _die_with_parent()
+        if cpu_set:
+            os.sched_setaffinity(0, cpu_set)
+
+    return setup
+
+
 class ServerProcess:
     """A ``python -m workers.engines.server`` subprocess; a context manager that always stops it.
 
     Reads the bound port from the server's ``farm-serve listening HOST:PORT`` line (the server binds
     port 0, so there is no race for a free port) and keeps the last stderr lines for error messages.
+    ``listen_prefix`` names another server's line of the same form; ``cpu_set`` pins the server's CPUs.
     """
 
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, listen_prefix: str = LISTEN_PREFIX,
+                 cpu_set: set[int] | None = None) -> None:
         self.argv = argv
         self.env = env
+        self.listen_prefix = listen_prefix
+        self.cpu_set = cpu_set
         self.proc: subprocess.Popen[str] | None = None
         self.port: int | None = None
+        self.address: str | None = None  # HOST:PORT as the server printed it
         self._stderr: deque[str] = deque(maxlen=20)
         self._port_ready = threading.Event()
 
@@ -53,8 +67,9 @@ class ServerProcess:
     def _read_stdout(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
-            if line.startswith(LISTEN_PREFIX) and self.port is None:
-                self.port = int(line.rsplit(":", 1)[1])
+            if line.startswith(self.listen_prefix) and self.port is None:
+                self.address = line.split()[-1]
+                self.port = int(self.address.rsplit(":", 1)[1])
                 self._port_ready.set()
         self._port_ready.set()
 
@@ -67,8 +82,9 @@ class ServerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def __enter__(self) -> ServerProcess:
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=self.env, start_new_session=True,
+                                     preexec_fn=_child_setup(self.cpu_set))
         threading.Thread(target=self._read_stdout, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
         return self

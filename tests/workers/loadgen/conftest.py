@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,43 +17,13 @@ START_TIMEOUT_S = 60.0
 @contextmanager
 def serve_subprocess(cmd: list[str], prefix: str, timeout_s: float = START_TIMEOUT_S) -> Iterator[str]:
     """Start ``cmd``, wait for a stdout line ``<prefix> HOST:PORT``, yield ``HOST:PORT``; always stop it."""
+    from workers.runners.process import ServerProcess
+
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT, env=env)
-    try:
-        found: list[str] = []
-
-        def read() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if line.startswith(prefix):
-                    found.append(line.split()[-1])
-                    return
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(timeout_s)
-        if not found:
-            proc.kill()
-            _, err = proc.communicate(timeout=10)
-            raise RuntimeError(f"{cmd[:4]} did not print {prefix!r} within {timeout_s} s; stderr:\n{err}")
-        yield found[0]
-    finally:
-        if proc.poll() is None:
-            try:
-                assert proc.stdin is not None
-                proc.stdin.close()
-            except OSError:
-                pass
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+    with ServerProcess(cmd, env=env, listen_prefix=prefix + " ") as server:
+        server.wait_port(timeout_s)
+        assert server.address is not None
+        yield server.address
 
 
 @pytest.fixture
@@ -87,9 +55,7 @@ def identity_onnx(path: Path, shape: tuple[int, ...] = (16,)) -> Path:
 
 @pytest.fixture(scope="module")
 def farm_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """farm's built-in server serving an identity ONNX model named ``model`` (skips when not built yet)."""
-    if not (ROOT / "workers" / "engines" / "server.py").exists():
-        pytest.skip("workers/engines/server.py does not exist yet")
+    """farm's built-in server serving an identity ONNX model named ``model``."""
     model = identity_onnx(tmp_path_factory.mktemp("model") / "identity.onnx")
     cmd = [sys.executable, "-m", "workers.engines.server", str(model), "--format", "onnx", "--engine",
            "onnxruntime", "--host", "127.0.0.1", "--port", "0", "--threads", "1", "--instances", "1",

@@ -7,7 +7,7 @@ One request is served at a time (a lock), like a single model instance: a stall 
 from __future__ import annotations
 
 import argparse
-import sys
+import signal
 import threading
 import time
 from concurrent import futures
@@ -87,11 +87,12 @@ def main() -> None:
                          options=[("grpc.max_send_message_length", -1),
                                   ("grpc.max_receive_message_length", -1)])
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(FakeService(args), server)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print(f"fake-serve listening 127.0.0.1:{port}", flush=True)
     try:
-        sys.stdin.read()  # runs until the test closes our stdin (or kills us)
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})  # runs until the test stops it
     finally:
         server.stop(0)
 
