@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Iterable
 
 from farm.errors import ContainerError
+from workers.runners.hardening import client as docker_client
 
 DEFAULT_TAG = "farm-runtime:local"
 BUILDER_VERSION = "1"
@@ -342,26 +343,12 @@ def write_tar(fs: RootFs, out: Path) -> int:
     return out.stat().st_size
 
 
-def _client(client: object | None = None):  # -> docker.DockerClient
-    if client is not None:
-        return client
-    import docker
-
-    try:
-        c = docker.from_env(timeout=300)
-        c.ping()
-        return c
-    except Exception as exc:
-        raise ContainerError(
-            f"no Docker daemon answers ({exc}); start dockerd or set DOCKER_HOST") from exc
-
-
 def image_label(tag: str, label: str = HASH_LABEL, client: object | None = None) -> str | None:
     """The value of ``label`` on image ``tag``; None when the image or label is absent."""
     import docker
 
     try:
-        img = _client(client).images.get(tag)
+        img = docker_client(client).images.get(tag)
     except docker.errors.ImageNotFound:
         return None
     return (img.labels or {}).get(label)
@@ -372,7 +359,7 @@ def image_exists(tag: str = DEFAULT_TAG, client: object | None = None) -> bool:
     import docker
 
     try:
-        _client(client).images.get(tag)
+        docker_client(client).images.get(tag)
         return True
     except docker.errors.ImageNotFound:
         return False
@@ -395,7 +382,7 @@ def build_local_image(
     the import fails.
     """
     repo_root = Path(repo_root) if repo_root is not None else Path(__file__).resolve().parents[1]
-    dc = _client(client)
+    dc = docker_client(client)
     t0 = time.monotonic()
     fs = plan_rootfs(repo_root, extra_distributions)
     _add_libraries(fs)
