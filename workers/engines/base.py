@@ -75,10 +75,16 @@ class InputError(ValueError):
 
 
 class Backend(ABC):
-    """One model session of one engine. Not thread-safe: the server gives each instance its own."""
+    """One model session of one engine. Not thread-safe: the server gives each instance its own.
+
+    ``load`` fills ``_inputs`` and ``_outputs`` with the model's tensors, in the order it declares them."""
 
     engine: str = "base"
     platform: str = "unknown"  # Triton-style platform name reported in ModelMetadata
+
+    def __init__(self) -> None:
+        self._inputs: list[IOSpec] = []
+        self._outputs: list[IOSpec] = []
 
     def declare_inputs(self, specs: list[IOSpec]) -> None:
         """Declare the inputs' datatypes and shapes for engines whose files carry none (TorchScript);
@@ -89,13 +95,13 @@ class Backend(ABC):
         """Load ``model_path`` on ``device`` ("cpu" or "gpu:<slug>") with ``threads`` intra-op threads
         (0 = engine default). Raises ServerError (or ModelError) saying what to fix."""
 
-    @abstractmethod
     def inputs(self) -> list[IOSpec]:
         """The model's inputs, in the order the model declares them."""
+        return list(self._inputs)
 
-    @abstractmethod
     def outputs(self) -> list[IOSpec]:
         """The model's outputs, in the order the model declares them."""
+        return list(self._outputs)
 
     @abstractmethod
     def infer(

@@ -39,9 +39,8 @@ class OnnxRuntimeBackend(Backend):
     platform = "onnxruntime_onnx"
 
     def __init__(self) -> None:
+        super().__init__()
         self._sess: object | None = None
-        self._inputs: list[IOSpec] = []
-        self._outputs: list[IOSpec] = []
         self._output_names: list[str] = []
 
     def load(self, model_path: Path, device: str, threads: int) -> None:
@@ -82,12 +81,6 @@ class OnnxRuntimeBackend(Backend):
         self._inputs = [_spec(a) for a in sess.get_inputs()]
         self._outputs = [_spec(a) for a in sess.get_outputs()]
         self._output_names = [o.name for o in self._outputs]
-
-    def inputs(self) -> list[IOSpec]:
-        return list(self._inputs)
-
-    def outputs(self) -> list[IOSpec]:
-        return list(self._outputs)
 
     def infer(
         self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None

@@ -35,12 +35,11 @@ class TorchScriptBackend(Backend):
     platform = "pytorch_libtorch"
 
     def __init__(self) -> None:
+        super().__init__()
         self._module: Any = None
         self._torch: Any = None
         self._device: Any = None
         self._declared: dict[str, IOSpec] = {}
-        self._inputs: list[IOSpec] = []
-        self._outputs: list[IOSpec] = []
 
     def declare_inputs(self, specs: list[IOSpec]) -> None:
         """Give the inputs' datatypes/shapes (-1 = dynamic); call before ``load``."""
@@ -109,12 +108,6 @@ class TorchScriptBackend(Backend):
             IOSpec(n, np_to_v2(a.dtype), tuple(-1 if i == 0 and a.ndim else d for i, d in enumerate(a.shape)))
             for n, a in out.items()
         ]
-
-    def inputs(self) -> list[IOSpec]:
-        return list(self._inputs)
-
-    def outputs(self) -> list[IOSpec]:
-        return list(self._outputs)
 
     def infer(
         self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None
