@@ -192,21 +192,6 @@ def limits_in_cgroup(cg: Path | None) -> tuple[int | None, float | None]:
     return mem, cpu
 
 
-def oom_kills_in_cgroup(cg: Path | None) -> int | None:
-    """The cgroup's OOM-kill counter (v2 ``memory.events``, v1 ``memory.oom_control``), None if unread."""
-    if cg is None:
-        return None
-    for name in ("memory.events", "memory.oom_control"):
-        try:
-            for line in (cg / name).read_text().splitlines():
-                k, _, v = line.partition(" ")
-                if k == "oom_kill":
-                    return int(v)
-        except (OSError, ValueError):
-            continue
-    return None
-
-
 def host_port(container: Any, container_port: str = "8001/tcp", timeout_s: float = 5.0) -> int:
     """The 127.0.0.1 host port Docker published for ``container_port`` (polls until set)."""
     deadline = time.monotonic() + timeout_s
