@@ -6,6 +6,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from farm.db.models import Job, Request, Result, Worker
 from farm.db.session import session_scope
@@ -80,17 +81,20 @@ def workers_table() -> list[dict[str, Any]]:
                  "cpu": (w.hardware or {}).get("cpu", {})} for w in rows]
 
 
-def live_queues() -> set[str]:
-    """Queues consumed by workers that are online and heartbeating."""
+def live_workers(session: Session) -> list[tuple[dict[str, Any], list[str]]]:
+    """(hardware JSON, queues) of workers that are online and heartbeated within ``worker_dead_after_s``
+    (SQLite returns naive UTC timestamps; they are read as UTC)."""
     cutoff = datetime.now(timezone.utc) - timedelta(seconds=get_settings().worker_dead_after_s)
+    rows = session.execute(select(Worker.hardware, Worker.queues, Worker.last_heartbeat)
+                           .where(Worker.status == "online")).all()
+    return [(hw or {}, queues or []) for hw, queues, beat in rows
+            if (beat if beat.tzinfo else beat.replace(tzinfo=timezone.utc)) >= cutoff]
+
+
+def live_queues() -> set[str]:
+    """Queues consumed by live workers."""
     with session_scope() as s:
-        rows = s.execute(select(Worker.queues, Worker.last_heartbeat).where(Worker.status == "online")).all()
-    out: set[str] = set()
-    for queues, beat in rows:
-        beat = beat if beat.tzinfo else beat.replace(tzinfo=timezone.utc)
-        if beat >= cutoff:
-            out.update(queues or [])
-    return out
+        return {q for _, queues in live_workers(s) for q in queues}
 
 
 def waiting_queues(request_id: str) -> dict[str, int]:

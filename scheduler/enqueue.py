@@ -8,13 +8,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, update
+from sqlalchemy.orm import Session
 
 from farm.artifacts import store_model
-from farm.db.models import Job, Request, Worker
+from farm.db.models import Job, Request
 from farm.db.session import session_scope
 from farm.errors import RequestError, SchedulerError
 from farm.modelinfo import inspect_model
+from farm.results import live_workers
 from farm.settings import get_settings
 from scheduler.expand import Expansion, ModelRef, expand
 from schemas import JobSpec, ProfileRequest
@@ -31,16 +33,9 @@ class Submission:
     expansion: Expansion
 
 
-def online_gpu_products(session) -> list[str]:  # type: ignore[no-untyped-def]
-    """GPU product names advertised by workers whose heartbeat is recent."""
-    settings = get_settings()
-    cutoff = datetime.now(timezone.utc).timestamp() - settings.worker_dead_after_s
-    products: list[str] = []
-    for hw, beat in session.execute(select(Worker.hardware, Worker.last_heartbeat).where(Worker.status == "online")):
-        if beat.replace(tzinfo=beat.tzinfo or timezone.utc).timestamp() < cutoff:
-            continue
-        products.extend(g.get("name", "") for g in (hw or {}).get("gpus", []))
-    return products
+def online_gpu_products(session: Session) -> list[str]:
+    """GPU product names advertised by live workers."""
+    return [g.get("name", "") for hw, _ in live_workers(session) for g in hw.get("gpus", [])]
 
 
 def plan(request: ProfileRequest, request_id: str | None = None) -> tuple[Submission, Path, ModelRef]:
