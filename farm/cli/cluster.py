@@ -8,12 +8,9 @@ import time
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from farm.cli.views import console, err_console
 from farm.settings import get_settings, mask_url
-
-console = Console()
-err_console = Console(stderr=True)
 
 
 def scheduler(

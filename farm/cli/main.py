@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from farm.cli import views
+from farm.cli.views import console, err_console
 from farm.cli.errors import run_cli
 from farm.errors import RequestError
 from farm.settings import get_settings, mask_url
@@ -19,9 +19,6 @@ app = typer.Typer(name="farm", help="A distributed profiling farm for ML model s
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
-#: piped output is not squeezed to 80 columns (a terminal keeps its own width)
-console = Console() if sys.stdout.isatty() else Console(width=140)
-err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=140)
 
 FINAL = ("succeeded", "failed", "cancelled")
 

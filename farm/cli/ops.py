@@ -8,13 +8,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from farm.cli.views import console, err_console
 from farm.errors import RequestError
 from farm.settings import get_settings, mask_url
-
-console = Console()
-err_console = Console(stderr=True)
 
 
 def worker(

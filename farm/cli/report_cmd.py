@@ -2,17 +2,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any, Optional
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
-from farm.cli.views import fmt_value
-
-console = Console() if sys.stdout.isatty() else Console(width=140)
+from farm.cli.views import console, fmt_value
 
 
 def report(

@@ -7,10 +7,17 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+import sys
+
 from rich import box
+from rich.console import Console
 from rich.table import Table
 
 from farm.metrics import BY_NAME
+
+#: the CLI's consoles; piped output is not squeezed to 80 columns (a terminal keeps its own width)
+console = Console() if sys.stdout.isatty() else Console(width=140)
+err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=140)
 
 #: the default results table: (metric, short header); every metric is in csv/json
 TABLE_METRICS: tuple[tuple[str, str], ...] = (
