@@ -93,8 +93,8 @@ def _limits_enforced(container: Any, cg: Path | None, cpus: float, memory: int) 
 
             lim = read_limits(CgroupSet.from_path(cg))
             mem_k, cpu_k = lim.get("memory_bytes"), lim.get("cpus")
-        except Exception:
-            mem_k, cpu_k = hd.limits_in_cgroup(cg)
+        except (OSError, ValueError) as exc:  # the cgroup vanished or is unreadable: noted below
+            notes.append(f"cgroup {cg} unreadable ({exc})")
     if mem_k is None or cpu_k is None:
         notes.append("limits could not be read back from the container's cgroup; trusting Docker's HostConfig")
     else:

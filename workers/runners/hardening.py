@@ -25,7 +25,6 @@ USER = "65534:65534"
 PIDS_LIMIT = 256
 TMPFS = {"/tmp": "size=64m"}
 MODEL_DIR = "/model"
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def hardening(pids_limit: int = PIDS_LIMIT) -> dict[str, Any]:
@@ -131,65 +130,13 @@ def cleanup_orphans(docker_client: Any, worker_id: str) -> list[str]:
 
 def cgroup_path(container_id: str) -> Path | None:
     """The container's cgroup directory: the v2 unified directory, or on v1 the ``memory`` controller's
-    directory (``cpuacct``/``blkio`` sit beside it under the same relative path). None when not found.
+    directory (``cpuacct``/``blkio`` sit beside it under the same relative path). None when not found."""
+    from workers.samplers.cgroup import find_container_cgroup
 
-    Uses ``workers.samplers.cgroup.find_container_cgroup`` when that module is installed.
-    """
     try:
-        from workers.samplers.cgroup import find_container_cgroup
-    except ImportError:
-        find_container_cgroup = None
-    if find_container_cgroup is not None:
-        try:
-            return find_container_cgroup(container_id)
-        except Exception:
-            pass
-    candidates = [
-        CGROUP_ROOT / "memory" / "docker" / container_id,  # v1, cgroupfs driver
-        CGROUP_ROOT / "memory" / "system.slice" / f"docker-{container_id}.scope",  # v1, systemd
-        CGROUP_ROOT / "system.slice" / f"docker-{container_id}.scope",  # v2, systemd
-        CGROUP_ROOT / "docker" / container_id,  # v2, cgroupfs
-    ]
-    for c in candidates:
-        if c.is_dir():
-            return c
-    return None
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        raw = path.read_text().split()[0]
-    except (OSError, IndexError):
+        return find_container_cgroup(container_id)
+    except OSError:
         return None
-    return None if raw == "max" else int(raw)
-
-
-def limits_in_cgroup(cg: Path | None) -> tuple[int | None, float | None]:
-    """(memory limit bytes, CPU limit cores) as the kernel sees them in cgroup ``cg`` (v1 or v2);
-    None for a value that cannot be read or is unlimited."""
-    if cg is None:
-        return None, None
-    if (cg / "memory.max").exists() or (cg / "cpu.max").exists():  # v2
-        mem = _read_int(cg / "memory.max")
-        try:
-            quota, period = (cg / "cpu.max").read_text().split()
-            cpu = None if quota == "max" else int(quota) / int(period)
-        except (OSError, ValueError):
-            cpu = None
-        return mem, cpu
-    rel = cg.relative_to(CGROUP_ROOT / "memory") if cg.is_relative_to(CGROUP_ROOT / "memory") else None
-    mem = _read_int(cg / "memory.limit_in_bytes")
-    if mem is not None and mem >= (1 << 62):
-        mem = None
-    cpu = None
-    if rel is not None:
-        for ctl in ("cpu", "cpu,cpuacct"):
-            d = CGROUP_ROOT / ctl / rel
-            q, p = _read_int(d / "cpu.cfs_quota_us"), _read_int(d / "cpu.cfs_period_us")
-            if q is not None and p:
-                cpu = None if q < 0 else q / p
-                break
-    return mem, cpu
 
 
 def host_port(container: Any, container_port: str = "8001/tcp", timeout_s: float = 5.0) -> int:
