@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +36,22 @@ def pin(cpu_set: set[int] | None) -> None:
     """Pin this process (all its threads created later) to ``cpu_set``; None leaves it as is."""
     if cpu_set:
         os.sched_setaffinity(0, cpu_set)
+
+
+def cpu_speed(cpu_set: set[int] | None, loops: int = 1_000_000) -> float:
+    """A fixed pure-Python loop's rate (million iterations/s) on ``cpu_set``, the calling thread pinned
+    there meanwhile: a yardstick for how much the machine itself drifts between runs."""
+    before = os.sched_getaffinity(0)
+    if cpu_set:
+        os.sched_setaffinity(0, cpu_set)
+    try:
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(loops):
+            total += i
+        return loops / (time.perf_counter() - t0) / 1e6
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def identity_model(path: Path, shape: tuple[int, ...]) -> Path:

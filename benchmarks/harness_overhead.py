@@ -4,9 +4,13 @@ An identity ONNX model (input FP32 [1, 16]) served by farm's built-in server; th
 half of the CPUs, the server to the other half. For concurrency 1 and 16, each client runs a closed
 loop for the same time; printed: end-to-end p50 latency and achieved requests/s.
 
-Clients: farm (``workers.loadgen.run_load``: grpc.aio, request serialized once), ``tritonclient.grpc``
-sync client (one client and thread per outstanding request), ``tritonclient.grpc.aio`` (one client,
-N coroutines), and a bare ``grpc.aio`` generated stub (request object, serialized per call).
+Clients, each over unary ModelInfer calls and over ModelStreamInfer streams (one stream per outstanding
+request): farm (``workers.loadgen.run_load``: grpc.aio, request serialized once, ``rpc`` unary or
+stream), ``tritonclient.grpc`` sync client (one client and thread per outstanding request; streams via
+``start_stream``/``async_stream_infer``), ``tritonclient.grpc.aio`` (one client, N coroutines; streams
+via ``stream_infer``), and a bare ``grpc.aio`` generated stub (request object, serialized per call).
+"vs tritonclient" divides by the better of the two tritonclient clients over unary calls (what the
+issue's target names); "same RPC" by the better tritonclient client over the row's own RPC.
 
 Clients run in interleaved rounds (3, quick: 1); each figure is the median over the rounds.
 
@@ -16,10 +20,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import queue
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
@@ -93,15 +98,16 @@ def bench_threads(make_call: Callable[[], Callable[[], object]], conc: int, warm
     return _summarize(records, t0 + warmup, end, cpu.join())
 
 
-async def bench_coroutines(call: Callable[[], Awaitable[object]], conc: int, warmup: float,
+async def bench_coroutines(calls: list[Callable[[], Awaitable[object]]], warmup: float,
                            duration: float) -> Figures:
-    """Closed loop with ``conc`` coroutines sharing one client."""
+    """Closed loop with one coroutine per entry of ``calls`` (the outstanding requests), each making
+    its own call over and over."""
     records: list[tuple[float, float]] = []
     t0 = time.monotonic()
     end = t0 + warmup + duration
     cpu = CpuWindow(t0 + warmup, end)
 
-    async def loop() -> None:
+    async def loop(call: Callable[[], Awaitable[object]]) -> None:
         while True:
             a = time.monotonic()
             await call()
@@ -110,12 +116,12 @@ async def bench_coroutines(call: Callable[[], Awaitable[object]], conc: int, war
             if b >= end:
                 return
 
-    await asyncio.gather(*(loop() for _ in range(conc)))
+    await asyncio.gather(*(loop(call) for call in calls))
     return _summarize(records, t0 + warmup, end, cpu.join())
 
 
-def client_farm(url: str, conc: int, warmup: float, duration: float) -> Figures:
-    settings = MeasurementSettings(warmup_s=warmup, window_s=min(1.0, duration), duration_s=duration)
+def client_farm(url: str, conc: int, warmup: float, duration: float, rpc: str = "unary") -> Figures:
+    settings = MeasurementSettings(warmup_s=warmup, window_s=min(1.0, duration), duration_s=duration, rpc=rpc)
     r = run_load(url, "model", [TensorSpec(name="x", shape=SHAPE)], 1, conc, settings, processes=1)
     m = r.metrics
     busy, rps = float(m["client_busy_pct"]), float(m["requests_per_s"])  # type: ignore[arg-type]
@@ -123,33 +129,106 @@ def client_farm(url: str, conc: int, warmup: float, duration: float) -> Figures:
     return float(m["latency_p50_ms"]), rps, cpu_us  # type: ignore[arg-type]
 
 
+def triton_input() -> object:
+    """tritonclient's InferInput ``x``: FP32 [1, *SHAPE] of fixed random data."""
+    import tritonclient.grpc as tg
+
+    inp = tg.InferInput("x", [1, *SHAPE], "FP32")
+    inp.set_data_from_numpy(np.random.default_rng(0).random((1, *SHAPE), dtype=np.float32))
+    return inp
+
+
 def client_triton_sync(url: str, conc: int, warmup: float, duration: float) -> Figures:
     import tritonclient.grpc as tg
 
-    data = np.random.default_rng(0).random((1, *SHAPE), dtype=np.float32)
-
     def make() -> Callable[[], object]:
         client = tg.InferenceServerClient(url)
-        inp = tg.InferInput("x", [1, *SHAPE], "FP32")
-        inp.set_data_from_numpy(data)
+        inp = triton_input()
         return lambda: client.infer("model", [inp])
 
     return bench_threads(make, conc, warmup, duration)
 
 
 def client_triton_aio(url: str, conc: int, warmup: float, duration: float) -> Figures:
-    import tritonclient.grpc as tg
     import tritonclient.grpc.aio as tga
-
-    data = np.random.default_rng(0).random((1, *SHAPE), dtype=np.float32)
 
     async def main() -> Figures:
         client = tga.InferenceServerClient(url)
-        inp = tg.InferInput("x", [1, *SHAPE], "FP32")
-        inp.set_data_from_numpy(data)
+        inp = triton_input()
         try:
-            return await bench_coroutines(lambda: client.infer("model", [inp]), conc, warmup, duration)
+            return await bench_coroutines([lambda: client.infer("model", [inp])] * conc, warmup, duration)
         finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def client_farm_stream(url: str, conc: int, warmup: float, duration: float) -> Figures:
+    return client_farm(url, conc, warmup, duration, rpc="stream")
+
+
+def client_triton_sync_stream(url: str, conc: int, warmup: float, duration: float) -> Figures:
+    import tritonclient.grpc as tg
+
+    clients: list[tg.InferenceServerClient] = []
+
+    def make() -> Callable[[], object]:
+        client = tg.InferenceServerClient(url)
+        answers: queue.SimpleQueue[object] = queue.SimpleQueue()
+        client.start_stream(callback=lambda result, error: answers.put(error or result))
+        clients.append(client)
+        inp = triton_input()
+
+        def call() -> object:
+            client.async_stream_infer("model", [inp])
+            answer = answers.get()
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        return call
+
+    try:
+        return bench_threads(make, conc, warmup, duration)
+    finally:
+        for client in clients:
+            client.stop_stream()
+            client.close()
+
+
+def client_triton_aio_stream(url: str, conc: int, warmup: float, duration: float) -> Figures:
+    import tritonclient.grpc.aio as tga
+
+    async def main() -> Figures:
+        client = tga.InferenceServerClient(url)
+        inp = triton_input()
+        streams = []
+
+        def open_stream() -> Callable[[], Awaitable[object]]:
+            """One ``stream_infer`` stream, fed one request per call; the call returns its answer."""
+            requests: asyncio.Queue[dict[str, object]] = asyncio.Queue()
+
+            async def feed() -> AsyncIterator[dict[str, object]]:
+                while True:
+                    yield await requests.get()
+
+            answers = client.stream_infer(feed())
+            streams.append(answers)
+
+            async def call() -> object:
+                await requests.put({"model_name": "model", "inputs": [inp]})
+                result, error = await answers.__anext__()
+                if error is not None:
+                    raise error
+                return result
+
+            return call
+
+        try:
+            return await bench_coroutines([open_stream() for _ in range(conc)], warmup, duration)
+        finally:
+            for answers in streams:
+                answers.cancel()
             await client.close()
 
     return asyncio.run(main())
@@ -168,16 +247,21 @@ def client_bare_aio(url: str, conc: int, warmup: float, duration: float) -> Figu
         async with grpc.aio.insecure_channel(url) as channel:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)
             await stub.ServerReady(pb.ServerReadyRequest())
-            return await bench_coroutines(lambda: stub.ModelInfer(req), conc, warmup, duration)
+            return await bench_coroutines([lambda: stub.ModelInfer(req)] * conc, warmup, duration)
 
     return asyncio.run(main())
 
 
-CLIENTS: dict[str, Callable[[str, int, float, float], Figures]] = {
-    "farm loadgen": client_farm,
-    "tritonclient.grpc (threads)": client_triton_sync,
-    "tritonclient.grpc.aio": client_triton_aio,
-    "bare grpc.aio stub": client_bare_aio,
+Client = Callable[[str, int, float, float], Figures]
+# name -> (RPC, client); the tritonclient rows are the baselines
+CLIENTS: dict[str, tuple[str, Client]] = {
+    "farm loadgen": ("unary", client_farm),
+    "farm loadgen --rpc stream": ("stream", client_farm_stream),
+    "tritonclient.grpc (threads)": ("unary", client_triton_sync),
+    "tritonclient.grpc.aio": ("unary", client_triton_aio),
+    "tritonclient.grpc stream": ("stream", client_triton_sync_stream),
+    "tritonclient.grpc.aio stream": ("stream", client_triton_aio_stream),
+    "bare grpc.aio stub": ("unary", client_bare_aio),
 }
 
 
@@ -197,16 +281,18 @@ def main() -> None:
             for conc in (1, 16):
                 runs: dict[str, list[Figures]] = {name: [] for name in CLIENTS}
                 for _ in range(rounds):  # interleaved rounds, so machine noise hits every client alike
-                    for name, fn in CLIENTS.items():
+                    for name, (_, fn) in CLIENTS.items():
                         runs[name].append(fn(url, conc, warmup, duration))
                 rows = {name: tuple(float(np.median(col)) for col in zip(*r)) for name, r in runs.items()}
+                base = {rpc: max(rows[n][1] for n, (r, _) in CLIENTS.items() if r == rpc and "tritonclient" in n)
+                        for rpc in ("unary", "stream")}
                 print(f"\nconcurrency {conc} (median of {rounds} round(s))")
-                print(f"  {'client':30s} {'p50 ms':>8s} {'req/s':>9s} {'vs tritonclient':>16s} "
+                print(f"  {'client':30s} {'p50 ms':>8s} {'req/s':>9s} {'vs tritonclient':>16s} {'same RPC':>9s} "
                       f"{'client CPU us/req':>18s} {'1-core capacity req/s':>22s}")
-                base = rows["tritonclient.grpc (threads)"][1]
                 for name, (p50, rps, cpu_us) in rows.items():
-                    print(f"  {name:30s} {p50:8.3f} {rps:9.0f} {rps / base:15.2f}x {cpu_us:18.1f} "
-                          f"{1e6 / cpu_us:22.0f}")
+                    same = rps / base[CLIENTS[name][0]]
+                    print(f"  {name:30s} {p50:8.3f} {rps:9.0f} {rps / base['unary']:15.2f}x {same:8.2f}x "
+                          f"{cpu_us:18.1f} {1e6 / cpu_us:22.0f}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ settings (warm-up 1 s, 1 s windows, stop when the last 3 agree within ±10 %, at
 identity model at concurrency 4 (transport-bound) and a ~5 ms MatMul chain at concurrency 2
 (compute-bound). Target: CV of throughput <= 3 %.
 
+Beside each run, the speed of a fixed pure-Python loop on the server's and the client's CPUs is taken
+(before and after the run) and its CV printed: when the machine itself drifts by more than the target
+(CPU steal, frequency changes on a shared host), no harness can show a lower CV, and that line says so.
+
 Run: ``python benchmarks/stability.py [--quick] [--runs N]``. Prints figures, asserts nothing.
 """
 from __future__ import annotations
@@ -15,17 +19,20 @@ from pathlib import Path
 
 import numpy as np
 
-from _serve import farm_server, identity_model, matmul_chain_model, pin, split_cpus  # noqa: I001
+from _serve import cpu_speed, farm_server, identity_model, matmul_chain_model, pin, split_cpus  # noqa: I001
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
 
 
 def run_job(model: Path, shape: tuple[int, ...], conc: int, settings: MeasurementSettings,
-            server_cpus: set[int] | None) -> dict[str, object]:
-    """One job: start a server for ``model``, measure, stop it."""
-    with farm_server(model, threads=1, cpu_set=server_cpus) as url:
+            cpu_sets: tuple[set[int] | None, set[int] | None]) -> tuple[dict[str, object], float]:
+    """One job: start a server for ``model``, measure, stop it. Returns (metrics, machine speed: the
+    mean loop rate on the client's and the server's CPUs before and after the job)."""
+    speed = [cpu_speed(c) for c in cpu_sets]
+    with farm_server(model, threads=1, cpu_set=cpu_sets[1]) as url:
         r = run_load(url, "model", [TensorSpec(name="x", shape=shape)], 1, conc, settings, processes=1)
-    return r.metrics
+    speed += [cpu_speed(c) for c in cpu_sets]
+    return r.metrics, float(np.mean(speed))
 
 
 def main() -> None:
@@ -48,7 +55,9 @@ def main() -> None:
             ("MatMul chain 25x[256,256], c=2", matmul_chain_model(tmp / "chain.onnx", 25, 256), (256, 256), 2),
         ]
         for name, model, shape, conc in jobs:
-            rows = [run_job(model, shape, conc, settings, server_cpus) for _ in range(runs)]
+            done = [run_job(model, shape, conc, settings, (client_cpus, server_cpus)) for _ in range(runs)]
+            rows = [m for m, _ in done]
+            speed = np.array([v for _, v in done])
             tput = np.array([float(m["throughput_infer_per_s"]) for m in rows])  # type: ignore[arg-type]
             p50 = np.array([float(m["latency_p50_ms"]) for m in rows])  # type: ignore[arg-type]
             p99 = np.array([float(m["latency_p99_ms"]) for m in rows])  # type: ignore[arg-type]
@@ -62,6 +71,10 @@ def main() -> None:
             p50_cv, p99_cv = (100 * a.std(ddof=1) / a.mean() for a in (p50, p99))
             print(f"  throughput mean {tput.mean():.1f} infer/s, CV {cv:.2f} % (target <= 3 %); "
                   f"p50 CV {p50_cv:.2f} %, p99 CV {p99_cv:.2f} %")
+            speed_cv = 100 * speed.std(ddof=1) / speed.mean() if runs > 1 else float("nan")
+            print(f"  machine yardstick (fixed loop, {speed.mean():.1f} M it/s): CV {speed_cv:.2f} % across runs"
+                  + ("  <- the machine drifts more than the target; rerun on a quiet machine"
+                     if speed_cv > 3 else ""))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     with session_scope() as s:
         rows = s.execute(stmt).all()
     names = JOB_COLUMNS + METRIC_NAMES
-    return [dict(zip(names, row)) for row in rows]
+    rpc = (req.spec.get("measurement") or {}).get("rpc", "unary")  # how every job of it was driven
+    return [{**dict(zip(names, row)), "rpc": rpc} for row in rows]
 
 
 def status_counts(request_id: str) -> dict[str, int]:

@@ -138,6 +138,10 @@ class MeasurementSettings(_Strict):
     timeout_s: float = Field(default=600.0, gt=0, le=86400, description="per-job time limit")
     threads: int = Field(default=0, ge=0, le=256, description="server intra-op threads, 0 = engine default")
     instances: int = Field(default=1, ge=1, le=64, description="server model instances")
+    rpc: Literal["unary", "stream"] = Field(
+        default="unary",
+        description="how the load generator calls the server: unary ModelInfer calls (what most clients "
+                    "do) or ModelStreamInfer streams (cheaper per request on both ends)")
 
     @model_validator(mode="after")
     def _check(self) -> MeasurementSettings:

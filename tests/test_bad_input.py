@@ -65,6 +65,7 @@ CORPUS: list[Case] = [
     _cli("rate-negative", "--rate", "-5"),
     _cli("mode-unknown", "--mode", "bogus"),
     _cli("mode-open-loop-without-rate", "--mode", "poisson"),
+    _cli("rpc-unknown", "--rpc", "http"),
     _cli("timeout-zero", "--timeout", "0"),
     _cli("timeout-above-visibility", "--timeout", "86000"),
     _cli("threads-negative", "--threads", "-1"),

@@ -54,6 +54,8 @@ def submit(
     stability: Optional[float] = typer.Option(None, "--stability", help="Stability bound, % (default 10)."),
     rate: Optional[float] = typer.Option(None, "--rate", help="Open-loop request rate, req/s."),
     mode: Optional[str] = typer.Option(None, "--mode", help="closed | constant | poisson"),
+    rpc: Optional[str] = typer.Option(None, "--rpc", help="unary (default) | stream: ModelInfer calls or "
+                                      "ModelStreamInfer streams."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Server intra-op threads (0 = default)."),
     instances: Optional[int] = typer.Option(None, "--instances", help="Server model instances."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Per-job time limit, s."),
@@ -70,7 +72,7 @@ def submit(
                               model_format, name,
                               dict(duration_s=duration, max_windows=windows, window_s=window, warmup_s=warmup,
                                    stability_pct=stability, rate=rate, mode=mode, threads=threads,
-                                   instances=instances, timeout_s=timeout))
+                                   instances=instances, timeout_s=timeout, rpc=rpc))
     request = ProfileRequest.model_validate(data)
     _prepare_db()
     settings = get_settings()
@@ -149,7 +151,9 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False) -> None:
     elif fmt == "csv":
         sys.stdout.write(views.to_csv(rows))
     else:
-        console.print(views.results_table(rows, title=f"request {find_request(request_id).id}"))
+        rpc = rows[0]["rpc"] if rows else "unary"
+        title = f"request {find_request(request_id).id}" + (" (load over ModelStreamInfer streams)" if rpc == "stream" else "")
+        console.print(views.results_table(rows, title=title))
         for line in views.error_lines(rows):
             console.print(f"[red]{line}[/]", highlight=False)
 

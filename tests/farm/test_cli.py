@@ -30,6 +30,27 @@ def test_embedded_default_runs_jobs_in_process_and_prints_results(tmp_path: Path
     assert rep["model"]["macs_per_sample"] > 0  # static metrics stored once with the artifact
 
 
+JSON_FIELDS = ("requests_per_s", "latency_mean_ms", "latency_p90_ms", "latency_p999_ms", "latency_max_ms",
+               "server_compute_p50_ms", "server_compute_p99_ms", "stable", "windows", "gpu_mem_peak_bytes",
+               "gpu_util_avg_pct", "gpu_power_avg_w", "cpu_pct_avg", "mem_peak_bytes", "rpc")
+
+
+def test_stream_rpc_request_runs_and_says_so(tmp_path: Path) -> None:
+    """``--rpc stream``: the jobs are measured over ModelStreamInfer and every result row says so."""
+    model = tmp_path / "demo.onnx"
+    farm("example-model", str(model))
+    farm("submit", str(model), "--concurrency", "2", "--rpc", "stream", *FAST)
+    rid = json.loads(farm("status", "--json").stdout)[0]["request_id"]
+    rows = json.loads(farm("results", rid, "--format", "json").stdout)
+    assert len(rows) == 1 and rows[0]["status"] == "succeeded", rows
+    row = rows[0]
+    assert set(JSON_FIELDS) <= set(row)
+    assert row["rpc"] == "stream" and row["requests_per_s"] > 0 and row["error_count"] == 0
+    assert row["server_compute_p50_ms"] is not None and row["server_compute_p50_ms"] <= row["latency_p50_ms"]
+    assert row["gpu_mem_peak_bytes"] is None  # not measured on a CPU job: null, never 0
+    assert "ModelStreamInfer" in farm("results", rid).stdout
+
+
 @pytest.mark.parametrize("args,needle", [
     (["submit", "/nonexistent/model.onnx"], "model"),
     (["submit", "MODEL", "--batch-sizes", "0"], "batch_sizes"),
@@ -40,6 +61,7 @@ def test_embedded_default_runs_jobs_in_process_and_prints_results(tmp_path: Path
     (["submit", "MODEL", "--edge", "cpus=1,memory=lots"], "memory"),
     (["results", "no-such-request"], "no request"),
     (["results", "x", "--format", "xml"], "--format"),
+    (["submit", "MODEL", "--rpc", "grpc"], "rpc"),
 ])
 def test_bad_input_gives_one_line_and_nonzero_exit(args: list[str], needle: str, example_onnx: Path) -> None:
     args = [str(example_onnx) if a == "MODEL" else a for a in args]

@@ -12,6 +12,10 @@ import numpy as np
 
 from farm.errors import ServerError
 
+# int64 parameters of every response of farm's built-in server (read by the load generator), ns
+QUEUE_PARAM = "farm_queue_ns"  # waiting for a free model instance
+COMPUTE_PARAM = "farm_compute_ns"  # the engine call
+
 BACKEND_ENGINES: tuple[str, ...] = ("onnxruntime", "torchscript")
 
 # KServe v2 datatype -> numpy dtype (BYTES/BF16 have no fixed-width numpy twin and are not served).

@@ -2,8 +2,10 @@
 
 The protocol comes from the stubs generated in ``tritonclient.grpc`` (service_pb2, service_pb2_grpc).
 Inference runs off the event loop on ``instances`` threads, each owning its own backend session and
-taking requests from one shared queue. Every ModelInfer response carries int64 parameters
-``farm_queue_ns`` (waiting for a free instance) and ``farm_compute_ns`` (the engine call), in ns.
+taking requests from one shared queue. Both ModelInfer (unary) and ModelStreamInfer (a bidirectional
+stream, requests answered as they finish, failures as ``error_message``) are served. Every inference
+response carries int64 parameters ``farm_queue_ns`` (waiting for a free instance) and
+``farm_compute_ns`` (the engine call), in ns.
 
 Run: ``python -m workers.engines.server MODEL --format onnx --engine onnxruntime --port 0``; once bound
 it prints ``farm-serve listening HOST:PORT`` on stdout. Exit codes: 0 clean stop, 2 model load error,
@@ -28,6 +30,8 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from farm.errors import FarmError, ServerError
 from workers.engines.base import (
+    COMPUTE_PARAM,
+    QUEUE_PARAM,
     TYPED_CONTENTS,
     V2_TO_NP,
     Backend,
@@ -239,6 +243,10 @@ def _decode(req: pb.ModelInferRequest, model: _Model) -> dict[str, np.ndarray]:
     return feed
 
 
+class NotFoundError(Exception):
+    """A request named a model this server does not serve (the message is the requested name)."""
+
+
 def _status(exc: Exception, engine: str) -> tuple[grpc.StatusCode, str]:
     """The gRPC status of a failed inference: bad inputs are the client's fault, the rest ours."""
     if isinstance(exc, InputError):
@@ -268,11 +276,11 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
     def _known(self, name: str, version: str) -> bool:
         return name == self.name and version in ("", MODEL_VERSION)
 
+    def _unknown_text(self, name: str) -> str:
+        return f"unknown model {name!r}; this server serves {self.name!r} version {MODEL_VERSION}"
+
     async def _not_found(self, context: grpc.aio.ServicerContext, name: str) -> None:
-        await context.abort(
-            grpc.StatusCode.NOT_FOUND,
-            f"unknown model {name!r}; this server serves {self.name!r} version {MODEL_VERSION}",
-        )
+        await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_text(name))
 
     async def ServerLive(self, request, context):  # noqa: N802 (protocol names)
         return pb.ServerLiveResponse(live=True)
@@ -328,12 +336,14 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         )
         return pb.ModelStatisticsResponse(model_stats=[ms])
 
-    async def ModelInfer(self, request, context):  # noqa: N802
+    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        """Run one request and record its statistics; raises on unknown models and failed inferences
+        (NotFoundError, InputError, engine errors), counting the failure."""
         t_recv = time.perf_counter_ns()
         model = self.model
         stats = model.stats
-        if request.model_name != self.name or request.model_version not in ("", MODEL_VERSION):
-            await self._not_found(context, request.model_name)
+        if not self._known(request.model_name, request.model_version):
+            raise NotFoundError(request.model_name)
         try:
             feed = _decode(request, model)
             out_names: list[str] | None = None
@@ -355,12 +365,12 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
                 o.datatype = _v2(arr.dtype)
                 o.shape.extend(arr.shape)
                 resp.raw_output_contents.append(arr.tobytes())
-            resp.parameters["farm_queue_ns"].int64_param = queue_ns
-            resp.parameters["farm_compute_ns"].int64_param = compute_ns
-        except Exception as exc:
+            resp.parameters[QUEUE_PARAM].int64_param = queue_ns
+            resp.parameters[COMPUTE_PARAM].int64_param = compute_ns
+        except Exception:
             stats.fail_count += 1
             stats.fail_ns += time.perf_counter_ns() - t_recv
-            await context.abort(*_status(exc, model.cfg.engine))
+            raise
         t_end = time.perf_counter_ns()
         stats.success_count += 1
         stats.success_ns += t_end - t_recv
@@ -372,6 +382,53 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         stats.inference_count += shape[0] if model.batched and shape else 1
         stats.last_inference_ms = time.time_ns() // 1_000_000
         return resp
+
+    def _failure(self, exc: Exception) -> tuple[grpc.StatusCode, str]:
+        if isinstance(exc, NotFoundError):
+            return grpc.StatusCode.NOT_FOUND, self._unknown_text(str(exc))
+        return _status(exc, self.model.cfg.engine)
+
+    async def ModelInfer(self, request, context):  # noqa: N802
+        try:
+            return await self._infer(request)
+        except Exception as exc:
+            await context.abort(*self._failure(exc))
+
+    async def ModelStreamInfer(self, request_iterator, context):  # noqa: N802
+        """Bidirectional stream: requests are read as they come and run concurrently (up to the
+        instances); each response goes back when ready, tagged with its request's ``id``. A failed
+        request gets a response with ``error_message`` ("<STATUS>: <text>") and the stream goes on."""
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        pending: set[asyncio.Task[None]] = set()
+
+        async def answer(request: pb.ModelInferRequest) -> None:
+            try:
+                answers.put_nowait(pb.ModelStreamInferResponse(infer_response=await self._infer(request)))
+            except Exception as exc:
+                code, text = self._failure(exc)
+                answers.put_nowait(pb.ModelStreamInferResponse(
+                    error_message=f"{code.name}: {text}",
+                    infer_response=pb.ModelInferResponse(model_name=request.model_name, id=request.id)))
+
+        async def read_all() -> None:
+            try:
+                async for request in request_iterator:
+                    task = asyncio.create_task(answer(request))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                if pending:
+                    await asyncio.wait(set(pending))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read_all())
+        try:
+            while (item := await answers.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+            for task in list(pending):
+                task.cancel()
 
 
 _V2_CACHE: dict[np.dtype, str] = {}

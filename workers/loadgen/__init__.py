@@ -1,4 +1,5 @@
-"""farm's load generator: KServe v2 gRPC ModelInfer traffic, closed or open loop, measured in windows.
+"""farm's load generator: KServe v2 gRPC inference traffic (unary ModelInfer calls or ModelStreamInfer
+streams), closed or open loop, measured in windows.
 
 ``run_load(url, model_name, inputs, batch_size, concurrency, settings)`` returns a :class:`LoadResult`
 whose ``metrics`` use ``farm.metrics`` names. Modules: ``stats`` (pure percentile, histogram and

@@ -198,6 +198,9 @@ def _result(out: _Outcome, settings: MeasurementSettings, batch_size: int, mode:
         first = out.first_error or next((w["_first_error"] for w in wins if w["_first_error"]), None)
         counts = (", ".join(f"{k}: {v}" for k, v in sorted(errors.items()))
                   or "no responses at all: the server may be hung or slower than one window")
+        if settings.rpc == "stream" and "UNIMPLEMENTED" in errors:
+            raise LoadGenError(f"the server does not serve ModelStreamInfer streams (first error: {first}); "
+                               "measure with --rpc unary")
         raise LoadGenError(
             f"no request succeeded while measuring ({counts}; first error: {first or 'none'}); check the "
             "model name, the input names, dtypes and shapes (batch dimension excluded), and the server log")
@@ -238,7 +241,8 @@ def _result(out: _Outcome, settings: MeasurementSettings, batch_size: int, mode:
         notes.append(f"not stable: the last {settings.min_windows} windows did not agree within "
                      f"±{settings.stability_pct:g} % on throughput and p99")
     details: dict[str, Any] = {
-        "mode": mode, "rate": settings.rate if mode != "closed" else None, "concurrency": concurrency,
+        "mode": mode, "rpc": settings.rpc, "rate": settings.rate if mode != "closed" else None,
+        "concurrency": concurrency,
         "batch_size": batch_size, "processes": processes,
         "warmup_s": settings.warmup_s, "window_s": settings.window_s,
         "metrics_windows": [used[0]["k"], used[-1]["k"]],
@@ -260,8 +264,9 @@ def _result(out: _Outcome, settings: MeasurementSettings, batch_size: int, mode:
 def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: int, concurrency: int,
              settings: MeasurementSettings, *, processes: int | None = None,
              connect_timeout_s: float = 10.0, seed: int = 0) -> LoadResult:
-    """Drive the KServe v2 gRPC server at ``url`` (``host:port``) with ModelInfer requests for
-    ``model_name`` and measure latency and throughput.
+    """Drive the KServe v2 gRPC server at ``url`` (``host:port``) with inference requests for
+    ``model_name`` and measure latency and throughput; ``settings.rpc`` picks unary ModelInfer calls or
+    ModelStreamInfer streams.
 
     Closed loop (``settings.mode == "closed"``): ``concurrency`` requests always outstanding, each a
     batch of ``batch_size``. Open loop (``constant``/``poisson``): ``settings.rate`` requests/s, latency
@@ -291,7 +296,7 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
         configs = [
             WorkerConfig(url=url, model_name=model_name, request=request, mode=mode, concurrency=c, rate=r,
                          phase_s=phase, warmup_s=settings.warmup_s, window_lengths_s=window_lengths(settings),
-                         connect_timeout_s=connect_timeout_s, seed=seed + i)
+                         connect_timeout_s=connect_timeout_s, seed=seed + i, rpc=settings.rpc)
             for i, (c, r, phase) in enumerate(plan)
         ]
         with (ThreadDriver(configs) if len(configs) == 1 else ProcessDriver(configs)) as driver:

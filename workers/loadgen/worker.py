@@ -22,6 +22,8 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from workers.engines.base import COMPUTE_PARAM, QUEUE_PARAM
+
 MAX_MESSAGE_BYTES = -1  # unlimited send/receive message size
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -29,21 +31,24 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.enable_retries", 0),
 ]
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 LATE_S = 0.001  # an open-loop send leaving more than 1 ms after its schedule is late
 WAKE_LEAD_S = 0.00075  # wake this early: asyncio timers fire up to ~1 ms late (epoll's ms resolution)
 STOP_POLL_S = 0.01  # how often the worker checks for a stop request
-QUEUE_PARAM = "farm_queue_ns"
-COMPUTE_PARAM = "farm_compute_ns"
 BACKLOG_STATUS = "CLIENT_BACKLOG"  # open loop: a send skipped because max_outstanding were in flight
+STREAM_ERROR_STATUS = "STREAM_ERROR"  # a stream response's error_message without a status name
+STREAM_CLOSED_STATUS = "STREAM_CLOSED"  # the server ended a stream while requests were outstanding
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
     """What one worker sends. ``window_lengths_s``: the measurement windows after the warm-up, in order.
 
-    Closed loop: ``concurrency`` requests always outstanding. Open loop (``constant``/``poisson``):
+    Closed loop: ``concurrency`` requests always outstanding (stream RPC: one stream per outstanding
+    request). Open loop (``constant``/``poisson``):
     ``rate`` requests/s from this worker, the first (constant mode) ``phase_s`` after the warm-up
-    schedule starts; at most ``max_outstanding`` in flight (sends beyond are counted as errors).
+    schedule starts; at most ``max_outstanding`` in flight (sends beyond are counted as errors); stream
+    RPC: one stream, responses matched to requests by their ``id``.
     """
 
     url: str
@@ -59,6 +64,7 @@ class WorkerConfig:
     seed: int = 0
     max_outstanding: int = 10000
     check_ready: bool = True
+    rpc: str = "unary"  # "unary": one ModelInfer call per request; "stream": ModelStreamInfer messages
 
 
 class Control(ABC):
@@ -90,6 +96,35 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+_STATUS_NAMES = frozenset(c.name for c in grpc.StatusCode)
+
+
+def _stream_error_name(text: str) -> str:
+    """The status of a stream response's ``error_message``: its "<STATUS>: ..." prefix (as farm's server
+    writes it), else STREAM_ERROR (Triton sends the bare error text)."""
+    head = text.split(":", 1)[0].strip()
+    return head if head in _STATUS_NAMES else STREAM_ERROR_STATUS
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def with_id(request: bytes, request_id: str) -> bytes:
+    """The serialized ModelInferRequest ``request`` with its ``id`` (field 3) set to ``request_id``.
+    A parser keeps the last value of a singular field that occurs twice, so the field is appended to the
+    bytes serialized once (one copy of them per send), not re-encoded with the request."""
+    raw = request_id.encode()
+    return request + b"\x1a" + _varint(len(raw)) + raw
+
+
 class LoadWorker:
     """Generates the load of one :class:`WorkerConfig` on the running event loop."""
 
@@ -108,7 +143,6 @@ class LoadWorker:
         self.first_error: str | None = None
         self._sent = 0
         self._late = 0
-        self._inflight: set[asyncio.Task[None]] = set()
 
     # ----------------------------------------------------------------- recording
     def _record_ok(self, start: float, done: float, resp: pb.ModelInferResponse) -> None:
@@ -123,6 +157,12 @@ class LoadWorker:
             self._compute.append(params[COMPUTE_PARAM].int64_param * 1e-6)
         else:
             self._compute.append(math.nan)
+
+    def _record_msg(self, start: float, done: float, msg: pb.ModelStreamInferResponse) -> None:
+        if msg.error_message:
+            self._record_err(done, _stream_error_name(msg.error_message), msg.error_message)
+        else:
+            self._record_ok(start, done, msg.infer_response)
 
     def _record_err(self, done: float, name: str, text: str) -> None:
         self._err_t.append(done)
@@ -163,25 +203,39 @@ class LoadWorker:
                 continue
             self._record_ok(t0, now(), resp)
 
-    async def _one(self, infer: Any, start: float) -> None:
-        try:
-            resp = await infer(self.cfg.request)
-        except grpc.RpcError as exc:
-            if not self._stopping:
-                self._record_err(time.monotonic(), _status_name(exc), _describe(exc))
-            return
-        self._record_ok(start, time.monotonic(), resp)
+    async def _closed_stream(self, open_stream: Any) -> None:
+        """One closed-loop slot on its own stream: write a request, read its answer, repeat; a broken
+        stream is counted as one error and replaced."""
+        req = self.cfg.request
+        now = time.monotonic
+        while not self._stopping:
+            call = open_stream()
+            try:
+                while not self._stopping:
+                    self._sent += 1
+                    t0 = now()
+                    await call.write(req)
+                    msg = await call.read()
+                    if msg is grpc.aio.EOF:
+                        self._record_err(now(), STREAM_CLOSED_STATUS,
+                                         f"{STREAM_CLOSED_STATUS}: the server ended the stream")
+                        break
+                    self._record_msg(t0, now(), msg)
+            except (grpc.RpcError, asyncio.InvalidStateError) as exc:
+                if self._stopping:
+                    return
+                self._record_err(now(), _status_name(exc), _describe(exc))
+            finally:
+                call.cancel()
 
-    async def _open_loop(self, infer: Any, t_first: float) -> None:
+    async def _open_loop(self, sender: _UnarySender | _StreamSender, t_first: float) -> None:
         cfg = self.cfg
         assert cfg.rate is not None and cfg.rate > 0
-        loop = asyncio.get_running_loop()
         rng = random.Random(cfg.seed)
         poisson = cfg.mode == "poisson"
         interval = 1.0 / cfg.rate
         t = t_first + (rng.expovariate(cfg.rate) if poisson else cfg.phase_s)
         now = time.monotonic
-        inflight = self._inflight
         while not self._stopping:
             delay = t - WAKE_LEAD_S - now()
             if delay > 0:
@@ -192,15 +246,13 @@ class LoadWorker:
             self._sent += 1
             if sent_at - t > LATE_S:
                 self._late += 1
-            if len(inflight) >= cfg.max_outstanding:
+            if sender.outstanding() >= cfg.max_outstanding:
                 self._record_err(sent_at, BACKLOG_STATUS,
                                  f"{BACKLOG_STATUS}: {cfg.max_outstanding} requests already in flight")
             else:
                 # latency counts from the schedule (a stall delays the schedule, not the clock) or from
                 # the actual send when it left a little early
-                task = loop.create_task(self._one(infer, min(t, sent_at)))
-                inflight.add(task)
-                task.add_done_callback(inflight.discard)
+                await sender.send(min(t, sent_at))
             t += rng.expovariate(cfg.rate) if poisson else interval
 
     # ----------------------------------------------------------------- control
@@ -283,6 +335,8 @@ class LoadWorker:
                     return
             infer = channel.unary_unary(INFER_METHOD, request_serializer=None,
                                         response_deserializer=pb.ModelInferResponse.FromString)
+            open_stream = channel.stream_stream(STREAM_METHOD, request_serializer=None,
+                                                response_deserializer=pb.ModelStreamInferResponse.FromString)
             self.control.send(("ready",))
             loop = asyncio.get_running_loop()
             t_start = await loop.run_in_executor(None, self.control.wait_go, 60.0)
@@ -290,19 +344,120 @@ class LoadWorker:
                 return
             await self._sleep_until(t_start)
             watcher = asyncio.create_task(self._watch_stop())
+            stream = cfg.rpc == "stream"
+            sender: _UnarySender | _StreamSender | None = None
             if cfg.mode == "closed":
-                traffic = [asyncio.create_task(self._closed_loop(infer)) for _ in range(cfg.concurrency)]
+                loop_fn = self._closed_stream if stream else self._closed_loop
+                traffic = [asyncio.create_task(loop_fn(open_stream if stream else infer))
+                           for _ in range(cfg.concurrency)]
             else:
-                traffic = [asyncio.create_task(self._open_loop(infer, t_start))]
+                sender = _StreamSender(self, open_stream) if stream else _UnarySender(self, infer)
+                traffic = [asyncio.create_task(self._open_loop(sender, t_start))]
             try:
                 await self._ticker(t_start)
             finally:
                 self._stopping = True
                 self._stop_ev.set()
-                for task in [*traffic, *self._inflight, watcher]:
+                for task in [*traffic, watcher]:
                     task.cancel()
-                await asyncio.gather(*traffic, *self._inflight, watcher, return_exceptions=True)
+                if sender is not None:
+                    await sender.close()
+                await asyncio.gather(*traffic, watcher, return_exceptions=True)
         self.control.send(("done", {"first_error": self.first_error}))
+
+
+class _UnarySender:
+    """Open-loop sends as ModelInfer calls, each its own task."""
+
+    def __init__(self, worker: LoadWorker, infer: Any) -> None:
+        self.w = worker
+        self.infer = infer
+        self.inflight: set[asyncio.Task[None]] = set()
+
+    def outstanding(self) -> int:
+        return len(self.inflight)
+
+    async def _one(self, start: float) -> None:
+        w = self.w
+        try:
+            resp = await self.infer(w.cfg.request)
+        except grpc.RpcError as exc:
+            if not w._stopping:
+                w._record_err(time.monotonic(), _status_name(exc), _describe(exc))
+            return
+        w._record_ok(start, time.monotonic(), resp)
+
+    async def send(self, start: float) -> None:
+        task = asyncio.get_running_loop().create_task(self._one(start))
+        self.inflight.add(task)
+        task.add_done_callback(self.inflight.discard)
+
+    async def close(self) -> None:
+        tasks = list(self.inflight)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _StreamSender:
+    """Open-loop sends as messages of one ModelStreamInfer call; each request carries a fresh ``id`` and
+    its answer is matched by it. A broken stream fails its outstanding requests and is replaced at the
+    next send."""
+
+    def __init__(self, worker: LoadWorker, open_stream: Any) -> None:
+        self.w = worker
+        self.open_stream = open_stream
+        self.call: Any = None
+        self.reader: asyncio.Task[None] | None = None
+        self.pending: dict[str, float] = {}  # request id -> start time, in send order
+        self.next_id = 0
+
+    def outstanding(self) -> int:
+        return len(self.pending)
+
+    def _fail_pending(self, name: str, text: str) -> None:
+        if not self.w._stopping:
+            done = time.monotonic()
+            for _ in self.pending:
+                self.w._record_err(done, name, text)
+        self.pending.clear()
+
+    async def _read(self, call: Any) -> None:
+        w, pending = self.w, self.pending
+        try:
+            async for msg in call:
+                done = time.monotonic()
+                start = pending.pop(msg.infer_response.id, None)
+                if start is None:
+                    if not (msg.error_message and pending):
+                        continue  # an answer to nothing we sent: ignore it
+                    start = pending.pop(next(iter(pending)))  # an error without id: the oldest request
+                w._record_msg(start, done, msg)
+            self._fail_pending(STREAM_CLOSED_STATUS, f"{STREAM_CLOSED_STATUS}: the server ended the stream")
+        except grpc.RpcError as exc:
+            self._fail_pending(_status_name(exc), _describe(exc))
+        if self.call is call:
+            self.call = None
+
+    async def send(self, start: float) -> None:
+        if self.call is None:
+            self.call = self.open_stream()
+            self.reader = asyncio.create_task(self._read(self.call))
+        rid = str(self.next_id)
+        self.next_id += 1
+        self.pending[rid] = start
+        try:
+            await self.call.write(with_id(self.w.cfg.request, rid))
+        except (grpc.RpcError, asyncio.InvalidStateError) as exc:
+            if self.pending.pop(rid, None) is not None and not self.w._stopping:
+                self.w._record_err(time.monotonic(), _status_name(exc), _describe(exc))
+
+    async def close(self) -> None:
+        if self.call is not None:
+            self.call.cancel()
+        if self.reader is not None:
+            self.reader.cancel()
+            await asyncio.gather(self.reader, return_exceptions=True)
 
 
 def run_worker(cfg: WorkerConfig, control: Control) -> None:

@@ -277,3 +277,75 @@ def test_model_config_rpc(mlp_server) -> None:
     assert cfg.name == "model" and cfg.backend == "onnxruntime"
     assert [(i.name, list(i.dims)) for i in cfg.input] == [("x", [-1, 16])]
     assert [(o.name, list(o.dims)) for o in cfg.output] == [("y", [-1, 4])]
+
+
+def _stream_answers(url: str, model: str, requests: list[tuple[str, list[tc.InferInput]]]) -> dict[str, object]:
+    """Send ``(id, inputs)`` over one ModelStreamInfer stream with tritonclient; {id or error text: answer}."""
+    import queue
+
+    answers: queue.SimpleQueue[tuple[object, object]] = queue.SimpleQueue()
+    c = tc.InferenceServerClient(url)
+    c.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for rid, inputs in requests:
+            c.async_stream_infer(model if rid != "unknown-model" else "nope", inputs, request_id=rid)
+        got: dict[str, object] = {}
+        for _ in requests:
+            result, error = answers.get(timeout=30)
+            if error is not None:
+                got[error.message()] = error
+            else:
+                got[result.get_response().id] = result
+    finally:
+        c.stop_stream()
+        c.close()
+    return got
+
+
+def _fp32(name: str, arr: np.ndarray) -> tc.InferInput:
+    i = tc.InferInput(name, list(arr.shape), "FP32")
+    i.set_data_from_numpy(arr)
+    return i
+
+
+def test_stream_infer_answers_every_request_and_survives_errors(mlp_server, mlp_onnx: Path) -> None:
+    """ModelStreamInfer, driven by tritonclient's own stream client: each answer carries its request's
+    id, outputs and timing parameters; a bad request and an unknown model get error messages naming
+    their status, and the stream goes on to answer the requests after them."""
+    sess = ort.InferenceSession(str(mlp_onnx), providers=["CPUExecutionProvider"])
+    c = tc.InferenceServerClient(mlp_server.url)
+    before = c.get_inference_statistics("model").model_stats[0].inference_stats
+    xs = {f"r{k}": np.random.default_rng(k).standard_normal((k + 1, 16)).astype(np.float32) for k in range(6)}
+    reqs = [(rid, [_fp32("x", x)]) for rid, x in list(xs.items())[:3]]
+    reqs += [("bad-input", [_fp32("z", np.ones((1, 16), np.float32))]),
+             ("unknown-model", [_fp32("x", np.ones((1, 16), np.float32))])]
+    reqs += [(rid, [_fp32("x", x)]) for rid, x in list(xs.items())[3:]]
+    got = _stream_answers(mlp_server.url, "model", reqs)
+    for rid, x in xs.items():
+        res = got[rid]
+        np.testing.assert_allclose(res.as_numpy("y"), sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+        params = res.get_response().parameters
+        assert params["farm_compute_ns"].int64_param > 0 and params["farm_queue_ns"].int64_param > 0
+    errors = sorted(k for k in got if k not in xs)
+    assert len(errors) == 2
+    assert errors[0].startswith("INVALID_ARGUMENT: ") and "unknown input 'z'" in errors[0]
+    assert errors[1].startswith("NOT_FOUND: ") and "unknown model 'nope'" in errors[1]
+    after = c.get_inference_statistics("model").model_stats[0].inference_stats
+    assert after.success.count == before.success.count + len(xs)
+    assert after.fail.count == before.fail.count + 1  # the bad input; "nope" is not this model's failure
+
+
+def test_stream_requests_run_concurrently_and_keep_their_ids(identity_server) -> None:
+    """Requests of one stream are not serialized: with two instances, 32 requests all come back, each
+    with its own id and its own data."""
+    reqs = []
+    for k in range(32):
+        x = _fp32("x", np.full((1, 4), k, np.float32))
+        ids = tc.InferInput("ids", [1, 3], "INT64")
+        ids.set_data_from_numpy(np.full((1, 3), k, np.int64))
+        reqs.append((f"q{k}", [x, ids]))
+    got = _stream_answers(identity_server.url, "ident", reqs)
+    assert sorted(got) == sorted(f"q{k}" for k in range(32))
+    for k in range(32):
+        assert (got[f"q{k}"].as_numpy("y") == k).all()
+        assert (got[f"q{k}"].as_numpy("ids_out") == k).all()

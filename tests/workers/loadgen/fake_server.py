@@ -1,8 +1,11 @@
 """A tiny KServe v2 gRPC test server with scripted misbehaviour, run as a subprocess by the tests.
 
 Usage: ``python fake_server.py [--compute-ms X] [--params] [--stall-after-s T --stall-ms M]
-[--error-every N] [--error-code NAME] [--not-ready]``; prints ``fake-serve listening HOST:PORT``.
-One request is served at a time (a lock), like a single model instance: a stall blocks everyone.
+[--error-every N] [--error-code NAME] [--not-ready] [--no-stream]``; prints
+``fake-serve listening HOST:PORT``. One request is served at a time (a lock), like a single model
+instance: a stall blocks everyone. ModelStreamInfer answers each stream's requests in order and, like
+Triton, reports a failed request as a response whose ``error_message`` is the bare error text;
+``--no-stream`` leaves the method unimplemented.
 """
 from __future__ import annotations
 
@@ -15,6 +18,10 @@ from concurrent import futures
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+
+class Scripted(Exception):
+    """A scripted failure: (status code, text)."""
 
 
 class FakeService(pb_grpc.GRPCInferenceServiceServicer):
@@ -40,6 +47,22 @@ class FakeService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelStatisticsResponse()
 
     def ModelInfer(self, request, context):  # noqa: N802
+        try:
+            return self._answer(request)
+        except Scripted as exc:
+            context.abort(*exc.args)
+
+    def ModelStreamInfer(self, request_iterator, context):  # noqa: N802
+        if self.args.no_stream:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+        for request in request_iterator:
+            try:
+                yield pb.ModelStreamInferResponse(infer_response=self._answer(request))
+            except Scripted as exc:
+                yield pb.ModelStreamInferResponse(
+                    error_message=exc.args[1], infer_response=pb.ModelInferResponse(id=request.id))
+
+    def _answer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         arrived = time.monotonic_ns()
         a = self.args
         with self.lock:
@@ -56,9 +79,9 @@ class FakeService(pb_grpc.GRPCInferenceServiceServicer):
                 time.sleep(a.compute_ms / 1000.0)
             done = time.monotonic_ns()
         if a.error_every and n % a.error_every == 0:
-            context.abort(getattr(grpc.StatusCode, a.error_code), f"scripted error on request {n}")
+            raise Scripted(getattr(grpc.StatusCode, a.error_code), f"scripted error on request {n}")
         if request.model_name != a.model_name:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.model_name!r}")
+            raise Scripted(grpc.StatusCode.NOT_FOUND, f"unknown model {request.model_name!r}")
         resp = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
         for tensor, raw in zip(request.inputs, request.raw_input_contents):
             out = resp.outputs.add()
@@ -82,6 +105,7 @@ def main() -> None:
     ap.add_argument("--error-every", type=int, default=0)
     ap.add_argument("--error-code", default="RESOURCE_EXHAUSTED")
     ap.add_argument("--not-ready", action="store_true")
+    ap.add_argument("--no-stream", action="store_true")
     args = ap.parse_args()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64),
                          options=[("grpc.max_send_message_length", -1),

@@ -9,9 +9,11 @@ from workers.loadgen import run_load
 INPUTS = [TensorSpec(name="x", shape=(16,))]
 
 
+@pytest.mark.parametrize("rpc", ["unary", "stream"])
 @pytest.mark.parametrize("concurrency", [1, 4])
-def test_closed_loop_against_farm_server(farm_server_url: str, concurrency: int) -> None:
-    settings = MeasurementSettings(warmup_s=0.5, window_s=0.5, min_windows=2, max_windows=4, stability_pct=50)
+def test_closed_loop_against_farm_server(farm_server_url: str, concurrency: int, rpc: str) -> None:
+    settings = MeasurementSettings(warmup_s=0.5, window_s=0.5, min_windows=2, max_windows=4, stability_pct=50,
+                                   rpc=rpc)
     r = run_load(farm_server_url, "model", INPUTS, batch_size=2, concurrency=concurrency, settings=settings)
     m = r.metrics
     first, last = r.details["metrics_windows"]
@@ -25,12 +27,14 @@ def test_closed_loop_against_farm_server(farm_server_url: str, concurrency: int)
     assert m["server_queue_p50_ms"] is not None
     assert m["server_compute_p50_ms"] <= m["latency_p50_ms"]
     assert m["latency_p50_ms"] <= m["latency_p99_ms"] <= m["latency_max_ms"]
-    assert r.details["concurrency"] == concurrency
+    assert r.details["concurrency"] == concurrency and r.details["rpc"] == rpc
 
 
-def test_open_loop_against_farm_server(farm_server_url: str) -> None:
-    settings = MeasurementSettings(mode="poisson", rate=100, warmup_s=0.3, window_s=0.5, duration_s=1.5)
+@pytest.mark.parametrize("rpc", ["unary", "stream"])
+def test_open_loop_against_farm_server(farm_server_url: str, rpc: str) -> None:
+    settings = MeasurementSettings(mode="poisson", rate=100, warmup_s=0.3, window_s=0.5, duration_s=1.5, rpc=rpc)
     r = run_load(farm_server_url, "model", INPUTS, 1, 1, settings)
     assert r.metrics["requests_per_s"] == pytest.approx(100, rel=0.3)
     assert r.metrics["late_send_pct"] is not None
     assert r.metrics["error_count"] == 0
+    assert r.metrics["server_compute_p50_ms"] is not None

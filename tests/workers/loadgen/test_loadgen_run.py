@@ -45,10 +45,11 @@ def _check_consistent(r: LoadResult, batch: int) -> None:
     assert json.loads(json.dumps({"metrics": m, "details": r.details}))["metrics"] == m  # storable
 
 
-def test_closed_loop_counts_and_server_params(fake_server) -> None:
+@pytest.mark.parametrize("rpc", ["unary", "stream"])
+def test_closed_loop_counts_and_server_params(fake_server, rpc: str) -> None:
     with fake_server("--params", "--compute-ms", "0.5") as url:
         r = run_load(url, "model", INPUTS, batch_size=3, concurrency=2,
-                     settings=MeasurementSettings(**QUICK, stability_pct=50))
+                     settings=MeasurementSettings(**QUICK, stability_pct=50, rpc=rpc))
     _check_consistent(r, batch=3)
     m = r.metrics
     assert m["error_count"] == 0 and m["late_send_pct"] is None
@@ -56,7 +57,7 @@ def test_closed_loop_counts_and_server_params(fake_server) -> None:
     assert m["server_compute_p50_ms"] >= 0.4  # the server sleeps 0.5 ms per request
     assert m["server_compute_p50_ms"] <= m["latency_p50_ms"]
     assert m["server_compute_p99_ms"] >= m["server_compute_p50_ms"]
-    assert r.details["mode"] == "closed" and r.details["concurrency"] == 2
+    assert r.details["mode"] == "closed" and r.details["concurrency"] == 2 and r.details["rpc"] == rpc
     assert r.details["processes"] == 1 and r.details["batch_size"] == 3
     assert r.details["server_compute_histogram"]["count"] > 0
 
@@ -80,10 +81,12 @@ def test_unstable_run_is_kept_at_max_windows(fake_server) -> None:
     _check_consistent(r, batch=1)
 
 
-def test_open_loop_stall_shows_in_tail(fake_server) -> None:
+@pytest.mark.parametrize("rpc", ["unary", "stream"])
+def test_open_loop_stall_shows_in_tail(fake_server, rpc: str) -> None:
     """A 200 ms server stall delays every request scheduled during it: counted from the schedule,
-    the tail shows the stall (no coordinated omission)."""
-    settings = MeasurementSettings(mode="constant", rate=200, warmup_s=0.5, window_s=0.5, duration_s=2.5)
+    the tail shows the stall (no coordinated omission), over calls and over one stream alike."""
+    settings = MeasurementSettings(mode="constant", rate=200, warmup_s=0.5, window_s=0.5, duration_s=2.5,
+                                   rpc=rpc)
     with fake_server("--stall-after-s", "1.2", "--stall-ms", "200") as url:
         r = run_load(url, "model", INPUTS, 1, 1, settings)
     m = r.metrics
@@ -95,18 +98,21 @@ def test_open_loop_stall_shows_in_tail(fake_server) -> None:
     _check_consistent(r, batch=1)
 
 
-def test_closed_loop_stall_only_hits_one_request(fake_server) -> None:
+@pytest.mark.parametrize("rpc", ["unary", "stream"])
+def test_closed_loop_stall_only_hits_one_request(fake_server, rpc: str) -> None:
     """The contrast: a closed loop with one outstanding request waits out the stall, so only one
     latency carries it (this is why open-loop runs count from the schedule)."""
-    settings = MeasurementSettings(warmup_s=0.5, window_s=0.5, duration_s=2.5)
+    settings = MeasurementSettings(warmup_s=0.5, window_s=0.5, duration_s=2.5, rpc=rpc)
     with fake_server("--stall-after-s", "1.2", "--stall-ms", "200") as url:
         r = run_load(url, "model", INPUTS, 1, 1, settings)
     assert r.metrics["latency_max_ms"] >= 150
     assert r.metrics["latency_p99_ms"] < 100
 
 
-def test_poisson_rate(fake_server) -> None:
-    settings = MeasurementSettings(mode="poisson", rate=300, warmup_s=0.3, window_s=0.5, duration_s=2.0)
+@pytest.mark.parametrize("rpc", ["unary", "stream"])
+def test_poisson_rate(fake_server, rpc: str) -> None:
+    settings = MeasurementSettings(mode="poisson", rate=300, warmup_s=0.3, window_s=0.5, duration_s=2.0,
+                                   rpc=rpc)
     with fake_server() as url:
         r = run_load(url, "model", INPUTS, 2, 1, settings)
     assert r.metrics["requests_per_s"] == pytest.approx(300, rel=0.2)
@@ -114,22 +120,34 @@ def test_poisson_rate(fake_server) -> None:
     assert r.details["mode"] == "poisson"
 
 
-def test_errors_counted_by_status(fake_server) -> None:
-    settings = MeasurementSettings(warmup_s=0.3, window_s=0.5, duration_s=1.5)
+@pytest.mark.parametrize("rpc, status", [("unary", "RESOURCE_EXHAUSTED"), ("stream", "STREAM_ERROR")])
+def test_errors_counted_by_status(fake_server, rpc: str, status: str) -> None:
+    """Unary calls fail with a gRPC status; a Triton-style stream answers with a bare error_message
+    (no status), counted as STREAM_ERROR, and the stream goes on."""
+    settings = MeasurementSettings(warmup_s=0.3, window_s=0.5, duration_s=1.5, rpc=rpc)
     with fake_server("--error-every", "4", "--error-code", "RESOURCE_EXHAUSTED") as url:
         r = run_load(url, "model", INPUTS, 1, 2, settings)
     errors = r.details["errors"]
-    assert set(errors) == {"RESOURCE_EXHAUSTED"}
-    assert r.metrics["error_count"] == errors["RESOURCE_EXHAUSTED"]
+    assert set(errors) == {status}
+    assert r.metrics["error_count"] == errors[status]
     ok = sum(w["requests"] for w in r.details["windows"])
     assert r.metrics["error_count"] / (ok + r.metrics["error_count"]) == pytest.approx(0.25, abs=0.05)
     assert "scripted error" in r.details["first_error"]
 
 
-def test_all_requests_failing_raises(fake_server) -> None:
+@pytest.mark.parametrize("rpc, status", [("unary", "INVALID_ARGUMENT"), ("stream", "STREAM_ERROR")])
+def test_all_requests_failing_raises(fake_server, rpc: str, status: str) -> None:
     with fake_server("--error-every", "1", "--error-code", "INVALID_ARGUMENT") as url:
-        with pytest.raises(LoadGenError, match="no request succeeded.*INVALID_ARGUMENT"):
-            run_load(url, "model", INPUTS, 1, 1, MeasurementSettings(**QUICK))
+        with pytest.raises(LoadGenError, match=f"no request succeeded.*{status}.*scripted error"):
+            run_load(url, "model", INPUTS, 1, 1, MeasurementSettings(**QUICK, rpc=rpc))
+
+
+@pytest.mark.parametrize("mode", ["closed", "constant"])
+def test_stream_rpc_on_a_server_without_streams_raises(fake_server, mode: str) -> None:
+    settings = MeasurementSettings(**QUICK, rpc="stream", mode=mode, rate=100 if mode != "closed" else None)
+    with fake_server("--no-stream") as url:
+        with pytest.raises(LoadGenError, match="does not serve ModelStreamInfer.*--rpc unary"):
+            run_load(url, "model", INPUTS, 1, 2, settings)
 
 
 def test_model_not_ready_raises(fake_server) -> None:
@@ -166,8 +184,10 @@ def test_two_processes_closed_loop_merge(fake_server) -> None:
     _check_consistent(r, batch=1)
 
 
-def test_two_processes_open_loop_rate(fake_server) -> None:
-    settings = MeasurementSettings(mode="constant", rate=200, warmup_s=0.3, window_s=0.5, duration_s=1.5)
+@pytest.mark.parametrize("rpc", ["unary", "stream"])
+def test_two_processes_open_loop_rate(fake_server, rpc: str) -> None:
+    settings = MeasurementSettings(mode="constant", rate=200, warmup_s=0.3, window_s=0.5, duration_s=1.5,
+                                   rpc=rpc)
     with fake_server() as url:
         r = run_load(url, "model", INPUTS, 1, 1, settings, processes=2)
     assert r.details["processes"] == 2
@@ -175,8 +195,9 @@ def test_two_processes_open_loop_rate(fake_server) -> None:
     _check_consistent(r, batch=1)
 
 
-def test_hung_server_raises_after_first_window(fake_server) -> None:
+@pytest.mark.parametrize("rpc", ["unary", "stream"])
+def test_hung_server_raises_after_first_window(fake_server, rpc: str) -> None:
     """A server that accepts requests but never answers: the run stops after the first empty window."""
     with fake_server("--compute-ms", "60000") as url:
         with pytest.raises(LoadGenError, match="no request succeeded.*no responses at all"):
-            run_load(url, "model", INPUTS, 1, 2, MeasurementSettings(**QUICK))
+            run_load(url, "model", INPUTS, 1, 2, MeasurementSettings(**QUICK, rpc=rpc))

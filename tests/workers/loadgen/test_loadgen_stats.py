@@ -13,6 +13,7 @@ from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import auto_process_cap, split_work, window_lengths
 from workers.loadgen import stats
 from workers.loadgen.request import V2_NUMPY, build_request, random_tensor, serialized_request
+from workers.loadgen.worker import _stream_error_name, with_id
 
 QS = (0, 1, 25, 50, 90, 95, 99, 99.9, 100)
 
@@ -193,6 +194,28 @@ def test_serialized_request_round_trips() -> None:
     assert raw == build_request("m", inputs, 5).SerializeToString()
     with pytest.raises(ValueError):
         build_request("m", [], 1)
+
+
+@pytest.mark.parametrize("request_id", ["0", "12345", "x" * 200, "ünï"])
+def test_with_id_sets_the_id_without_reencoding(request_id: str) -> None:
+    raw = serialized_request("m", [TensorSpec(name="a", shape=(4,))], 2)
+    tagged = with_id(raw, request_id)
+    assert tagged.startswith(raw)
+    want = pb.ModelInferRequest.FromString(raw)
+    want.id = request_id
+    assert pb.ModelInferRequest.FromString(tagged) == want
+    assert pb.ModelInferRequest.FromString(with_id(tagged, "again")).id == "again"  # the last one wins
+
+
+@pytest.mark.parametrize(("text", "name"), [
+    ("INVALID_ARGUMENT: unknown input 'z'", "INVALID_ARGUMENT"),  # farm's server
+    ("UNAVAILABLE:server is shutting down", "UNAVAILABLE"),
+    ("Error: not a status", "STREAM_ERROR"),
+    ("Request for unknown model: 'x' is not found", "STREAM_ERROR"),  # Triton: bare text
+    ("", "STREAM_ERROR"),
+])
+def test_stream_error_names(text: str, name: str) -> None:
+    assert _stream_error_name(text) == name
 
 
 def test_escalation_rule() -> None:
