@@ -54,6 +54,27 @@ def cpu_speed(cpu_set: set[int] | None, loops: int = 1_000_000) -> float:
         os.sched_setaffinity(0, before)
 
 
+class Steal:
+    """``with Steal() as st: ...`` then ``st.pct``: the share (%) of the machine's CPU time the hypervisor
+    took meanwhile (NaN where the kernel does not say). Figures taken under heavy steal are noise."""
+
+    def __init__(self) -> None:
+        self.pct = float("nan")
+
+    def __enter__(self) -> Steal:
+        from workers.samplers.host import read_steal
+
+        self._first = read_steal()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from workers.samplers.host import read_steal, steal_pct
+
+        last = read_steal()
+        if self._first is not None and last is not None:
+            self.pct = steal_pct(self._first, last) or float("nan")
+
+
 def identity_model(path: Path, shape: tuple[int, ...]) -> Path:
     """ONNX Identity, input ``x`` FP32 ``[batch, *shape]``, output ``y``."""
     import onnx

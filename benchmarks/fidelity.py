@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _serve import farm_server, identity_model, matmul_chain_model, pin, split_cpus  # noqa: I001
+from _serve import Steal, farm_server, identity_model, matmul_chain_model, pin, split_cpus  # noqa: I001
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
 
@@ -75,16 +75,18 @@ def main() -> None:
         tmp = Path(tmpdir)
         pin(server_cpus)  # the in-process reference runs where the server will run
         model, layers = calibrate(tmp, args.dim, args.threads)
-        ref_before = inprocess_p50(model, args.dim, args.threads, runs)
+        with Steal() as st_before:
+            ref_before = inprocess_p50(model, args.dim, args.threads, runs)
         pin(client_cpus)
         ident = identity_model(tmp / "identity.onnx", (args.dim, args.dim))
-        with farm_server(model, threads=args.threads, cpu_set=server_cpus) as url:
+        with Steal() as st_server, farm_server(model, threads=args.threads, cpu_set=server_cpus) as url:
             m = measure(url, args.dim, warmup, duration)
         pin(server_cpus)  # again after, to show how much the machine drifted meanwhile
-        ref_after = inprocess_p50(model, args.dim, args.threads, runs)
+        with Steal() as st_after:
+            ref_after = inprocess_p50(model, args.dim, args.threads, runs)
         ref = (ref_before + ref_after) / 2
         pin(client_cpus)
-        with farm_server(ident, threads=args.threads, cpu_set=server_cpus) as url:
+        with Steal() as st_trip, farm_server(ident, threads=args.threads, cpu_set=server_cpus) as url:
             rt = measure(url, args.dim, warmup, duration)
     payload_kib = args.dim * args.dim * 4 / 1024
     compute, e2e, trip = m["server_compute_p50_ms"], m["latency_p50_ms"], rt["latency_p50_ms"]
@@ -102,6 +104,10 @@ def main() -> None:
           f"vs compute + round trip = {compute + trip:.3f} ms (target within 5 %)")
     print(f"end-to-end p99 / max                  {m['latency_p99_ms']:8.3f} / {m['latency_max_ms']:.3f} ms; "
           f"client busy {m['client_busy_pct']:.0f} %")
+    print(f"CPU time the hypervisor took (steal): reference before {st_before.pct:.1f} %, server run "
+          f"{st_server.pct:.1f} %, reference after {st_after.pct:.1f} %, round-trip run {st_trip.pct:.1f} %"
+          + ("  <- above 5 %: these figures measure the host as much as farm" if max(
+              st_before.pct, st_server.pct, st_after.pct, st_trip.pct) > 5 else ""))
 
 
 if __name__ == "__main__":

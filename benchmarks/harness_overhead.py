@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _serve import farm_server, identity_model, pin, split_cpus  # noqa: I001 (sets sys.path)
+from _serve import Steal, farm_server, identity_model, pin, split_cpus  # noqa: I001 (sets sys.path)
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
 from workers.loadgen.stats import percentile
@@ -280,13 +280,15 @@ def main() -> None:
         with farm_server(model, threads=args.server_threads, cpu_set=server_cpus) as url:
             for conc in (1, 16):
                 runs: dict[str, list[Figures]] = {name: [] for name in CLIENTS}
-                for _ in range(rounds):  # interleaved rounds, so machine noise hits every client alike
-                    for name, (_, fn) in CLIENTS.items():
-                        runs[name].append(fn(url, conc, warmup, duration))
+                with Steal() as steal:
+                    for _ in range(rounds):  # interleaved rounds, so machine noise hits every client alike
+                        for name, (_, fn) in CLIENTS.items():
+                            runs[name].append(fn(url, conc, warmup, duration))
                 rows = {name: tuple(float(np.median(col)) for col in zip(*r)) for name, r in runs.items()}
                 base = {rpc: max(rows[n][1] for n, (r, _) in CLIENTS.items() if r == rpc and "tritonclient" in n)
                         for rpc in ("unary", "stream")}
-                print(f"\nconcurrency {conc} (median of {rounds} round(s))")
+                print(f"\nconcurrency {conc} (median of {rounds} round(s); the hypervisor took {steal.pct:.1f} % "
+                      "of the CPU time meanwhile)")
                 print(f"  {'client':30s} {'p50 ms':>8s} {'req/s':>9s} {'vs tritonclient':>16s} {'same RPC':>9s} "
                       f"{'client CPU us/req':>18s} {'1-core capacity req/s':>22s}")
                 for name, (p50, rps, cpu_us) in rows.items():

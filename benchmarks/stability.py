@@ -5,9 +5,10 @@ settings (warm-up 1 s, 1 s windows, stop when the last 3 agree within ±10 %, at
 identity model at concurrency 4 (transport-bound) and a ~5 ms MatMul chain at concurrency 2
 (compute-bound). Target: CV of throughput <= 3 %.
 
-Beside each run, the speed of a fixed pure-Python loop on the server's and the client's CPUs is taken
-(before and after the run) and its CV printed: when the machine itself drifts by more than the target
-(CPU steal, frequency changes on a shared host), no harness can show a lower CV, and that line says so.
+Beside each run, the CPU share the hypervisor took meanwhile (steal) is printed, and the speed of a
+fixed pure-Python loop on the server's and the client's CPUs is taken (before and after the run) and its
+CV printed: when the machine itself drifts by more than the target (CPU steal, frequency changes on a
+shared host), no harness can show a lower CV, and those lines say so.
 
 Run: ``python benchmarks/stability.py [--quick] [--runs N]``. Prints figures, asserts nothing.
 """
@@ -19,20 +20,20 @@ from pathlib import Path
 
 import numpy as np
 
-from _serve import cpu_speed, farm_server, identity_model, matmul_chain_model, pin, split_cpus  # noqa: I001
+from _serve import Steal, cpu_speed, farm_server, identity_model, matmul_chain_model, pin, split_cpus  # noqa: I001
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
 
 
 def run_job(model: Path, shape: tuple[int, ...], conc: int, settings: MeasurementSettings,
             cpu_sets: tuple[set[int] | None, set[int] | None]) -> tuple[dict[str, object], float]:
-    """One job: start a server for ``model``, measure, stop it. Returns (metrics, machine speed: the
-    mean loop rate on the client's and the server's CPUs before and after the job)."""
+    """One job: start a server for ``model``, measure, stop it. Returns (metrics with ``steal_pct``,
+    machine speed: the mean loop rate on the client's and the server's CPUs before and after the job)."""
     speed = [cpu_speed(c) for c in cpu_sets]
-    with farm_server(model, threads=1, cpu_set=cpu_sets[1]) as url:
+    with Steal() as st, farm_server(model, threads=1, cpu_set=cpu_sets[1]) as url:
         r = run_load(url, "model", [TensorSpec(name="x", shape=shape)], 1, conc, settings, processes=1)
     speed += [cpu_speed(c) for c in cpu_sets]
-    return r.metrics, float(np.mean(speed))
+    return {**r.metrics, "steal_pct": st.pct}, float(np.mean(speed))
 
 
 def main() -> None:
@@ -66,7 +67,7 @@ def main() -> None:
                 t, a, b = (float(m[k]) for k in ("throughput_infer_per_s", "latency_p50_ms",  # type: ignore[arg-type]
                                                  "latency_p99_ms"))
                 print(f"  run {i + 1}: {t:9.1f} infer/s  p50 {a:7.3f} ms  p99 {b:7.3f} ms  "
-                      f"windows {m['windows']}  stable {m['stable']}")
+                      f"windows {m['windows']}  stable {m['stable']}  host steal {m['steal_pct']:.1f} %")
             cv = 100 * tput.std(ddof=1) / tput.mean() if runs > 1 else float("nan")
             p50_cv, p99_cv = (100 * a.std(ddof=1) / a.mean() for a in (p50, p99))
             print(f"  throughput mean {tput.mean():.1f} infer/s, CV {cv:.2f} % (target <= 3 %); "

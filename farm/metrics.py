@@ -46,6 +46,8 @@ METRICS: tuple[Metric, ...] = (
     _M("gpu_mem_peak_bytes", "B", False, "max", "int", "GPU memory used by the server, peak"),
     _M("gpu_util_avg_pct", "%", True, "mean", description="GPU utilization, average while measuring"),
     _M("gpu_power_avg_w", "W", False, "mean", description="GPU power draw, average while measuring"),
+    _M("cpu_steal_pct", "%", False, "mean",
+       description="share of the machine's CPU time the hypervisor took while measuring (steal)"),
     _M("cpu_pct_avg", "%", False, "mean", description="server/container CPU, average (100 = one core)"),
     _M("cpu_pct_peak", "%", False, "max", description="server/container CPU, peak (100 = one core)"),
     _M("mem_avg_bytes", "B", False, "mean", "int", "server/container memory, average"),

@@ -15,6 +15,7 @@ from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
 from workers.runners.base import Runner, ServingTarget
 from workers.samplers.base import Sampler
+from workers.samplers.host import HostSampler, steal_note
 from workers.spool import Spool, SpooledResult, is_transient, retry_db
 
 log = logging.getLogger("farm.worker")
@@ -70,7 +71,7 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None) -
         if nvml is not None:
             nvml.pids = lambda: _tree_pids(target.pid)
             samplers.append(nvml)
-        samplers += _samplers(target)
+        samplers += [*_samplers(target), HostSampler()]
         for sampler in samplers:
             stack.enter_context(sampler)
         load = run_load(target.url, target.model_name, spec.inputs, spec.batch_size, spec.concurrency,
@@ -82,6 +83,9 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None) -
         metrics.update({k: v for k, v in sampler.summary().items() if v is not None})
         details[f"sampler.{sampler.name}"] = {**sampler.details(), "series": sampler.series()[-2000:],
                                               "error": sampler.error}
+    note = steal_note(metrics.get("cpu_steal_pct"))
+    if note is not None:
+        details["notes"].append(note)
     return JobResult(job_id=spec.job_id, metrics=metrics, details=details)
 
 

@@ -59,6 +59,13 @@ def error_lines(rows: list[dict[str, Any]]) -> list[str]:
     return [f"{r['job_id'][:6]}: {' '.join(str(r['error']).split())}" for r in rows if r.get("error")]
 
 
+def steal_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per job measured while the hypervisor stole a noticeable share of the CPUs."""
+    from workers.samplers.host import steal_note
+
+    return [f"{r['job_id'][:6]}: {note}" for r in rows if (note := steal_note(r.get("cpu_steal_pct")))]
+
+
 def _jsonable(v: Any) -> Any:
     return v.isoformat() if isinstance(v, datetime) else v
 

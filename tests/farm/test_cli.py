@@ -32,7 +32,7 @@ def test_embedded_default_runs_jobs_in_process_and_prints_results(tmp_path: Path
 
 JSON_FIELDS = ("requests_per_s", "latency_mean_ms", "latency_p90_ms", "latency_p999_ms", "latency_max_ms",
                "server_compute_p50_ms", "server_compute_p99_ms", "stable", "windows", "gpu_mem_peak_bytes",
-               "gpu_util_avg_pct", "gpu_power_avg_w", "cpu_pct_avg", "mem_peak_bytes", "rpc")
+               "gpu_util_avg_pct", "gpu_power_avg_w", "cpu_pct_avg", "mem_peak_bytes", "rpc", "cpu_steal_pct")
 
 
 def test_stream_rpc_request_runs_and_says_so(tmp_path: Path) -> None:
@@ -48,6 +48,7 @@ def test_stream_rpc_request_runs_and_says_so(tmp_path: Path) -> None:
     assert row["rpc"] == "stream" and row["requests_per_s"] > 0 and row["error_count"] == 0
     assert row["server_compute_p50_ms"] is not None and row["server_compute_p50_ms"] <= row["latency_p50_ms"]
     assert row["gpu_mem_peak_bytes"] is None  # not measured on a CPU job: null, never 0
+    assert 0 <= row["cpu_steal_pct"] <= 100  # what the hypervisor took meanwhile (Linux reports it)
     assert "ModelStreamInfer" in farm("results", rid).stdout
 
 

@@ -27,3 +27,40 @@ def test_migrations_create_tables_without_drift(backend: str, tmp_path, request:
     assert is_current(url)
     assert TABLES <= set(inspect(get_engine(url)).get_table_names())
     assert _diff(url) == []
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_database_at_the_first_revision_upgrades_and_keeps_its_rows(
+        backend: str, tmp_path, request: pytest.FixtureRequest) -> None:
+    """An existing farm database (revision 0001, with a request in it) gains the steal column on
+    upgrade, keeps its rows, and the step back works too."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from farm.db.migrate import alembic_config
+
+    url = f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite" else request.getfixturevalue("pg_url")
+    cfg = alembic_config(url)
+
+    def downgrade(revision: str) -> None:
+        with get_engine(url).begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, revision)
+
+    upgrade(url)
+    downgrade("base")  # the fixture's database may come migrated already
+    upgrade(url, "0001")
+    assert not is_current(url)
+    with get_engine(url).begin() as conn:
+        conn.execute(text("INSERT INTO model_artifacts (sha256, filename, format, size_bytes, content, inputs, "
+                          "created_at) VALUES ('ab', 'm.onnx', 'onnx', 1, :c, '[]', CURRENT_TIMESTAMP)"),
+                     {"c": b"x"})
+        conn.execute(text("INSERT INTO requests (id, model_sha256, spec, excluded, created_at) "
+                          "VALUES ('r1', 'ab', '{}', '[]', CURRENT_TIMESTAMP)"))
+    upgrade(url)
+    assert is_current(url) and _diff(url) == []
+    assert "cpu_steal_pct" in {c["name"] for c in inspect(get_engine(url)).get_columns("results")}
+    with get_engine(url).connect() as conn:
+        assert conn.execute(text("SELECT id FROM requests")).scalars().all() == ["r1"]
+    downgrade("0001")
+    assert "cpu_steal_pct" not in {c["name"] for c in inspect(get_engine(url)).get_columns("results")}
