@@ -72,7 +72,8 @@ class Steal:
 
         last = read_steal()
         if self._first is not None and last is not None:
-            self.pct = steal_pct(self._first, last) or float("nan")
+            pct = steal_pct(self._first, last)
+            self.pct = float("nan") if pct is None else pct
 
 
 def identity_model(path: Path, shape: tuple[int, ...]) -> Path:
