@@ -151,8 +151,9 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False) -> None:
     elif fmt == "csv":
         sys.stdout.write(views.to_csv(rows))
     else:
-        rpc = rows[0]["rpc"] if rows else "unary"
-        title = f"request {find_request(request_id).id}" + (" (load over ModelStreamInfer streams)" if rpc == "stream" else "")
+        title = f"request {find_request(request_id).id}"
+        if rows and rows[0]["rpc"] == "stream":
+            title += " (load over ModelStreamInfer streams)"
         console.print(views.results_table(rows, title=title))
         for line in views.error_lines(rows):
             console.print(f"[red]{line}[/]", highlight=False)

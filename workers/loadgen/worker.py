@@ -38,6 +38,7 @@ STOP_POLL_S = 0.01  # how often the worker checks for a stop request
 BACKLOG_STATUS = "CLIENT_BACKLOG"  # open loop: a send skipped because max_outstanding were in flight
 STREAM_ERROR_STATUS = "STREAM_ERROR"  # a stream response's error_message without a status name
 STREAM_CLOSED_STATUS = "STREAM_CLOSED"  # the server ended a stream while requests were outstanding
+STREAM_CLOSED_TEXT = f"{STREAM_CLOSED_STATUS}: the server ended the stream"
 
 
 @dataclass(frozen=True)
@@ -217,8 +218,7 @@ class LoadWorker:
                     await call.write(req)
                     msg = await call.read()
                     if msg is grpc.aio.EOF:
-                        self._record_err(now(), STREAM_CLOSED_STATUS,
-                                         f"{STREAM_CLOSED_STATUS}: the server ended the stream")
+                        self._record_err(now(), STREAM_CLOSED_STATUS, STREAM_CLOSED_TEXT)
                         break
                     self._record_msg(t0, now(), msg)
             except (grpc.RpcError, asyncio.InvalidStateError) as exc:
@@ -433,7 +433,7 @@ class _StreamSender:
                         continue  # an answer to nothing we sent: ignore it
                     start = pending.pop(next(iter(pending)))  # an error without id: the oldest request
                 w._record_msg(start, done, msg)
-            self._fail_pending(STREAM_CLOSED_STATUS, f"{STREAM_CLOSED_STATUS}: the server ended the stream")
+            self._fail_pending(STREAM_CLOSED_STATUS, STREAM_CLOSED_TEXT)
         except grpc.RpcError as exc:
             self._fail_pending(_status_name(exc), _describe(exc))
         if self.call is call:
