@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,20 +37,19 @@ def pin(cpu_set: set[int] | None) -> None:
         os.sched_setaffinity(0, cpu_set)
 
 
-def cpu_speed(cpu_set: set[int] | None, loops: int = 1_000_000) -> float:
-    """A fixed pure-Python loop's rate (million iterations/s) on ``cpu_set``, the calling thread pinned
-    there meanwhile: a yardstick for how much the machine itself drifts between runs."""
-    before = os.sched_getaffinity(0)
-    if cpu_set:
-        os.sched_setaffinity(0, cpu_set)
-    try:
-        t0 = time.perf_counter()
-        total = 0
-        for i in range(loops):
-            total += i
-        return loops / (time.perf_counter() - t0) / 1e6
-    finally:
-        os.sched_setaffinity(0, before)
+def machine_speed(cpu_sets: list[set[int] | None], seconds: float) -> tuple[float, float]:
+    """The machine's own speed over ``seconds``: ``host_noise.py``'s two fixed workloads (a counting loop,
+    a random gather over 16 MB) in one process per CPU set, all at once, as a job keeps client and server
+    busy together. Returns the mean (loop M it/s, gather M elements/s). Taken right after a job for as
+    long as the job measured, their spread across jobs is the floor no harness can go under here."""
+    import subprocess
+
+    script = str(Path(__file__).with_name("host_noise.py"))
+    procs = [subprocess.Popen([sys.executable, script, "--once", str(seconds), "--cpus",
+                               ",".join(map(str, sorted(c or [])))], stdout=subprocess.PIPE, text=True)
+             for c in cpu_sets]
+    rates = np.array([[float(v) for v in p.communicate()[0].split()] for p in procs])
+    return float(rates[:, 0].mean()), float(rates[:, 1].mean())
 
 
 class Steal:

@@ -250,6 +250,8 @@ class CgroupSampler(Sampler):
             vals = [s[key] for s in self.samples if key in s]
             return int(monotonic_cumulative(vals)[-1]) if vals else None
 
+        mem = [s["mem"] for s in self.samples if "mem" in s]
+        ooms = [s["oom_kill"] for s in self.samples if "oom_kill" in s]
         cg = self.cg
         return {
             "cgroup": str(cg.path) if cg else str(self._given),
@@ -258,10 +260,9 @@ class CgroupSampler(Sampler):
             "block_write_bytes": delta("io_w"),
             "net_rx_bytes": delta("net_rx"),
             "net_tx_bytes": delta("net_tx"),
-            "mem_peak_sampled_bytes": int(max((s["mem"] for s in self.samples if "mem" in s), default=0)),
+            "mem_peak_sampled_bytes": int(max(mem)) if mem else None,  # None: no memory files (unknown)
             "peak_scope": self.peak_scope,
-            "oom_kills": int(max((s["oom_kill"] for s in self.samples if "oom_kill" in s), default=0))
-            - self._oom_base,
+            "oom_kills": int(max(ooms)) - self._oom_base if ooms else None,
             "limits": read_limits(cg) if cg else {},
             "samples": n,
             "rate_hz": (n - 1) / span if span > 0 else None,

@@ -147,9 +147,9 @@ class ProcessTreeSampler(Sampler):
             "pid": self.pid,
             "samples": n,
             "rate_hz": (n - 1) / span if span > 0 else None,
-            "mem_peak_sampled_bytes": int(max((s["rss"] for s in self.samples), default=0)),
+            "mem_peak_sampled_bytes": int(max(s["rss"] for s in self.samples)) if n else None,
             "vm_hwm_max_bytes": self._hwm,
-            "nprocs_max": int(max((s["nprocs"] for s in self.samples), default=0)),
+            "nprocs_max": int(max(s["nprocs"] for s in self.samples)) if n else None,
             "exited": self.gone,
             "error": self.error,
         }

@@ -187,6 +187,65 @@ def test_v2_files_are_read(tmp_path: Path) -> None:
     assert read_limits(CgroupSet.from_path(d)) == {"cpus": 1.5, "memory_bytes": 512 * MIB}
 
 
+@pytest.fixture
+def v2_cgroup() -> Iterator[Path]:
+    """A fresh cgroup in this machine's real cgroup v2 hierarchy (the unified mount of a hybrid host, or
+    /sys/fs/cgroup on a v2 host); removed afterwards. Skipped only where there is no v2 mount or it is
+    not writable."""
+    from workers.samplers.cgroupfs import cgroup_mounts, v2_mount
+
+    m = v2_mount(cgroup_mounts())
+    if m is None:
+        pytest.skip("no cgroup v2 hierarchy is mounted here")
+    d = m.mountpoint / f"farm-test-{uuid.uuid4().hex[:8]}"
+    try:
+        d.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot create a cgroup under {m.mountpoint}: {exc}")
+    try:
+        yield d
+    finally:
+        for pid in CgroupSet(version=2, unified=d).pids():  # anything left: back to the root, then gone
+            try:
+                (m.mountpoint / "cgroup.procs").write_text(str(pid))
+            except OSError:
+                pass
+        deadline = time.monotonic() + 10
+        while d.exists():
+            try:
+                d.rmdir()
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+
+def test_real_v2_cgroup_cpu_and_unknown_memory(v2_cgroup: Path) -> None:
+    """A busy loop moved into a real v2 cgroup: CPU comes from the kernel's ``cpu.stat``; memory and OOM
+    are reported when the memory controller is enabled there, and absent (never 0) when it is not, as on a
+    hybrid host whose memory controller is on v1."""
+    busy = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.5:\n    pass"
+    p = subprocess.Popen([PY, "-c", busy])
+    try:
+        (v2_cgroup / "cgroup.procs").write_text(str(p.pid))
+        cg = CgroupSet.from_path(v2_cgroup)
+        assert cg.version == 2 and cg.pids() == [p.pid]
+        with CgroupSampler(cg, net=False, interval_s=0.05) as s:
+            time.sleep(0.8)
+        summary, details = s.summary(), s.details()
+    finally:
+        p.kill()
+        p.wait()
+    assert details["cgroup_version"] == 2 and details["error"] is None and details["samples"] >= 10
+    assert 50 < summary["cpu_pct_avg"] < 115, summary  # one busy core, measured by the kernel
+    if (v2_cgroup / "memory.current").exists():
+        assert summary["mem_peak_bytes"] > 0 and summary["oom_killed"] is False
+    else:
+        assert "mem_peak_bytes" not in summary and "mem_avg_bytes" not in summary
+        assert "oom_killed" not in summary
+        assert details["mem_peak_sampled_bytes"] is None and details["oom_kills"] is None
+
+
 def test_reset_peak_measures_from_sampling_start(limited: type[LimitedCgroup]) -> None:
     # 200 MiB touched and freed before sampling starts must not count when the peak is reset.
     code = ("import sys, time\nb = bytearray(b'x') * (200 * 1024 * 1024)\ndel b\n"
