@@ -1,8 +1,12 @@
 """CPU and memory of a process tree (a server and all its children) through psutil.
 
 CPU comes from cumulative CPU seconds, not from per-sample ``cpu_percent`` (which at 20 Hz has a
-resolution of one clock tick, 10 ms = 20 %): each sample sums user+system time of every live process
-in the tree plus the time of children they already reaped, so children that come and go are counted.
+resolution of one clock tick, 10 ms = 20 %), kept per process so that children coming and going are
+counted once: the tree's total is the own user+system time of every process ever seen in it (its last
+reading once it is gone) plus, per process, the time of reaped children that were never seen or that
+ran on after their last reading (its ``children_*`` times less those of its seen children that are
+gone). Each part only grows, so a child reaped between reading its parent and reading itself (missing
+from one sample, back in its parent's ``children_*`` in the next) is not counted twice.
 Memory is the summed RSS (pages shared between forked workers count once per process).
 """
 from __future__ import annotations
@@ -84,6 +88,11 @@ class ProcessTreeSampler(Sampler):
         self._root: psutil.Process | None = None
         self._hwm = 0
         self.gone = False
+        # per process (psutil.Process: pid + start time, so a reused pid is another key)
+        self._own: dict[psutil.Process, float] = {}       # last own user+system, s
+        self._kids: dict[psutil.Process, float] = {}      # last children_user+children_system, s
+        self._parent: dict[psutil.Process, psutil.Process | None] = {}  # in the tree, when first seen
+        self._unseen: dict[psutil.Process, float] = {}    # most reaped-children time not seen otherwise, s
 
     def before(self) -> None:
         try:
@@ -103,23 +112,36 @@ class ProcessTreeSampler(Sampler):
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             self.gone = True
             return None
-        cpu_s = 0.0
+        by_pid = {p.pid: p for p in procs}
         rss = 0
-        n = 0
-        for p in procs:
+        read: list[psutil.Process] = []
+        for p in procs:  # the root first, then descendants (psutil lists them parents first)
             try:
                 with p.oneshot():
                     t = p.cpu_times()
                     m = p.memory_info()
+                    if p not in self._parent:
+                        self._parent[p] = by_pid.get(p.ppid()) if p != root else None
             except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                 continue
-            cpu_s += t.user + t.system + t.children_user + t.children_system
+            self._own[p] = t.user + t.system
+            self._kids[p] = t.children_user + t.children_system
             rss += m.rss
-            n += 1
+            read.append(p)
             self._hwm = max(self._hwm, _vm_hwm(p.pid))
-        if n == 0:
+        if not read:
             self.gone = True
             return None
+        now = set(read)
+        gone_by_parent: dict[psutil.Process, float] = {}
+        for c, parent in self._parent.items():
+            if parent is not None and c not in now:
+                gone_by_parent[parent] = gone_by_parent.get(parent, 0.0) + self._own[c] + self._kids[c]
+        for p in read:
+            unseen = self._kids[p] - gone_by_parent.get(p, 0.0)
+            self._unseen[p] = max(self._unseen.get(p, 0.0), unseen)
+        cpu_s = sum(self._own.values()) + sum(self._unseen.values())
+        n = len(read)
         return {"cpu_s": cpu_s, "rss": float(rss), "nprocs": float(n)}
 
     def summary(self) -> dict[str, Any]:

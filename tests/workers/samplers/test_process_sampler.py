@@ -53,6 +53,49 @@ def test_tree_cpu_and_memory_include_children() -> None:
     assert details["samples"] >= 10
 
 
+# A child reaped between the sampler's reading of its parent and of itself is missing from that sample
+# and back, in its parent's children_* time, in the next; counted naively it comes out twice. To make that
+# window wide, the parent first forks 120 sleeping children (reading them all takes most of a sample);
+# then, one at a time, 10 burners (forked last, so read last), each burning 0.1 CPU-s and reaped at once.
+CHURN = r"""
+import json, os, signal, time
+sleepers = []
+for _ in range(120):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(120)
+        os._exit(0)
+    sleepers.append(pid)
+for _ in range(10):
+    pid = os.fork()
+    if pid == 0:
+        t = time.process_time()
+        while time.process_time() - t < 0.1:
+            pass
+        os._exit(0)
+    os.waitpid(pid, 0)
+for pid in sleepers:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+time.sleep(0.2)
+t = os.times()
+print(json.dumps(t.user + t.system + t.children_user + t.children_system))
+"""
+
+
+def test_children_reaped_while_sampling_are_counted_once() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", CHURN], stdout=subprocess.PIPE, text=True)
+    with ProcessTreeSampler(parent.pid, interval_s=0.01) as s:
+        out, _ = parent.communicate(timeout=120)
+    tree_cpu_s = json.loads(out)
+    series = s.series()
+    sampled_cpu_s = monotonic_cumulative([x["cpu_s"] for x in series])[-1] + series[0]["cpu_s"]
+    assert tree_cpu_s >= 10 * 0.1
+    # one burner counted twice would be +0.1 s
+    assert sampled_cpu_s == pytest.approx(tree_cpu_s, abs=0.06)
+    assert s.details()["nprocs_max"] >= 100 and s.details()["samples"] >= 20
+
+
 def test_single_process_peak_uses_vmhwm_for_short_spikes() -> None:
     # A 300 MiB spike lasting ~20 ms, then freed: sampling at 1 Hz would miss it; VmHWM does not.
     code = "import time\nb = bytearray(b'x') * (300 * 1024 * 1024)\ndel b\ntime.sleep(1.5)"
