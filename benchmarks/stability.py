@@ -12,7 +12,8 @@ CPUs at once, with ``host_noise.py``'s two fixed workloads (a pure-Python loop a
 machine itself drifts by more than the target (steal, frequency changes or busy neighbours on a shared
 host, not all of which the guest sees as steal), no harness can show a lower CV, and the output says so.
 
-Run: ``python benchmarks/stability.py [--quick] [--runs N]``. Prints figures, asserts nothing.
+Run: ``python benchmarks/stability.py [--quick] [--runs N] [--window S] [--windows N] [--stability PCT]
+[--only identity|matmul]``. Prints figures, asserts nothing.
 """
 from __future__ import annotations
 
@@ -43,10 +44,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 short runs for a CI smoke test")
     ap.add_argument("--runs", type=int, default=None, help="runs per job (default 5, quick 3)")
+    ap.add_argument("--window", type=float, default=None, help="window length, s (default: farm's, 1 s)")
+    ap.add_argument("--windows", type=int, default=None, help="at most this many windows (default 10)")
+    ap.add_argument("--stability", type=float, default=None, help="stability band, ± %% (default 10)")
+    ap.add_argument("--only", choices=("identity", "matmul"), default=None, help="run one job only")
     args = ap.parse_args()
     runs = args.runs or (3 if args.quick else 5)
     settings = (MeasurementSettings(warmup_s=0.3, window_s=0.3, min_windows=3, max_windows=5)
                 if args.quick else MeasurementSettings())
+    given = {"window_s": args.window, "max_windows": args.windows, "stability_pct": args.stability}
+    settings = MeasurementSettings.model_validate(
+        {**settings.model_dump(), **{k: v for k, v in given.items() if v is not None}})
     client_cpus, server_cpus = split_cpus()
     pin(client_cpus)
     print(f"{runs} runs per job; settings: warm-up {settings.warmup_s} s, windows {settings.window_s} s, "
@@ -59,6 +67,8 @@ def main() -> None:
             ("MatMul chain 25x[256,256], c=2", matmul_chain_model(tmp / "chain.onnx", 25, 256), (256, 256), 2),
         ]
         for name, model, shape, conc in jobs:
+            if args.only and not name.lower().startswith(args.only):
+                continue
             done = [run_job(model, shape, conc, settings, (client_cpus, server_cpus)) for _ in range(runs)]
             rows = [m for m, _ in done]
             speed = np.array([v for _, v in done])  # (runs, 2): loop, gather
