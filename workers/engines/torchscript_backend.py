@@ -22,8 +22,9 @@ def _torch() -> Any:
         import torch
     except ImportError as exc:
         raise ServerError(
-            "the torchscript engine needs PyTorch, which is not installed; install farm[torch] "
-            "(or pip install torch) on this worker, or use the onnxruntime engine"
+            "the torchscript engine needs PyTorch, which is not installed here; install farm[torch] on "
+            "this worker (in a container: an image with torch, python -m workers.images --extra torch), "
+            "or use the onnxruntime engine"
         ) from exc
     return torch
 

@@ -29,6 +29,7 @@ from farm.settings import get_settings
 from schemas import GpuInfo, JobResult, JobSpec
 from workers.runners import hardening as hd
 from workers.runners.base import Runner, ServingTarget
+from workers.runners.process import input_args
 
 SERVER_PORT = 8001
 MODEL_NAME = "model"
@@ -52,6 +53,7 @@ def _server_command(spec: JobSpec, model_inside: str, device: str) -> list[str]:
         "--host", "0.0.0.0", "--port", str(SERVER_PORT), "--device", device,
         "--threads", str(spec.measurement.threads), "--instances", str(spec.measurement.instances),
         "--model-name", MODEL_NAME,
+        *input_args(spec),  # TorchScript carries no shapes: the job's inputs
     ]
 
 
@@ -63,7 +65,9 @@ class DockerRunner(Runner):
     ``FARM_SERVER_READY_TIMEOUT_S`` setting; ``reuse`` keeps a serving container for the next job with
     identical settings for up to ``idle_timeout_s`` seconds; ``build_image`` builds the local runtime
     image (``workers.images``, a no-op when its content hash is unchanged) so containers run this
-    checkout's code; ``server_command`` replaces the built-in server's
+    checkout's code, and, at the first TorchScript job, its variant with the host's PyTorch
+    (``<image>-torch``, e.g. ``farm-runtime:local-torch``); an image given by name is used as it is for
+    every engine but Triton. ``server_command`` replaces the built-in server's
     argv (``{model}`` = the model's path inside the container; it must serve KServe v2 gRPC on port 8001).
     """
 
@@ -88,6 +92,8 @@ class DockerRunner(Runner):
 
         self.worker_id = worker_id
         self.image = image or DEFAULT_TAG
+        self._builds_images = build_image and self.image == DEFAULT_TAG
+        self._torch_image: str | None = None
         self.gpus = list(gpus)
         if ready_timeout_s is None:
             ready_timeout_s = get_settings().server_ready_timeout_s
@@ -141,9 +147,31 @@ class DockerRunner(Runner):
             raise ContainerError(f"image {image!r} is not on this Docker host and farm never pulls; load it "
                                  "(docker load) or set FARM_TRITON_IMAGE / FARM_TRITON_URL") from None
 
+    def image_for(self, spec: JobSpec) -> str:
+        """The image a (non-Triton) job runs in: this runner's, or for a TorchScript job on farm's own
+        local image its PyTorch variant, built from the host's torch on first use (cached like the
+        base image). ContainerError when the host has no PyTorch to put in it."""
+        if spec.engine != "torchscript" or not self._builds_images:
+            return self.image
+        with self._lock:
+            if self._torch_image is None:
+                import importlib.util
+
+                from workers.images import build_local_image
+
+                if importlib.util.find_spec("torch") is None:
+                    raise ContainerError(
+                        f"job {spec.job_id} is a TorchScript job, and farm's image takes PyTorch from this "
+                        "worker's Python, which has none; pip install 'farm[torch]' here, or run it with "
+                        "the onnxruntime engine")
+                tag = f"{self.image}-torch"
+                build_local_image(tag, client=self.client, extra_distributions=["torch"])
+                self._torch_image = tag
+            return self._torch_image
+
     def _start_server(self, spec: JobSpec, model_path: Path, key: str) -> tuple[Any, ServingTarget]:
         uuids = self._gpu_uuids(spec.device)
-        image, port_inside = self.image, SERVER_PORT
+        image, port_inside = self.image_for(spec), SERVER_PORT
         extra: dict[str, Any] = {}
         if spec.engine == "triton":
             from workers.runners.triton_serving import container_args, prepare_repository
@@ -175,14 +203,14 @@ class DockerRunner(Runner):
             container = self.client.containers.create(**kwargs)
         except Exception as exc:
             raise ContainerError(
-                f"could not create the serving container for job {spec.job_id} from {self.image}: {exc}; "
+                f"could not create the serving container for job {spec.job_id} from {image}: {exc}; "
                 "check dockerd's log and the image") from exc
         try:
             try:
                 container.start()
             except Exception as exc:
                 raise ContainerError(
-                    f"could not start the serving container for job {spec.job_id} from {self.image}: {exc}; "
+                    f"could not start the serving container for job {spec.job_id} from {image}: {exc}; "
                     "check dockerd's log, and for GPU jobs the NVIDIA container toolkit") from exc
             port = hd.host_port(container, f"{port_inside}/tcp")
             target = ServingTarget(host="127.0.0.1", port=port, model_name=MODEL_NAME,
@@ -214,8 +242,8 @@ class DockerRunner(Runner):
             if state.get("OOMKilled"):
                 what = "was killed: out of memory"
             raise ContainerError(
-                f"serving container {container.short_id} ({self.image}) {what}; {exc}\n"
-                f"last log lines:\n{hd.log_tail(container)}") from exc
+                f"serving container {container.short_id} ({container.attrs.get('Config', {}).get('Image', '?')}) {what}; "
+                f"{exc}\nlast log lines:\n{hd.log_tail(container)}") from exc
 
     def _take_kept(self, key: str) -> _Kept | None:
         """The kept container if it matches ``key`` and still answers; drops a stale one."""
@@ -269,7 +297,7 @@ class DockerRunner(Runner):
             with attached(spec) as target:
                 yield target
             return
-        key = self.reuse_key(spec, model_path, self.image)
+        key = self.reuse_key(spec, model_path, self.image_for(spec))
         kept = self._take_kept(key) if self.reuse else None
         if kept is not None:
             container, target = kept.container, kept.target
@@ -294,7 +322,7 @@ class DockerRunner(Runner):
         (``image``, ``command``, ``edge_command``)."""
         from workers.runners.docker_edge import run_edge
 
-        return run_edge(self.client, spec, model_path, image=kwargs.pop("image", None) or self.image,
+        return run_edge(self.client, spec, model_path, image=kwargs.pop("image", None) or self.image_for(spec),
                         worker_id=self.worker_id, pids_limit=self.pids_limit, **kwargs)
 
     # -- lifecycle --------------------------------------------------------------------------------

@@ -221,3 +221,43 @@ def test_a_starting_worker_removes_containers_left_by_a_dead_worker_on_its_host(
     with WorkerNode(runner=new_runner, hardware=hw, worker_id=new_runner.worker_id):
         with pytest.raises(docker_sdk.errors.NotFound):
             docker_client.containers.get(container_id)
+
+
+@pytest.mark.slow
+def test_torchscript_job_runs_in_the_images_torch_variant(make_runner: Any, docker_client: Any, make_spec: Any,
+                                                          tmp_path_factory: pytest.TempPathFactory) -> None:
+    """farm's local image has no PyTorch (330 MB vs 1 GB); a TorchScript job gets its ``-torch`` variant,
+    built from the host's torch at the first such job, and computes what torch computes in-process. The
+    job's input shapes reach the server (a plain TorchScript file carries none)."""
+    torch = pytest.importorskip("torch", reason="TorchScript jobs need farm[torch] on the worker")
+    from schemas import TensorSpec
+    from workers.images import DEFAULT_TAG
+
+    d = tmp_path_factory.mktemp("torchscript")
+    d.chmod(0o755)
+    model = d / "plain.pt"  # saved without farm's input declaration: only the job knows the shapes
+    torch.manual_seed(0)
+    torch.jit.script(torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.ReLU(),
+                                         torch.nn.Linear(64, 10))).save(str(model))
+    model.chmod(0o644)
+    spec = make_spec(model, inputs=[TensorSpec(name="input", shape=(256,))]).model_copy(
+        update={"model_format": "torchscript", "engine": "torchscript"})
+    runner = make_runner(build_image=True)
+    x = np.random.default_rng(2).random((3, 256), dtype=np.float32)
+    with torch.no_grad():
+        expected = torch.jit.load(str(model))(torch.from_numpy(x)).numpy()
+    with runner.serve(spec, model) as target:
+        image = docker_client.containers.get(target.container_id).attrs["Config"]["Image"]
+        argv = docker_client.containers.get(target.container_id).attrs["Config"]["Cmd"]
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{target.port}")
+        inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        got = client.infer(target.model_name, [inp]).as_numpy("output__0")
+        client.close()
+    assert image == f"{DEFAULT_TAG}-torch"
+    assert argv[argv.index("--input") + 1] == "input:FP32:-1x256"
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    onnx_spec = make_spec(model)  # engine onnxruntime: the runner's own image, no torch variant
+    assert runner.image_for(onnx_spec) == DEFAULT_TAG
