@@ -241,9 +241,10 @@ class DockerRunner(Runner):
                     else f"was not ready within {timeout_s:g} s")
             if state.get("OOMKilled"):
                 what = "was killed: out of memory"
+            image = container.attrs.get("Config", {}).get("Image", "?")
             raise ContainerError(
-                f"serving container {container.short_id} ({container.attrs.get('Config', {}).get('Image', '?')}) {what}; "
-                f"{exc}\nlast log lines:\n{hd.log_tail(container)}") from exc
+                f"serving container {container.short_id} ({image}) {what}; {exc}\n"
+                f"last log lines:\n{hd.log_tail(container)}") from exc
 
     def _take_kept(self, key: str) -> _Kept | None:
         """The kept container if it matches ``key`` and still answers; drops a stale one."""

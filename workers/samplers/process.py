@@ -115,7 +115,9 @@ class ProcessTreeSampler(Sampler):
         by_pid = {p.pid: p for p in procs}
         rss = 0
         read: list[psutil.Process] = []
-        for p in procs:  # the root first, then descendants (psutil lists them parents first)
+        # Parents before their children (psutil walks down from the root): a child reaped between the
+        # two readings is then missing from this sample, never counted twice in it.
+        for p in procs:
             try:
                 with p.oneshot():
                     t = p.cpu_times()
