@@ -288,7 +288,8 @@ def main() -> None:
                 base = {rpc: max(rows[n][1] for n, (r, _) in CLIENTS.items() if r == rpc and "tritonclient" in n)
                         for rpc in ("unary", "stream")}
                 print(f"\nconcurrency {conc} (median of {rounds} round(s); the hypervisor took {steal.pct:.1f} % "
-                      "of the CPU time meanwhile)")
+                      "of the CPU time meanwhile)"
+                      + ("  <- above 5 %: these figures measure the host as much as farm" if steal.pct > 5 else ""))
                 print(f"  {'client':30s} {'p50 ms':>8s} {'req/s':>9s} {'vs tritonclient':>16s} {'same RPC':>9s} "
                       f"{'client CPU us/req':>18s} {'1-core capacity req/s':>22s}")
                 for name, (p50, rps, cpu_us) in rows.items():
