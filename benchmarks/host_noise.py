@@ -2,10 +2,10 @@
 
 Two fixed workloads alternate on one CPU: a pure-Python counting loop (compute-bound, fits in L1) and a
 numpy random gather over a 16 MB array (bound by the last-level cache and memory, which neighbours on a
-shared host also use). Each block takes about 50 ms; the CV of the blocks is printed at several time
-scales (1, 10 and 40 blocks averaged). A serving benchmark cannot repeat more closely than the machine
-under it: if these CVs exceed a target, so will any harness's figures. The hypervisor does not report all
-of this as steal (``/proc/stat``), so steal alone does not tell.
+shared host also use). A pair of blocks takes 50-90 ms here; the CV of the blocks is printed at several
+time scales (1, 10 and 40 blocks averaged). A serving benchmark cannot repeat more closely than the
+machine under it: if these CVs exceed a target, so will any harness's figures. The hypervisor does not
+report all of this as steal (``/proc/stat``), so steal alone does not tell.
 
 The stability benchmark also times these workloads right after each job (``machine_speed`` in
 ``_serve.py``, via ``--once``).
@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 GATHER_MB = 16
-BLOCK_LOOPS = 600_000      # about 50 ms of counting on a 12 M it/s core
-GATHER_REPEATS = 25        # about 50 ms of gathers
+BLOCK_LOOPS = 600_000      # 20-50 ms of counting at the 12-30 M it/s seen on these VMs
+GATHER_REPEATS = 25        # 25 gathers of 200,000 elements: 25-60 ms here
 
 
 def _gather_setup() -> tuple[np.ndarray, np.ndarray]:
