@@ -80,10 +80,14 @@ def main() -> None:
     seconds = 5.0 if args.quick else args.seconds
     cpu = args.cpu if args.cpu is not None else max(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpu})
-    loop, gather = sample(seconds)
+    from _serve import Steal
+
+    with Steal() as steal:
+        loop, gather = sample(seconds)
     pair_s = seconds / len(loop)
     print(f"CPU {cpu}, {seconds:g} s, {len(loop)} blocks of each workload ({pair_s * 1e3:.0f} ms a pair); "
-          f"loop {np.mean(loop):.2f} M it/s, gather {np.mean(gather):.1f} M elements/s")
+          f"loop {np.mean(loop):.2f} M it/s, gather {np.mean(gather):.1f} M elements/s; "
+          f"the hypervisor took {steal.pct:.1f} % of the CPU time (steal)")
     for k in (1, 10, 40):
         if len(loop) >= 3 * k:
             print(f"  averaged over {k:3d} blocks (~{k * pair_s:5.2f} s): CV loop {cv_pct(blocks(loop, k)):5.2f} %, "
