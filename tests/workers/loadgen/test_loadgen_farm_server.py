@@ -6,6 +6,8 @@ import pytest
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
 
+from tests.workers.loadgen.stallwatch import StallWatch
+
 INPUTS = [TensorSpec(name="x", shape=(16,))]
 
 
@@ -33,8 +35,10 @@ def test_closed_loop_against_farm_server(farm_server_url: str, concurrency: int,
 @pytest.mark.parametrize("rpc", ["unary", "stream"])
 def test_open_loop_against_farm_server(farm_server_url: str, rpc: str) -> None:
     settings = MeasurementSettings(mode="poisson", rate=100, warmup_s=0.3, window_s=0.5, duration_s=1.5, rpc=rpc)
-    r = run_load(farm_server_url, "model", INPUTS, 1, 1, settings)
-    assert r.metrics["requests_per_s"] == pytest.approx(100, rel=0.3)
+    with StallWatch() as stalls:
+        r = run_load(farm_server_url, "model", INPUTS, 1, 1, settings)
     assert r.metrics["late_send_pct"] is not None
     assert r.metrics["error_count"] == 0
     assert r.metrics["server_compute_p50_ms"] is not None
+    stalls.require_quiet()
+    assert r.metrics["requests_per_s"] == pytest.approx(100, rel=0.3)

@@ -13,6 +13,8 @@ from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import LoadResult, run_load
 from workers.loadgen import stats
 
+from tests.workers.loadgen.stallwatch import StallWatch
+
 INPUTS = [TensorSpec(name="x", shape=(16,))]
 QUICK = dict(warmup_s=0.3, window_s=0.3, min_windows=2, max_windows=4)
 PCTS = ("latency_p50_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms", "latency_p999_ms",
@@ -87,15 +89,16 @@ def test_open_loop_stall_shows_in_tail(fake_server, rpc: str) -> None:
     the tail shows the stall (no coordinated omission), over calls and over one stream alike."""
     settings = MeasurementSettings(mode="constant", rate=200, warmup_s=0.5, window_s=0.5, duration_s=2.5,
                                    rpc=rpc)
-    with fake_server("--stall-after-s", "1.2", "--stall-ms", "200") as url:
+    with fake_server("--stall-after-s", "1.2", "--stall-ms", "200") as url, StallWatch() as stalls:
         r = run_load(url, "model", INPUTS, 1, 1, settings)
     m = r.metrics
     assert m["latency_max_ms"] >= 150
     assert m["latency_p99_ms"] >= 150
     assert m["late_send_pct"] is not None and 0 <= m["late_send_pct"] <= 100
-    assert m["requests_per_s"] == pytest.approx(200, rel=0.15)
     assert r.details["mode"] == "constant" and r.details["rate"] == 200
     _check_consistent(r, batch=1)
+    stalls.require_quiet()
+    assert m["requests_per_s"] == pytest.approx(200, rel=0.15)
 
 
 @pytest.mark.parametrize("rpc", ["unary", "stream"])
@@ -103,9 +106,10 @@ def test_closed_loop_stall_only_hits_one_request(fake_server, rpc: str) -> None:
     """The contrast: a closed loop with one outstanding request waits out the stall, so only one
     latency carries it (this is why open-loop runs count from the schedule)."""
     settings = MeasurementSettings(warmup_s=0.5, window_s=0.5, duration_s=2.5, rpc=rpc)
-    with fake_server("--stall-after-s", "1.2", "--stall-ms", "200") as url:
+    with fake_server("--stall-after-s", "1.2", "--stall-ms", "200") as url, StallWatch() as stalls:
         r = run_load(url, "model", INPUTS, 1, 1, settings)
     assert r.metrics["latency_max_ms"] >= 150
+    stalls.require_quiet()
     assert r.metrics["latency_p99_ms"] < 100
 
 
@@ -113,11 +117,12 @@ def test_closed_loop_stall_only_hits_one_request(fake_server, rpc: str) -> None:
 def test_poisson_rate(fake_server, rpc: str) -> None:
     settings = MeasurementSettings(mode="poisson", rate=300, warmup_s=0.3, window_s=0.5, duration_s=2.0,
                                    rpc=rpc)
-    with fake_server() as url:
+    with fake_server() as url, StallWatch() as stalls:
         r = run_load(url, "model", INPUTS, 2, 1, settings)
-    assert r.metrics["requests_per_s"] == pytest.approx(300, rel=0.2)
     assert r.metrics["throughput_infer_per_s"] == pytest.approx(2 * r.metrics["requests_per_s"])
     assert r.details["mode"] == "poisson"
+    stalls.require_quiet()
+    assert r.metrics["requests_per_s"] == pytest.approx(300, rel=0.2)
 
 
 @pytest.mark.parametrize("rpc, status", [("unary", "RESOURCE_EXHAUSTED"), ("stream", "STREAM_ERROR")])
@@ -188,11 +193,12 @@ def test_two_processes_closed_loop_merge(fake_server) -> None:
 def test_two_processes_open_loop_rate(fake_server, rpc: str) -> None:
     settings = MeasurementSettings(mode="constant", rate=200, warmup_s=0.3, window_s=0.5, duration_s=1.5,
                                    rpc=rpc)
-    with fake_server() as url:
+    with fake_server() as url, StallWatch() as stalls:
         r = run_load(url, "model", INPUTS, 1, 1, settings, processes=2)
     assert r.details["processes"] == 2
-    assert r.metrics["requests_per_s"] == pytest.approx(200, rel=0.1)
     _check_consistent(r, batch=1)
+    stalls.require_quiet()
+    assert r.metrics["requests_per_s"] == pytest.approx(200, rel=0.1)
 
 
 @pytest.mark.parametrize("rpc", ["unary", "stream"])
