@@ -121,8 +121,8 @@ def remove(container: Any, stop_timeout_s: float = 5.0) -> None:
 def cleanup_orphans(docker_client: Any, worker_id: str) -> list[str]:
     """Remove every container labelled as ``worker_id``'s (left over by a crashed worker); returns
     their ids. Only this worker's containers are touched, never another worker's or anyone else's."""
-    found = docker_client.containers.list(
-        all=True, filters={"label": [f"{OWNER_LABEL}={OWNER}", f"{WORKER_LABEL}={worker_id}"]})
+    found = docker_client.containers.list(  # ignore_removed: one may go while we list (an idle timer)
+        all=True, ignore_removed=True, filters={"label": [f"{OWNER_LABEL}={OWNER}", f"{WORKER_LABEL}={worker_id}"]})
     for c in found:
         remove(c, stop_timeout_s=1)
     return [c.id for c in found]
@@ -148,7 +148,12 @@ def host_port(container: Any, container_port: str = "8001/tcp", timeout_s: float
         for b in bindings or []:
             if b.get("HostIp") in ("127.0.0.1", "") and b.get("HostPort"):
                 return int(b["HostPort"])
-        if container.status not in ("created", "running") or time.monotonic() > deadline:
+        if container.status not in ("created", "running"):
+            code = container.attrs.get("State", {}).get("ExitCode")
+            raise ContainerError(
+                f"container {container.short_id} exited with code {code} before its port {container_port} "
+                f"was published; last log lines:\n{log_tail(container)}")
+        if time.monotonic() > deadline:
             raise ContainerError(
                 f"container {container.short_id} has no port published for {container_port} "
                 f"(status {container.status}); last log lines:\n{log_tail(container)}")

@@ -17,7 +17,7 @@ SESSION = uuid.uuid4().hex[:8]
 
 
 def _farm_containers(client: Any) -> set[str]:
-    return {c.id for c in client.containers.list(all=True, filters={"label": "farm.owner=farm"})}
+    return {c.id for c in client.containers.list(all=True, ignore_removed=True, filters={"label": "farm.owner=farm"})}
 
 
 @pytest.fixture(scope="session")

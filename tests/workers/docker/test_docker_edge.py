@@ -15,7 +15,7 @@ pytestmark = pytest.mark.docker
 
 
 def _no_containers(client: Any, job_id: str) -> bool:
-    return not client.containers.list(all=True, filters={"label": [f"farm.job_id={job_id}"]})
+    return not client.containers.list(all=True, ignore_removed=True, filters={"label": [f"farm.job_id={job_id}"]})
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.docker
 
 def _farm_containers(client: Any, **labels: str) -> list[Any]:
     flt = ["farm.owner=farm"] + [f"{k}={v}" for k, v in labels.items()]
-    return client.containers.list(all=True, filters={"label": flt})
+    return client.containers.list(all=True, ignore_removed=True, filters={"label": flt})
 
 
 def test_serving_container_matches_in_process_onnxruntime(runner: Any, models: dict[str, Path],
