@@ -52,6 +52,15 @@ def machine_speed(cpu_sets: list[set[int] | None], seconds: float) -> tuple[floa
     return float(rates[:, 0].mean()), float(rates[:, 1].mean())
 
 
+def steal_flag(pct: float) -> str:
+    """A marker to append to a figure line taken while the hypervisor took ``pct`` % of the CPU time:
+    empty up to farm's own note threshold (``STEAL_NOTE_PCT``), a warning above it."""
+    from workers.samplers.host import STEAL_NOTE_PCT
+
+    return (f"  <- above {STEAL_NOTE_PCT:g} %: these figures measure the host as much as farm"
+            if pct > STEAL_NOTE_PCT else "")
+
+
 class Steal:
     """``with Steal() as st: ...`` then ``st.pct``: the share (%) of the machine's CPU time the hypervisor
     took meanwhile (NaN where the kernel does not say). Figures taken under heavy steal are noise."""

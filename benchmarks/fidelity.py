@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _serve import Steal, farm_server, identity_model, matmul_chain_model, pin, split_cpus  # noqa: I001
+from _serve import Steal, farm_server, identity_model, matmul_chain_model, pin, split_cpus, steal_flag  # noqa: I001
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
 
@@ -135,7 +135,7 @@ def main() -> None:
           f"server queue p50 {med(lambda r: r['queue']):.3f} ms, end-to-end p99 {med(lambda r: r['p99']):.3f} ms")
     worst = max(r["steal"] for r in rows)
     print(f"CPU time the hypervisor took (steal): up to {worst:.1f} % in a round"
-          + ("  <- above 5 %: these figures measure the host as much as farm" if worst > 5 else ""))
+          + steal_flag(worst))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _serve import Steal, farm_server, identity_model, pin, split_cpus  # noqa: I001 (sets sys.path)
+from _serve import Steal, farm_server, identity_model, pin, split_cpus, steal_flag  # noqa: I001 (sets sys.path)
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
 from workers.loadgen.stats import percentile
@@ -289,7 +289,7 @@ def main() -> None:
                         for rpc in ("unary", "stream")}
                 print(f"\nconcurrency {conc} (median of {rounds} round(s); the hypervisor took {steal.pct:.1f} % "
                       "of the CPU time meanwhile)"
-                      + ("  <- above 5 %: these figures measure the host as much as farm" if steal.pct > 5 else ""))
+                      + steal_flag(steal.pct))
                 print(f"  {'client':30s} {'p50 ms':>8s} {'req/s':>9s} {'vs tritonclient':>16s} {'same RPC':>9s} "
                       f"{'client CPU us/req':>18s} {'1-core capacity req/s':>22s}")
                 for name, (p50, rps, cpu_us) in rows.items():
