@@ -75,15 +75,19 @@ def main() -> None:
             tput = np.array([float(m["throughput_infer_per_s"]) for m in rows])  # type: ignore[arg-type]
             p50 = np.array([float(m["latency_p50_ms"]) for m in rows])  # type: ignore[arg-type]
             p99 = np.array([float(m["latency_p99_ms"]) for m in rows])  # type: ignore[arg-type]
+            comp = np.array([float(m["server_compute_p50_ms"]) for m in rows])  # type: ignore[arg-type]
             print(f"\n{name}")
             for i, (m, v) in enumerate(done):
                 t, a, b = (float(m[k]) for k in ("throughput_infer_per_s", "latency_p50_ms",  # type: ignore[arg-type]
                                                  "latency_p99_ms"))
                 print(f"  run {i + 1}: {t:9.1f} infer/s  p50 {a:7.3f} ms  p99 {b:7.3f} ms  "
+                      f"server compute p50 {float(m['server_compute_p50_ms']):6.3f} p99 "  # type: ignore[arg-type]
+                      f"{float(m['server_compute_p99_ms']):6.3f} ms  "  # type: ignore[arg-type]
                       f"windows {m['windows']}  stable {m['stable']}  host steal {m['steal_pct']:.1f} %  "
                       f"machine: loop {v[0]:.1f}, gather {v[1]:.0f}")
             print(f"  throughput mean {tput.mean():.1f} infer/s, CV {cv_pct(tput):.2f} % (target <= 3 %); "
-                  f"p50 CV {cv_pct(p50):.2f} %, p99 CV {cv_pct(p99):.2f} %")
+                  f"p50 CV {cv_pct(p50):.2f} %, p99 CV {cv_pct(p99):.2f} %; server compute p50 CV "
+                  f"{cv_pct(comp):.2f} % (the model's own arithmetic: it moves with the machine, not the harness)")
             loop_cv, gather_cv = cv_pct(speed[:, 0]), cv_pct(speed[:, 1])
             print(f"  machine yardsticks, timed after each job for as long as it measured: "
                   f"loop {speed[:, 0].mean():.1f} M it/s CV {loop_cv:.2f} %, "

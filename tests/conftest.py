@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import workers  # noqa: F401 (sets gRPC's process settings before any test module loads gRPC)
+
 PG_ADMIN_URL = os.environ.get("FARM_TEST_PG_ADMIN", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 REDIS_URL_BASE = os.environ.get("FARM_TEST_REDIS", "redis://127.0.0.1:6379")
 

@@ -435,6 +435,10 @@ def _block(cfg: ServerConfig, model: _Model) -> None:
 def run_server(cfg: ServerConfig) -> None:
     """Load the model, serve it, print the listening line, and block until SIGTERM/SIGINT.
     Raises ServerError/ModelError when the model does not load, OSError when the port cannot be bound."""
+    from workers import grpc_env
+
+    if not grpc_env.EFFECTIVE:
+        print(f"farm server: warning: {grpc_env.LATE_NOTE}", file=sys.stderr, flush=True)
     _block(cfg, load_model(cfg))
 
 

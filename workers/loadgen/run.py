@@ -12,6 +12,7 @@ import numpy as np
 
 from farm.errors import LoadGenError
 from schemas import MeasurementSettings, TensorSpec
+from workers import grpc_env
 from workers.loadgen import stats
 from workers.loadgen.drivers import Driver, ProcessDriver, ThreadDriver
 from workers.loadgen.request import serialized_request
@@ -307,6 +308,8 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
         notes.append(f"one client process was {w['busy_pct']:.0f} % busy ({w['late']} of {w['sent']} sends "
                      f"late) during warm-up; re-ran with {out.escalate_to} processes")
         n_proc, cap = out.escalate_to, 1
+    if len(configs) == 1 and not grpc_env.EFFECTIVE:  # one client: it ran in this process
+        notes.append(grpc_env.LATE_NOTE)
     result = _result(out, settings, batch_size, mode, concurrency, len(configs))
     result.details["notes"] = notes + result.details["notes"]
     return result

@@ -261,3 +261,25 @@ def test_torchscript_job_runs_in_the_images_torch_variant(make_runner: Any, dock
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     onnx_spec = make_spec(model)  # engine onnxruntime: the runner's own image, no torch variant
     assert runner.image_for(onnx_spec) == DEFAULT_TAG
+
+
+def test_torchscript_job_on_a_worker_without_torch_is_refused_with_a_fix(
+        make_runner: Any, docker_client: Any, make_spec: Any, models: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker whose Python has no PyTorch cannot build the image's torch variant: ``serve()`` refuses
+    the TorchScript job with a one-line ContainerError naming the fix, before any container starts, and
+    the same runner still serves an ONNX job afterwards."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # what the import system reports when torch is absent
+    runner = make_runner(build_image=True)
+    spec = make_spec(models["mlp"]).model_copy(update={"model_format": "torchscript", "engine": "torchscript"})
+    before = {c.id for c in _farm_containers(docker_client)}
+    with pytest.raises(ContainerError) as err, runner.serve(spec, models["mlp"]):
+        pytest.fail("a TorchScript job was served without PyTorch")
+    msg = str(err.value)
+    assert "\n" not in msg and spec.job_id in msg
+    assert "pip install 'farm[torch]'" in msg and "onnxruntime engine" in msg
+    assert {c.id for c in _farm_containers(docker_client)} == before, "a container was started anyway"
+    with runner.serve(make_spec(models["mlp"]), models["mlp"]) as target:
+        assert target.port > 0
