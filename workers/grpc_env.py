@@ -10,11 +10,14 @@ without them:
   in 3 of 3 pairs;
 - ``benchmarks/harness_overhead.py --quick``: +12-27 % req/s at c=1 and +6-12 % at c=16, for farm's
   generator and tritonclient alike, in 2 of 2 pairs.
-Both ends matter: the server and the load generator each spend CPU in their endpoints.
+farm sets it at both ends, in its server and in its load generator.
 
-Not shown: whether it also removes the 13-19 ms transport stalls that ``benchmarks/transport_stalls.py``
-counts. Non-interleaved runs suggested so, but an interleaved A/B gave 1 stalled run in 20 with this
-setting and 2 in 20 without it.
+It also removed a transport stall seen with gRPC's defaults: whole runs in which requests of 256 KiB
+were held 13-19 ms between the client's send and the server's handler, about every 70 ms, while the
+server idled (``benchmarks/transport_stalls.py``). In an interleaved A/B (12 blocks of 5 runs of 3 s
+per mode), 10 of 60 runs with gRPC's defaults had 21-48 stalled requests each; with this setting none
+had more than 14 (44 stalled requests in all, against 355). Shorter episodes remain; their cause is
+not known.
 
 ``GRPC_EXPERIMENTS`` is read once, when gRPC's core loads: setting it after ``import grpc`` does nothing.
 """
