@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from _serve import Steal, farm_server, matmul_chain_model, pin, split_cpus  # noqa: I001 (sets sys.path)
+from host_noise import cv_pct
 from workers import grpc_env  # before gRPC loads: farm's setting, or gRPC's own with --grpc-default
 
 STALLED_RUN_REQUESTS = 5  # a run with at least this many stalled requests is a stalled run
@@ -117,7 +118,7 @@ def main() -> None:
     t = np.array(tput)
     print(f"stalled runs: {sum(n >= STALLED_RUN_REQUESTS for n in stalled)} of {runs}; stalled requests: "
           f"{sum(stalled)} in all, per run, most first: {sorted(stalled, reverse=True)[:10]}; throughput mean "
-          f"{t.mean():.1f} req/s, CV {100 * t.std(ddof=1) / t.mean() if len(t) > 1 else 0.0:.2f} %")
+          f"{t.mean():.1f} req/s, CV {cv_pct(t):.2f} %")
 
 
 if __name__ == "__main__":
