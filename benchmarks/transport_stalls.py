@@ -40,29 +40,20 @@ STALLED_RUN_REQUESTS = 5  # a run with at least this many stalled requests is a 
 DIM, LAYERS, CONCURRENCY = 256, 25, 2
 
 
-def _request() -> bytes:
-    from tritonclient.grpc import service_pb2 as pb
-
-    r = pb.ModelInferRequest(model_name="model")
-    x = r.inputs.add()
-    x.name, x.datatype = "x", "FP32"
-    x.shape.extend([1, DIM, DIM])
-    r.raw_input_contents.append(np.random.default_rng(0).random((1, DIM, DIM), dtype=np.float32).tobytes())
-    return r.SerializeToString()
-
-
 async def _drive(url: str, seconds: float) -> tuple[np.ndarray, float]:
     """Closed loop at CONCURRENCY for ``seconds``: rows of (latency, queue, compute), ms, and the time
     from the first send to the last response, s."""
     import grpc
     from tritonclient.grpc import service_pb2 as pb
 
+    from schemas import TensorSpec
     from workers.engines.base import COMPUTE_PARAM, QUEUE_PARAM
+    from workers.loadgen.request import serialized_request
     from workers.loadgen.worker import CHANNEL_OPTIONS, INFER_METHOD
 
     rows: list[tuple[float, float, float]] = []
     last = [0.0]
-    data = _request()
+    data = serialized_request("model", [TensorSpec(name="x", shape=(DIM, DIM))], 1)  # farm's own request bytes
     async with grpc.aio.insecure_channel(url, options=CHANNEL_OPTIONS) as channel:
         call = channel.unary_unary(INFER_METHOD, response_deserializer=pb.ModelInferResponse.FromString)
         start = time.perf_counter()
