@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _serve import Steal, farm_server, identity_model, matmul_chain_model, pin, split_cpus, steal_flag  # noqa: I001
+
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
 

@@ -28,8 +28,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
-
 from _serve import Steal, farm_server, identity_model, pin, split_cpus, steal_flag  # noqa: I001 (sets sys.path)
+
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
 from workers.loadgen.stats import percentile

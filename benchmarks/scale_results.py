@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from _scale_common import scratch_cluster
 
@@ -30,7 +30,7 @@ def _load(url: str, n_requests: int, per_request: int) -> list[str]:
 
     engine = create_engine(url)
     rng = random.Random(7)
-    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
     sha = "c" * 64
     rids = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(n_requests)]
     raw = engine.raw_connection()

@@ -22,9 +22,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
 from _serve import Steal, farm_server, identity_model, machine_speed, matmul_chain_model, pin, split_cpus  # noqa: I001
 from host_noise import cv_pct
+
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
 

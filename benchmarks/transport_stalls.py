@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _serve import Steal, farm_server, matmul_chain_model, pin, split_cpus  # noqa: I001 (sets sys.path)
 from host_noise import cv_pct
+
 from workers import grpc_env  # before gRPC loads: farm's setting, or gRPC's own with --grpc-default
 
 STALLED_RUN_REQUESTS = 5  # a run with at least this many stalled requests is a stalled run

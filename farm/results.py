@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -85,11 +85,11 @@ def workers_table() -> list[dict[str, Any]]:
 def live_workers(session: Session) -> list[tuple[dict[str, Any], list[str]]]:
     """(hardware JSON, queues) of workers that are online and heartbeated within ``worker_dead_after_s``
     (SQLite returns naive UTC timestamps; they are read as UTC)."""
-    cutoff = datetime.now(timezone.utc) - timedelta(seconds=get_settings().worker_dead_after_s)
+    cutoff = datetime.now(UTC) - timedelta(seconds=get_settings().worker_dead_after_s)
     rows = session.execute(select(Worker.hardware, Worker.queues, Worker.last_heartbeat)
                            .where(Worker.status == "online")).all()
     return [(hw or {}, queues or []) for hw, queues, beat in rows
-            if (beat if beat.tzinfo else beat.replace(tzinfo=timezone.utc)) >= cutoff]
+            if (beat if beat.tzinfo else beat.replace(tzinfo=UTC)) >= cutoff]
 
 
 def live_queues() -> set[str]:

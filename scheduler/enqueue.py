@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +97,7 @@ def job_rows(request_id: str, jobs: list[JobSpec]) -> list[dict[str, Any]]:
     if not jobs:
         return []
     common = jobs[0].model_dump(mode="json", exclude=set(_PER_JOB))
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return [dict(id=j.job_id, request_id=request_id, device=j.device, engine=j.engine, batch_size=j.batch_size,
                  concurrency=j.concurrency, edge_profile=j.edge_profile.name if j.edge_profile else None,
                  queue=j.queue, spec=spec_json(j, common), status="queued", attempts=0, created_at=now)
@@ -114,7 +114,7 @@ def enqueue_jobs(jobs: list[tuple[str, str]], request_id: str | None = None) -> 
     except Exception as exc:  # kombu/redis raise many types; the jobs stay queued in the ledger
         raise SchedulerError(f"the broker refused jobs ({type(exc).__name__}: {exc}); they stay queued in the "
                              "database and are re-enqueued by `farm scheduler`; check FARM_BROKER_URL") from exc
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     with session_scope() as s:
         if request_id is not None:
             s.execute(update(Job).where(Job.request_id == request_id, Job.status == "queued")

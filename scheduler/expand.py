@@ -8,9 +8,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
+from scheduler.compat import EDGE_ENGINE, incompatibility
 from schemas import JobSpec, ProfileRequest, TensorSpec
 from schemas.request import device_slug
-from scheduler.compat import EDGE_ENGINE, incompatibility
 
 CPU_QUEUE = "farm.cpu"
 EDGE_QUEUE = "farm.edge"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, or_, select, update
@@ -31,11 +31,11 @@ ACTIVE = ("claimed", "running")
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _aware(ts: datetime | None) -> datetime | None:
-    return None if ts is None else (ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc))
+    return None if ts is None else (ts if ts.tzinfo else ts.replace(tzinfo=UTC))
 
 
 @dataclass

@@ -11,8 +11,8 @@ from sqlalchemy import func, select
 from farm.celery_app import enqueue_job
 from farm.db.models import Job, Result, Worker
 from farm.db.session import session_scope
-from schemas import ProfileRequest
 from scheduler.enqueue import submit
+from schemas import ProfileRequest
 from tests.helpers import FAST, farm, farm_env, results_json, start_worker, wait_done
 
 pytestmark = pytest.mark.slow

@@ -35,9 +35,9 @@ import sysconfig
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from farm.errors import ContainerError
 from workers.runners.hardening import client as docker_client

@@ -19,8 +19,9 @@ fixed batch size with every count divided by it):
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import prod
-from typing import Any, Callable
+from typing import Any
 
 from farm.modelinfo import ONNX_TO_KSERVE, fix_input_shapes, infer_onnx_shapes, onnx_graph_inputs
 from schemas import TensorSpec

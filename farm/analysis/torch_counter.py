@@ -7,9 +7,10 @@ Activation bytes are the sum of newly allocated op outputs (views excluded); the
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import prod
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from farm.errors import ModelError
 from farm.modelinfo import one_line

@@ -5,7 +5,6 @@ import json
 import logging
 import signal
 import time
-from typing import Optional
 
 import typer
 
@@ -15,7 +14,7 @@ from farm.settings import get_settings, mask_url
 
 def scheduler(
     once: bool = typer.Option(False, "--once", help="One reconciliation pass, then exit."),
-    interval: Optional[float] = typer.Option(None, "--interval", help="Seconds between passes "
+    interval: float | None = typer.Option(None, "--interval", help="Seconds between passes "
                                              "(default FARM_RECONCILE_INTERVAL_S)."),
     loglevel: str = typer.Option("INFO", "--loglevel", envvar="FARM_LOGLEVEL"),
 ) -> None:

@@ -5,13 +5,12 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from farm.cli import views
-from farm.cli.views import console, err_console
 from farm.cli.errors import run_cli
+from farm.cli.views import console, err_console
 from farm.errors import RequestError
 from farm.settings import get_settings, mask_url
 
@@ -37,35 +36,35 @@ def _prepare_db() -> None:
 
 @app.command()
 def submit(
-    model: Optional[str] = typer.Argument(None, help="Model file (ONNX or TorchScript)."),
-    engine: Optional[list[str]] = typer.Option(None, "--engine", "-e", help="onnxruntime | torchscript | triton; repeat."),
-    device: Optional[list[str]] = typer.Option(None, "--device", "-d", help="cpu | gpu | gpu:<product>; repeat."),
-    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", "-b", help="e.g. 1,4,16"),
-    concurrency: Optional[str] = typer.Option(None, "--concurrency", "-c", help="e.g. 1,4"),
-    edge: Optional[list[str]] = typer.Option(None, "--edge", help="cpus=1,memory=512m[,name=N][,cpuset=0-1]; repeat."),
-    input_spec: Optional[list[str]] = typer.Option(None, "--input", "-i", help="name:dtype:shape, e.g. x:FP32:3x224x224"),
-    model_format: Optional[str] = typer.Option(None, "--format", help="onnx | torchscript (default: detected)."),
-    request_file: Optional[Path] = typer.Option(None, "-f", "--file", help="Request file (YAML or JSON)."),
-    name: Optional[str] = typer.Option(None, "--name", help="A name for the request."),
-    duration: Optional[float] = typer.Option(None, "--duration", help="Fixed measurement time per job, s."),
-    windows: Optional[int] = typer.Option(None, "--windows", help="Maximum measurement windows per job."),
-    window: Optional[float] = typer.Option(None, "--window", help="Measurement window length, s."),
-    warmup: Optional[float] = typer.Option(None, "--warmup", help="Warm-up time, s."),
-    stability: Optional[float] = typer.Option(None, "--stability", help="Stability bound, % (default 10)."),
-    rate: Optional[float] = typer.Option(None, "--rate", help="Open-loop request rate, req/s."),
-    mode: Optional[str] = typer.Option(None, "--mode", help="closed | constant | poisson"),
-    rpc: Optional[str] = typer.Option(None, "--rpc", help="unary (default) | stream: ModelInfer calls or "
+    model: str | None = typer.Argument(None, help="Model file (ONNX or TorchScript)."),
+    engine: list[str] | None = typer.Option(None, "--engine", "-e", help="onnxruntime | torchscript | triton; repeat."),
+    device: list[str] | None = typer.Option(None, "--device", "-d", help="cpu | gpu | gpu:<product>; repeat."),
+    batch_sizes: str | None = typer.Option(None, "--batch-sizes", "-b", help="e.g. 1,4,16"),
+    concurrency: str | None = typer.Option(None, "--concurrency", "-c", help="e.g. 1,4"),
+    edge: list[str] | None = typer.Option(None, "--edge", help="cpus=1,memory=512m[,name=N][,cpuset=0-1]; repeat."),
+    input_spec: list[str] | None = typer.Option(None, "--input", "-i", help="name:dtype:shape, e.g. x:FP32:3x224x224"),
+    model_format: str | None = typer.Option(None, "--format", help="onnx | torchscript (default: detected)."),
+    request_file: Path | None = typer.Option(None, "-f", "--file", help="Request file (YAML or JSON)."),
+    name: str | None = typer.Option(None, "--name", help="A name for the request."),
+    duration: float | None = typer.Option(None, "--duration", help="Fixed measurement time per job, s."),
+    windows: int | None = typer.Option(None, "--windows", help="Maximum measurement windows per job."),
+    window: float | None = typer.Option(None, "--window", help="Measurement window length, s."),
+    warmup: float | None = typer.Option(None, "--warmup", help="Warm-up time, s."),
+    stability: float | None = typer.Option(None, "--stability", help="Stability bound, % (default 10)."),
+    rate: float | None = typer.Option(None, "--rate", help="Open-loop request rate, req/s."),
+    mode: str | None = typer.Option(None, "--mode", help="closed | constant | poisson"),
+    rpc: str | None = typer.Option(None, "--rpc", help="unary (default) | stream: ModelInfer calls or "
                                       "ModelStreamInfer streams."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Server intra-op threads (0 = default)."),
-    instances: Optional[int] = typer.Option(None, "--instances", help="Server model instances."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Per-job time limit, s."),
+    threads: int | None = typer.Option(None, "--threads", help="Server intra-op threads (0 = default)."),
+    instances: int | None = typer.Option(None, "--instances", help="Server model instances."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
     wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"request_id\": ...} (and results with --wait)."),
 ) -> None:
     """Profile MODEL over devices x engines x batch sizes x concurrency (+ edge runs)."""
     from farm.cli.request_options import build_request_dict, load_request_file
-    from schemas import ProfileRequest
     from scheduler.enqueue import submit as do_submit
+    from schemas import ProfileRequest
 
     base = load_request_file(request_file) if request_file else {}
     data = build_request_dict(base, model, engine, device, batch_sizes, concurrency, edge, input_spec,
@@ -172,7 +171,7 @@ def results(request_id: str = typer.Argument(..., help="Request id (or a unique 
 
 
 @app.command()
-def status(request_id: Optional[str] = typer.Argument(None, help="Request id; omit for recent requests."),
+def status(request_id: str | None = typer.Argument(None, help="Request id; omit for recent requests."),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """Job counts by status (one request, or the recent ones) and jobs no live worker can serve."""
     from farm.results import recent_requests, result_rows, status_counts, waiting_queues

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -15,11 +14,11 @@ from farm.settings import get_settings, mask_url
 
 
 def worker(
-    runner: Optional[str] = typer.Option(None, "--runner", envvar="FARM_RUNNER", help="auto | docker | process"),
+    runner: str | None = typer.Option(None, "--runner", envvar="FARM_RUNNER", help="auto | docker | process"),
     burst: bool = typer.Option(False, "--burst", help="Drain the queues, then exit."),
-    queues: Optional[str] = typer.Option(None, "--queues", "-Q", help="Comma-separated subset of the queues this "
+    queues: str | None = typer.Option(None, "--queues", "-Q", help="Comma-separated subset of the queues this "
                                          "host can serve (default: all of them)."),
-    worker_id: Optional[str] = typer.Option(None, "--worker-id", envvar="FARM_WORKER_ID"),
+    worker_id: str | None = typer.Option(None, "--worker-id", envvar="FARM_WORKER_ID"),
     loglevel: str = typer.Option("INFO", "--loglevel", envvar="FARM_LOGLEVEL"),
 ) -> None:
     """Run a worker: register hardware, heartbeat, consume the queues this host can serve."""
@@ -54,8 +53,8 @@ def worker(
 
 def serve(
     model: Path = typer.Argument(..., help="Model file."),
-    model_format: Optional[str] = typer.Option(None, "--format", help="onnx | torchscript (default: detected)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="onnxruntime | torchscript (default: by format)."),
+    model_format: str | None = typer.Option(None, "--format", help="onnx | torchscript (default: detected)."),
+    engine: str | None = typer.Option(None, "--engine", help="onnxruntime | torchscript (default: by format)."),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8001, "--port", help="gRPC port; 0 picks a free one."),
     device: str = typer.Option("cpu", "--device", help="cpu | gpu:<product>"),
@@ -94,8 +93,8 @@ def example_model(out: Path = typer.Argument(..., help="Output file."),
 
 
 def analyze(model: Path = typer.Argument(..., help="Model file."),
-            input_spec: Optional[list[str]] = typer.Option(None, "--input", "-i", help="name:dtype:shape"),
-            model_format: Optional[str] = typer.Option(None, "--format"),
+            input_spec: list[str] | None = typer.Option(None, "--input", "-i", help="name:dtype:shape"),
+            model_format: str | None = typer.Option(None, "--format"),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Static metrics: parameters, size, MACs/FLOPs per sample, activation memory."""
     from farm.analysis import analyze as run_analysis

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich import box
@@ -15,9 +15,9 @@ def report(
     request_id: str = typer.Argument(..., help="Request id (or a unique prefix)."),
     objective: str = typer.Option("throughput_infer_per_s", "--objective", help="Metric to rank by; its "
                                   "direction (higher/lower is better) comes from the metric registry."),
-    constraint: Optional[list[str]] = typer.Option(None, "--constraint", "-C",
+    constraint: list[str] | None = typer.Option(None, "--constraint", "-C",
                                                    help="metric=limit, e.g. latency_p99_ms=20; repeat."),
-    p99: Optional[float] = typer.Option(None, "--p99", help="Shorthand for --constraint latency_p99_ms=MS."),
+    p99: float | None = typer.Option(None, "--p99", help="Shorthand for --constraint latency_p99_ms=MS."),
     stable: bool = typer.Option(False, "--stable", help="Rank only measurements that stabilised."),
     top: int = typer.Option(10, "--top", min=1, help="How many ranked configurations to show."),
     as_json: bool = typer.Option(False, "--json"),

@@ -4,10 +4,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-from datetime import datetime, timezone
-from typing import Any
-
 import sys
+from datetime import UTC, datetime
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -87,8 +86,8 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
 def age(ts: datetime | None) -> str:
     if ts is None:
         return "-"
-    ts = ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
-    secs = (datetime.now(timezone.utc) - ts).total_seconds()
+    ts = ts if ts.tzinfo else ts.replace(tzinfo=UTC)
+    secs = (datetime.now(UTC) - ts).total_seconds()
     return f"{secs:.0f}s ago" if secs < 120 else f"{secs / 60:.0f}m ago"
 
 

@@ -1,7 +1,7 @@
 """ORM models. The results table has one column per registered metric (``farm.metrics``)."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -33,7 +33,7 @@ NAMING = {
 
 def utcnow() -> datetime:
     """Timezone-aware UTC now."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class Base(DeclarativeBase):

@@ -3,7 +3,7 @@ routing by the live inventory."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -33,7 +33,7 @@ def cluster(cluster_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dic
 
 
 def now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def add_worker(worker_id: str, beat_age_s: float = 0.0, queues: tuple[str, ...] = ("farm.cpu",),

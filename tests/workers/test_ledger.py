@@ -9,8 +9,8 @@ from sqlalchemy import func, select
 
 from farm.db.models import Job, Result
 from farm.db.session import session_scope
-from schemas import JobResult, ProfileRequest
 from scheduler.enqueue import submit
+from schemas import JobResult, ProfileRequest
 from workers import ledger
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb

@@ -263,7 +263,7 @@ class LoadWorker:
             return
         try:
             await asyncio.wait_for(self._stop_ev.wait(), delay)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     async def _watch_stop(self) -> None:
@@ -305,7 +305,7 @@ class LoadWorker:
         cfg = self.cfg
         try:
             await asyncio.wait_for(channel.channel_ready(), cfg.connect_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return (f"cannot connect to the KServe v2 gRPC server at {cfg.url} within "
                     f"{cfg.connect_timeout_s:g} s; check that the server is running and listens on that "
                     "host:port")

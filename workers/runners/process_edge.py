@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
 from farm.errors import UnsupportedError, WorkerError
 from schemas import JobResult, JobSpec
 from workers.runners.docker_edge import MODEL_PLACEHOLDER, bench_command

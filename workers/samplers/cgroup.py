@@ -18,17 +18,17 @@ from workers.samplers.base import Sampler
 from workers.samplers.cgroupfs import (
     CgroupMount,
     CgroupSet,
-    io_v1,
-    io_v2,
-    read_int,
-    read_kv,
     cgroup_mounts,
     cgroup_of_pid,
     cgroup_set_of_pid,
     find_container_cgroup,
+    io_v1,
+    io_v2,
     memory_on_v1,
     net_bytes,
     pid_cgroups,
+    read_int,
+    read_kv,
     read_limits,
 )
 from workers.samplers.process import PEAK_WINDOW_S, monotonic_cumulative, rate_avg, rate_peak

@@ -200,9 +200,9 @@ def test_gpu_job_requests_its_gpu_by_uuid(docker_client: Any, make_runner: Any, 
 def test_a_starting_worker_removes_containers_left_by_a_dead_worker_on_its_host(
         docker_client: Any, make_runner: Any, models: dict[str, Path], make_spec: Any, sqlite_url: str) -> None:
     """A worker killed with -9 cannot clean up; the next worker on the host removes its containers."""
-    import docker as docker_sdk
     from sqlalchemy import update
 
+    import docker as docker_sdk
     from farm.db.models import Worker
     from farm.db.session import session_scope
     from workers.hardware import detect_hardware

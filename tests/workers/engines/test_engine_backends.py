@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from farm.errors import ModelError, ServerError
-from workers.engines.base import IOSpec, InputError, make_backend, parse_input_spec
+from workers.engines.base import InputError, IOSpec, make_backend, parse_input_spec
 
 
 def test_onnxruntime_specs_and_infer(mlp_onnx: Path, identity_onnx: Path) -> None:

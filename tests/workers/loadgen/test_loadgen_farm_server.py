@@ -4,9 +4,8 @@ from __future__ import annotations
 import pytest
 
 from schemas import MeasurementSettings, TensorSpec
-from workers.loadgen import run_load
-
 from tests.workers.loadgen.stallwatch import StallWatch
+from workers.loadgen import run_load
 
 INPUTS = [TensorSpec(name="x", shape=(16,))]
 

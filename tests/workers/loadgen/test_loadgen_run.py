@@ -10,10 +10,8 @@ import pytest
 from farm.errors import LoadGenError
 from farm.metrics import BY_NAME
 from schemas import MeasurementSettings, TensorSpec
-from workers.loadgen import LoadResult, run_load
-from workers.loadgen import stats
-
 from tests.workers.loadgen.stallwatch import StallWatch
+from workers.loadgen import LoadResult, run_load, stats
 
 INPUTS = [TensorSpec(name="x", shape=(16,))]
 QUICK = dict(warmup_s=0.3, window_s=0.3, min_windows=2, max_windows=4)

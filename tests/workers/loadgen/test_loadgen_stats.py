@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 from schemas import MeasurementSettings, TensorSpec
-from workers.loadgen import auto_process_cap, split_work, window_lengths
-from workers.loadgen import stats
+from workers.loadgen import auto_process_cap, split_work, stats, window_lengths
 from workers.loadgen.request import V2_NUMPY, build_request, random_tensor, serialized_request
 from workers.loadgen.worker import _stream_error_name, with_id
 
