@@ -120,7 +120,8 @@ def main() -> None:
     for i, r in enumerate(rows):
         print(f"  {i + 1:5d} {r['compute']:8.3f} {r['ref']:10.3f} {r['ref_gap']:10.3f} "
               f"{100 * (r['compute'] / r['ref'] - 1):+10.1f} % {100 * (r['compute'] / r['ref_gap'] - 1):+6.1f} % "
-              f"{r['e2e']:7.3f} {r['compute'] + r['trip']:12.3f} {100 * (r['e2e'] / (r['compute'] + r['trip']) - 1):+11.1f} %"
+              f"{r['e2e']:7.3f} {r['compute'] + r['trip']:12.3f} "
+              f"{100 * (r['e2e'] / (r['compute'] + r['trip']) - 1):+11.1f} %"
               f" {r['steal']:5.1f} %")
 
     def med(f) -> float:  # type: ignore[no-untyped-def]

@@ -284,7 +284,7 @@ def main() -> None:
                     for _ in range(rounds):  # interleaved rounds, so machine noise hits every client alike
                         for name, (_, fn) in CLIENTS.items():
                             runs[name].append(fn(url, conc, warmup, duration))
-                rows = {name: tuple(float(np.median(col)) for col in zip(*r)) for name, r in runs.items()}
+                rows = {name: tuple(float(np.median(col)) for col in zip(*r, strict=True)) for name, r in runs.items()}
                 base = {rpc: max(rows[n][1] for n, (r, _) in CLIENTS.items() if r == rpc and "tritonclient" in n)
                         for rpc in ("unary", "stream")}
                 print(f"\nconcurrency {conc} (median of {rounds} round(s); the hypervisor took {steal.pct:.1f} % "

@@ -22,6 +22,7 @@ Kinds (``EXAMPLE_KINDS``):
 """
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -79,7 +80,7 @@ def mlp_model(sizes: tuple[int, ...] = (256, 512, 256, 10)) -> Any:
     _, helper, _ = _onnx()
     rng = np.random.RandomState(SEED)
     nodes, inits, prev = [], [], "input"
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         last = i == len(sizes) - 2
         inits += [_weight(rng, f"fc{i}.weight", (b, a), a), _bias(rng, f"fc{i}.bias", b)]
         out = "output" if last else f"fc{i}"

@@ -312,7 +312,7 @@ def _check_given(path: Path, graph_inputs: list[Any], given: list[TensorSpec]) -
             problems.append(f"{gi.name} has {len(per_sample)} per-sample dims {_fmt_dims(per_sample)}, "
                             f"given {len(spec.shape)} ({'x'.join(map(str, spec.shape)) or 'scalar'})")
             continue
-        bad = [i for i, (d, g) in enumerate(zip(per_sample, spec.shape)) if isinstance(d, int) and d != g]
+        bad = [i for i, (d, g) in enumerate(zip(per_sample, spec.shape, strict=True)) if isinstance(d, int) and d != g]
         if bad:
             problems.append(f"{gi.name} per-sample shape is {_fmt_dims(per_sample)}, "
                             f"given {'x'.join(map(str, spec.shape))}")
@@ -363,7 +363,7 @@ def _inspect_onnx(path: Path, model: onnx.ModelProto, given: list[TensorSpec] | 
             names = ",".join(f"{i}" + (f" ({dims[i]})" if isinstance(dims[i], str) else "") for i in dyn)
             need.append(f"{gi.name!r} has dynamic dimension {names} in shape {_fmt_dims(dims)}")
             continue
-        inferred.append(TensorSpec(name=gi.name, dtype=dtype, shape=tuple(int(d) for d in per_sample)))
+        inferred.append(TensorSpec(name=gi.name, dtype=dtype, shape=tuple(d for d in per_sample if isinstance(d, int))))
     if given:
         inputs = _check_given(path, graph_inputs, given)
     elif need:
@@ -427,7 +427,7 @@ def _onnx_outputs(model: onnx.ModelProto, inputs: list[TensorSpec], notes: list[
         dtype = _kserve_dtype(o.type.tensor_type.elem_type, f"output {o.name!r}")
         dims = _onnx_dims(o)
         if dims and all(isinstance(d, int) for d in dims[1:]):
-            outs.append(TensorSpec(name=o.name, dtype=dtype, shape=tuple(int(d) for d in dims[1:])))
+            outs.append(TensorSpec(name=o.name, dtype=dtype, shape=tuple(d for d in dims[1:] if isinstance(d, int))))
         else:
             outs.append(TensorSpec(name=o.name, dtype=dtype, shape=()))
             notes.append(f"output {o.name!r} shape could not be inferred ({_fmt_dims(dims or [])}); shown as ()")

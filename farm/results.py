@@ -46,7 +46,7 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
         rows = s.execute(stmt).all()
     names = JOB_COLUMNS + METRIC_NAMES
     rpc = (req.spec.get("measurement") or {}).get("rpc", "unary")  # how every job of it was driven
-    return [{**dict(zip(names, row)), "rpc": rpc} for row in rows]
+    return [{**dict(zip(names, row, strict=True)), "rpc": rpc} for row in rows]
 
 
 def status_counts(request_id: str) -> dict[str, int]:

@@ -139,7 +139,7 @@ def inspect_torchscript(path: Path, given: list[TensorSpec] | None) -> ModelInfo
 def _modules() -> dict[str, type]:
     """The example nn.Module classes (defined on first use so importing this file never needs torch)."""
     torch = require_torch()
-    nn = torch.nn
+    nn: Any = torch.nn
 
     class MLP(nn.Module):
         """Linear(256,512)/ReLU/Linear(512,256)/ReLU/Linear(256,10), like the ONNX ``mlp``."""

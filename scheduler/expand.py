@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler.compat import EDGE_ENGINE, incompatibility
 from schemas import JobSpec, ProfileRequest, TensorSpec
@@ -88,7 +89,7 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
     devices, excluded = resolve_devices(request.devices, gpu_products)
     result = Expansion(excluded=excluded)
     inputs = list(model.inputs)
-    common = dict(request_id=request_id, model_sha256=model.sha256, model_format=model.format,
+    common: dict[str, Any] = dict(request_id=request_id, model_sha256=model.sha256, model_format=model.format,
                   model_filename=model.filename, inputs=inputs, measurement=request.measurement)
     batches = [b for b in request.batch_sizes if model.static_batch in (None, b)]
     for b in request.batch_sizes:

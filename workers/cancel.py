@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 log = logging.getLogger("farm.worker")
 
@@ -52,7 +53,7 @@ class JobWatch:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._installed = False
-        self._previous: object = None
+        self._previous: Any = None  # whatever signal.signal returned: a handler, SIG_DFL/SIG_IGN or None
 
     # -- life cycle ---------------------------------------------------------------------------------
     def __enter__(self) -> JobWatch:

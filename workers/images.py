@@ -204,11 +204,18 @@ def plan_rootfs(repo_root: Path, extra_distributions: Iterable[str] = ()) -> Roo
     """Decide every file of the image (no copying yet)."""
     fs = RootFs()
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    sites = _site_dirs()
     pyver = f"python{sys.version_info.major}.{sys.version_info.minor}"
     lib_arc = f"{IMAGE_PREFIX}/lib/{pyver}"
+    _add_interpreter(fs, stdlib, pyver)
+    _add_stdlib(fs, stdlib, lib_arc)
+    _add_distributions(fs, repo_root, extra_distributions, f"{lib_arc}/site-packages")
+    _add_farm_code(fs, repo_root)
+    _add_system_files(fs)
+    return fs
 
-    # interpreter + libpython
+
+def _add_interpreter(fs: RootFs, stdlib: Path, pyver: str) -> None:
+    """The interpreter as ``bin/pythonX.Y`` (plus python3/python links) and libpython."""
     exe = Path(os.path.realpath(sys.executable))
     fs.add_file(exe, f"{IMAGE_PREFIX}/bin/{pyver}")
     for alias in ("python3", "python"):
@@ -219,7 +226,9 @@ def plan_rootfs(repo_root: Path, extra_distributions: Iterable[str] = ()) -> Roo
     if (libdir / ldlib).exists():
         fs.add_file(libdir / ldlib, f"{IMAGE_PREFIX}/lib/{ldlib}")
 
-    # standard library
+
+def _add_stdlib(fs: RootFs, stdlib: Path, lib_arc: str) -> None:
+    """The standard library, less the parts a server never imports (``_STDLIB_SKIP``, config-*)."""
     for root, dirs, files in os.walk(stdlib):
         rel = Path(root).relative_to(stdlib)
         if rel == Path("."):
@@ -228,7 +237,9 @@ def plan_rootfs(repo_root: Path, extra_distributions: Iterable[str] = ()) -> Roo
             fs.add_file(Path(root) / f, f"{lib_arc}/{rel / f}" if str(rel) != "." else f"{lib_arc}/{f}")
     fs.add_dir(f"{lib_arc}/site-packages")
 
-    # site-packages: base + probed imports - excluded, each copied whole from its RECORD
+
+def _add_distributions(fs: RootFs, repo_root: Path, extra_distributions: Iterable[str], site_arc: str) -> None:
+    """site-packages: base + probed imports - excluded, each distribution copied whole from its RECORD."""
     from importlib.metadata import distributions
 
     probed, notes = _probe_distributions(repo_root, PROBE_MODULES)
@@ -237,26 +248,28 @@ def plan_rootfs(repo_root: Path, extra_distributions: Iterable[str] = ()) -> Roo
     wanted = ({_norm(d) for d in BASE_DISTRIBUTIONS} | probed | extra) - (
         {_norm(d) for d in EXCLUDED_DISTRIBUTIONS} - extra)
     found: set[str] = set()
-    for dist in distributions(path=[str(p) for p in sites]):
+    for dist in distributions(path=[str(p) for p in _site_dirs()]):
         name = _norm(dist.metadata["Name"] or "")
         if name not in wanted or name in found:
             continue
         found.add(name)
-        root = Path(dist.locate_file("")).resolve()
-        for f in dist.files or []:
-            src = Path(dist.locate_file(f)).resolve()
+        dist_root = Path(str(dist.locate_file(""))).resolve()
+        for record in dist.files or []:
+            src = Path(str(dist.locate_file(record))).resolve()
             try:
-                rel = src.relative_to(root)
+                rel = src.relative_to(dist_root)
             except ValueError:
                 continue  # scripts in bin/ etc.
             if src.is_file() and not rel.name.startswith("__editable__"):
-                fs.add_file(src, f"{lib_arc}/site-packages/{rel}")
+                fs.add_file(src, f"{site_arc}/{rel}")
     missing = sorted(wanted - found)
     if missing:
         fs.notes.append(f"distributions not installed on the host, left out: {', '.join(missing)}")
     fs.distributions = sorted(found)
 
-    # farm's own code: .py and package data, no caches
+
+def _add_farm_code(fs: RootFs, repo_root: Path) -> None:
+    """farm's own code: .py and package data, no caches, read now (the checkout may change meanwhile)."""
     for pkg in FARM_PACKAGES:
         base = repo_root / pkg
         if not base.is_dir():
@@ -272,7 +285,9 @@ def plan_rootfs(repo_root: Path, extra_distributions: Iterable[str] = ()) -> Roo
                 except FileNotFoundError:
                     pass  # removed while we walked
 
-    # system files
+
+def _add_system_files(fs: RootFs) -> None:
+    """passwd/group/nsswitch for root and nobody, empty hosts files, /tmp and the mount points."""
     fs.add_data("/etc/passwd", b"root:x:0:0:root:/root:/bin/false\n"
                 b"nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
     fs.add_data("/etc/group", b"root:x:0:\nnogroup:x:65534:\n")
@@ -282,7 +297,6 @@ def plan_rootfs(repo_root: Path, extra_distributions: Iterable[str] = ()) -> Roo
     fs.add_dir("/tmp", 0o1777)
     for d in ("/model", "/proc", "/sys", "/dev", "/root", "/opt/farm"):
         fs.add_dir(d)
-    return fs
 
 
 def _add_libraries(fs: RootFs) -> None:

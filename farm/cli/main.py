@@ -78,8 +78,9 @@ def submit(
     sub = do_submit(request)
     rid = sub.request_id
     if not as_json:
+        left_out = len(sub.expansion.excluded)
         err_console.print(f"request [bold]{rid}[/]: {len(sub.expansion.jobs)} jobs"
-                          + (f", {len(sub.expansion.excluded)} combinations left out" if sub.expansion.excluded else ""))
+                          + (f", {left_out} combinations left out" if left_out else ""))
         for ex in sub.expansion.excluded:
             coords = ", ".join(f"{k}={v}" for k, v in ex.items() if k != "reason")
             err_console.print(f"  left out {coords}: {ex['reason']}")

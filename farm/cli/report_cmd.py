@@ -36,7 +36,8 @@ def report(
     req = find_request(request_id)
     rep = build_report(result_rows(req.id), objective, constraints, stable)
     with session_scope() as s:
-        static = (s.get(ModelArtifact, req.model_sha256).static_metrics or {})
+        artifact = s.get(ModelArtifact, req.model_sha256)
+        static = (artifact.static_metrics if artifact is not None else None) or {}
     if as_json:
         def short(r: dict[str, Any]) -> dict[str, Any]:
             return {k: r.get(k) for k in ("job_id", "device", "engine", "batch_size", "concurrency", objective,

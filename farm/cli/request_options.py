@@ -16,7 +16,8 @@ def parse_int_list(text: str, name: str) -> list[int]:
     try:
         return [int(p) for p in text.replace(" ", "").split(",") if p != ""]
     except ValueError:
-        raise RequestError(f"{name} must be a comma-separated list of whole numbers like 1,4,16, got {text!r}") from None
+        raise RequestError(f"{name} must be a comma-separated list of whole numbers like 1,4,16, "
+                           f"got {text!r}") from None
 
 
 def parse_edge(text: str) -> dict[str, Any]:

@@ -90,7 +90,7 @@ class Backend(ABC):
         self._inputs: list[IOSpec] = []
         self._outputs: list[IOSpec] = []
 
-    def declare_inputs(self, specs: list[IOSpec]) -> None:
+    def declare_inputs(self, specs: list[IOSpec]) -> None:  # noqa: B027 (optional hook: a no-op by default)
         """Declare the inputs' datatypes and shapes for engines whose files carry none (TorchScript);
         call before ``load``. Engines that read them from the model ignore this."""
 
@@ -114,7 +114,7 @@ class Backend(ABC):
         """Run one inference. ``outputs`` restricts which outputs are computed (None = all).
         Raises InputError when the inputs do not fit the model."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook: a no-op by default)
         """Release the session (and its device memory)."""
 
     def __enter__(self) -> Backend:

@@ -34,7 +34,7 @@ def decode_inputs(req: pb.ModelInferRequest, specs: dict[str, IOSpec]) -> dict[s
             )
         shape = tuple(t.shape)
         if spec.shape is not None:
-            if len(shape) != len(spec.shape) or any(e != -1 and e != s for e, s in zip(spec.shape, shape)):
+            if len(shape) != len(spec.shape) or any(e != -1 and e != s for e, s in zip(spec.shape, shape, strict=True)):
                 raise InputError(
                     f"input {name!r} has shape {list(shape)}, the model expects {list(spec.shape)} (-1 = any)"
                 )

@@ -29,7 +29,8 @@ ORT_TO_V2: dict[str, str] = {
 
 def _spec(arg: object) -> IOSpec:
     dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in arg.shape)  # type: ignore[attr-defined]
-    return IOSpec(arg.name, ORT_TO_V2.get(arg.type, arg.type), dims)  # type: ignore[attr-defined]
+    ort_type: str = arg.type  # type: ignore[attr-defined]
+    return IOSpec(arg.name, ORT_TO_V2.get(ort_type, ort_type), dims)  # type: ignore[attr-defined]
 
 
 class OnnxRuntimeBackend(Backend):
@@ -97,7 +98,7 @@ class OnnxRuntimeBackend(Backend):
             if kind in ("InvalidArgument", "InvalidProtobuf") or "Invalid" in msg[:120]:
                 raise InputError(f"ONNX Runtime rejected the inputs: {msg}") from exc
             raise
-        return dict(zip(names, results))
+        return dict(zip(names, results, strict=True))
 
     def close(self) -> None:
         self._sess = None

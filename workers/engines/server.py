@@ -20,8 +20,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -144,6 +146,8 @@ class _Model:
                 return
             loop, fut, feed, out_names, t_submit = job
             t0 = time.perf_counter_ns()
+            done: Callable[[Any, Any], None]
+            value: object
             try:
                 out = backend.infer(feed, out_names)
                 t1 = time.perf_counter_ns()

@@ -84,7 +84,7 @@ class ThreadDriver(Driver):
         self._controls = [_ThreadControl(i, self._out) for i in range(self.n)]
         self._threads = [
             threading.Thread(target=run_worker, args=(cfg, ctl), name=f"farm-loadgen-{i}", daemon=True)
-            for i, (cfg, ctl) in enumerate(zip(configs, self._controls))
+            for i, (cfg, ctl) in enumerate(zip(configs, self._controls, strict=True))
         ]
         for t in self._threads:
             t.start()
@@ -195,11 +195,12 @@ class ProcessDriver(Driver):
         if not active:
             time.sleep(max(timeout_s, 0.0))
             return got
-        for conn in wait([self._conns[i] for i in active.values()], timeout=max(timeout_s, 0.0)):
-            i = active[id(conn)]
+        for ready in wait([self._conns[i] for i in active.values()], timeout=max(timeout_s, 0.0)):
+            i = active[id(ready)]
+            conn = self._conns[i]
             try:
-                while conn.poll():  # type: ignore[union-attr]
-                    got.append((i, conn.recv()))  # type: ignore[union-attr]
+                while conn.poll():
+                    got.append((i, conn.recv()))
             except (EOFError, OSError):
                 self._gone.add(i)
                 if not any(m[0] in ("done", "error") for j, m in got if j == i) and i not in self._finished:

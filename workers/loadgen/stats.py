@@ -74,7 +74,7 @@ def histogram(values_ms: Sequence[float] | np.ndarray) -> dict[str, Any]:
     idx = np.nan_to_num(idx, nan=HIST_MIN_INDEX, neginf=HIST_MIN_INDEX, posinf=HIST_MAX_INDEX)
     idx = np.clip(idx, HIST_MIN_INDEX, HIST_MAX_INDEX).astype(np.int64)
     uniq, cnt = np.unique(idx, return_counts=True)
-    counts = {int(i): int(c) for i, c in zip(uniq, cnt)}
+    counts = {int(i): int(c) for i, c in zip(uniq, cnt, strict=True)}
     return _hist_from_counts(counts, int(a.size), float(a.sum()), float(a.min()), float(a.max()))
 
 

@@ -51,5 +51,5 @@ class Runner(ABC):
         """Remove what workers that died on this host left behind (e.g. their containers); returns ids."""
         return []
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook: a no-op by default)
         """Release anything kept between jobs (e.g. reused containers)."""

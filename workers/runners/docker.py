@@ -107,7 +107,13 @@ class DockerRunner(Runner):
         self._kept: _Kept | None = None
         self._timer: threading.Timer | None = None
         ref = weakref.ref(self)
-        atexit.register(lambda: (r := ref()) is not None and r.close())  # no kept container outlives us
+
+        def close_if_alive() -> None:  # no kept container outlives us
+            runner = ref()
+            if runner is not None:
+                runner.close()
+
+        atexit.register(close_if_alive)
         self.orphans_removed: list[str] = hd.cleanup_orphans(self.client, worker_id) if cleanup else []
         if build_image and self.image == DEFAULT_TAG:
             build_local_image(self.image, client=self.client)  # cached: ~2 s unless the code changed
@@ -177,9 +183,9 @@ class DockerRunner(Runner):
             from workers.runners.triton_serving import container_args, prepare_repository
 
             triton = container_args(prepare_repository(spec, model_path))
-            image, port_inside, volumes = str(triton["image"]), int(triton["port"]), triton["volumes"]
-            command = list(triton["command"])  # type: ignore[call-overload]
-            extra["shm_size"] = triton["shm_size"]
+            image, port_inside, volumes = triton.image, triton.port, triton.volumes
+            command = triton.command
+            extra["shm_size"] = triton.shm_size
             self._require_image(image)
         else:
             volumes, inside = hd.model_mount(model_path)

@@ -7,6 +7,7 @@ a note for the result's details.
 """
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ class DockerStatsSampler(Sampler):
         if len(s) < 2:
             return {}
         pcts = [100.0 * (b["cpu_ns"] - a["cpu_ns"]) / 1e9 / (b["t"] - a["t"])
-                for a, b in zip(s, s[1:]) if b["t"] > a["t"]]
+                for a, b in itertools.pairwise(s) if b["t"] > a["t"]]
         total_s = s[-1]["t"] - s[0]["t"]
         out: dict[str, Any] = {
             "cpu_pct_avg": 100.0 * (s[-1]["cpu_ns"] - s[0]["cpu_ns"]) / 1e9 / total_s if total_s > 0 else None,
@@ -97,17 +98,11 @@ class DockerStatsSampler(Sampler):
 def container_sampler(container: Any, cgroup: Path | None) -> tuple[Sampler, str | None]:
     """The best sampler for ``container``: (sampler, note when it is the coarse fallback)."""
     if cgroup is not None:
-        try:
-            from workers.samplers.cgroup import CgroupSampler
-        except ImportError:
-            CgroupSampler = None
-        if CgroupSampler is not None:
-            try:
-                return CgroupSampler(cgroup, interval_s=SAMPLE_INTERVAL_S), None
-            except TypeError:
-                return CgroupSampler(cgroup), None
-    why = "cgroup not found" if cgroup is None else "workers.samplers.cgroup not installed"
-    return DockerStatsSampler(container), f"resources sampled via the Docker stats API (~1 Hz) because {why}"
+        from workers.samplers.cgroup import CgroupSampler
+
+        return CgroupSampler(cgroup, interval_s=SAMPLE_INTERVAL_S), None
+    return DockerStatsSampler(container), ("resources sampled via the Docker stats API (~1 Hz) because "
+                                           "cgroup not found")
 
 
 def sampler_details(sampler: Sampler, max_points: int = 600) -> dict[str, Any]:

@@ -89,11 +89,18 @@ class ServerProcess:
         threading.Thread(target=self._read_stderr, daemon=True).start()
         return self
 
+    @property
+    def pid(self) -> int:
+        """The server's process id (it is started)."""
+        assert self.proc is not None, "ServerProcess used outside its with-block"
+        return self.proc.pid
+
     def wait_port(self, timeout_s: float) -> int:
         """Wait for the server to report its port; ServerError with its stderr when it dies or times out."""
         self._port_ready.wait(timeout_s)
         if self.port is None:
-            state = f"exited with code {self.proc.poll()}" if not self.alive() else f"did not bind in {timeout_s:g} s"
+            code = self.proc.poll() if self.proc else None
+            state = f"exited with code {code}" if not self.alive() else f"did not bind in {timeout_s:g} s"
             raise ServerError(f"model server {state}: {self.tail() or 'no output'}")
         return self.port
 
@@ -160,7 +167,7 @@ class ProcessRunner(Runner):
                 wait_ready(url, "model", timeout, alive=server.alive)
             except ServerError as exc:
                 raise ServerError(f"{exc}; server output: {server.tail() or 'none'}") from None
-            yield ServingTarget(host="127.0.0.1", port=port, model_name="model", pid=server.proc.pid)
+            yield ServingTarget(host="127.0.0.1", port=port, model_name="model", pid=server.pid)
 
     def run_edge(self, spec: JobSpec, model_path: Path) -> JobResult:
         from workers.runners.process_edge import run_edge_process

@@ -7,6 +7,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from farm.settings import get_settings
@@ -31,18 +32,29 @@ def prepare_repository(spec: JobSpec, model_path: Path) -> Path:
     build_repository(repo, model_path, spec.model_format, MODEL_NAME,
                      inputs=triton_inputs(spec) if spec.model_format == "torchscript" else None,
                      instances=m.instances, device=spec.device, threads=m.threads)
-    for root, dirs, files in os.walk(repo):
+    for root, _dirs, files in os.walk(repo):
         os.chmod(root, 0o755)
         for f in files:
             os.chmod(Path(root) / f, 0o644)
     return repo
 
 
-def container_args(repo: Path) -> dict[str, object]:
-    """What differs from farm's own serving container: image, command, repository mount, port."""
-    return {"image": get_settings().triton_image, "command": tritonserver_command(REPO_MOUNT, TRITON_GRPC_PORT),
-            "volumes": {str(repo.resolve()): {"bind": REPO_MOUNT, "mode": "ro"}}, "port": TRITON_GRPC_PORT,
-            "shm_size": "1g"}
+@dataclass(frozen=True)
+class TritonContainer:
+    """What differs from farm's own serving container: image, command, repository mount, port inside."""
+
+    image: str
+    command: list[str]
+    volumes: dict[str, dict[str, str]]
+    port: int
+    shm_size: str = "1g"
+
+
+def container_args(repo: Path) -> TritonContainer:
+    """Triton's container for the model repository ``repo`` (mounted read-only)."""
+    return TritonContainer(image=get_settings().triton_image,
+                           command=list(tritonserver_command(REPO_MOUNT, TRITON_GRPC_PORT)),
+                           volumes={str(repo.resolve()): {"bind": REPO_MOUNT, "mode": "ro"}}, port=TRITON_GRPC_PORT)
 
 
 @contextmanager

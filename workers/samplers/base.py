@@ -23,7 +23,7 @@ class Sampler(ABC):
         self.samples: list[dict[str, float]] = []
         self.error: str | None = None
 
-    def before(self) -> None:
+    def before(self) -> None:  # noqa: B027 (optional hook: a no-op by default)
         """Called once before sampling starts (e.g. take an idle baseline)."""
 
     @abstractmethod

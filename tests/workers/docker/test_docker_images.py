@@ -6,6 +6,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 
 from tests.workers.docker.conftest import REPO
@@ -65,7 +66,7 @@ def test_build_is_cached_and_a_code_change_rebuilds(docker_client: Any, runtime_
         assert ids[1] != ids[0]
         out = _run(docker_client, tag, "import farm.marker_for_test as m; print(m.VALUE)")
         assert out.splitlines()[-1] == "rebuilt"
-        with pytest.raises(Exception):  # the replaced build was removed
+        with pytest.raises(docker.errors.ImageNotFound):  # the replaced build was removed
             docker_client.images.get(ids[0])
     finally:
         for i in reversed(ids):

@@ -83,7 +83,7 @@ class FakeService(pb_grpc.GRPCInferenceServiceServicer):
         if request.model_name != a.model_name:
             raise Scripted(grpc.StatusCode.NOT_FOUND, f"unknown model {request.model_name!r}")
         resp = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
-        for tensor, raw in zip(request.inputs, request.raw_input_contents):
+        for tensor, raw in zip(request.inputs, request.raw_input_contents, strict=False):
             out = resp.outputs.add()
             out.name = "echo_" + tensor.name
             out.datatype = tensor.datatype

@@ -116,7 +116,7 @@ def test_histogram_quantile_within_one_bucket() -> None:
 # ----------------------------------------------------------------------------- stability
 
 def _series(throughputs: list[float], p99s: list[float]) -> list[dict[str, float]]:
-    return [{"throughput_infer_per_s": t, "p99_ms": p} for t, p in zip(throughputs, p99s)]
+    return [{"throughput_infer_per_s": t, "p99_ms": p} for t, p in zip(throughputs, p99s, strict=True)]
 
 
 def test_stable_series() -> None:
