@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from farm.db.models import Job, Request, Result, Worker
+from farm.db.models import Job, ModelArtifact, Request, Result, Worker
 from farm.db.session import session_scope
 from farm.errors import NotFoundError
 from farm.metrics import JOB_METRICS
@@ -47,6 +47,15 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     names = JOB_COLUMNS + METRIC_NAMES
     rpc = (req.spec.get("measurement") or {}).get("rpc", "unary")  # how every job of it was driven
     return [{**dict(zip(names, row, strict=True)), "rpc": rpc} for row in rows]
+
+
+def model_static_metrics(model_sha256: str) -> dict[str, Any]:
+    """The static metrics (params, MACs, FLOPs per sample, ...) stored once with the model artifact
+    ``model_sha256``; empty when none were computed."""
+    with session_scope() as s:
+        static = s.execute(select(ModelArtifact.static_metrics)
+                           .where(ModelArtifact.sha256 == model_sha256)).scalar_one_or_none()
+    return static or {}
 
 
 def status_counts(request_id: str) -> dict[str, int]:

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich import box
 from rich.table import Table
 
 from farm.cli.views import console, fmt_value
+
+if TYPE_CHECKING:
+    from farm.report import Constraint, Report
 
 
 def report(
@@ -24,39 +27,60 @@ def report(
 ) -> None:
     """Rank the request's configurations under constraints; say which edge profiles fit."""
     from farm.cli.main import _prepare_db
-    from farm.db.models import ModelArtifact
-    from farm.db.session import session_scope
-    from farm.report import build_report, parse_constraint
-    from farm.results import find_request, result_rows
+    from farm.report import build_report
+    from farm.results import find_request, model_static_metrics, result_rows
 
     _prepare_db()
-    constraints = [parse_constraint(c) for c in constraint or []]
-    if p99 is not None:
-        constraints.append(parse_constraint(f"latency_p99_ms={p99}"))
+    constraints = _constraints(constraint or [], p99)
     req = find_request(request_id)
     rep = build_report(result_rows(req.id), objective, constraints, stable)
-    with session_scope() as s:
-        artifact = s.get(ModelArtifact, req.model_sha256)
-        static = (artifact.static_metrics if artifact is not None else None) or {}
+    static = model_static_metrics(req.model_sha256)
     if as_json:
-        def short(r: dict[str, Any]) -> dict[str, Any]:
-            return {k: r.get(k) for k in ("job_id", "device", "engine", "batch_size", "concurrency", objective,
-                                          "latency_p99_ms", "throughput_infer_per_s", "stable")}
-
-        print(json.dumps({
-            "request_id": req.id, "objective": objective, "constraints": [str(c) for c in constraints],
-            "ranked": [short(r) for r in rep.ranked[:top]],
-            "best_per_device": {d: short(r) for d, r in rep.best_per_device.items()},
-            "rejected": [{**short(r), "reason": why} for r, why in rep.rejected],
-            "edge": [{"edge_profile": e["edge_profile"], "batch_size": e["batch_size"], "fits": e["fits"],
-                      "reason": e["reason"], "throughput_infer_per_s": e.get("throughput_infer_per_s"),
-                      "latency_p99_ms": e.get("latency_p99_ms"), "mem_peak_bytes": e.get("mem_peak_bytes"),
-                      "mem_limit_bytes": e.get("mem_limit_bytes")} for e in rep.edge],
-            "model": static,
-        }, indent=2, default=str))
+        print(json.dumps(_as_json(req.id, rep, top, static), indent=2, default=str))
         return
-    title = f"request {req.id}: best by {objective}" + (f" with {', '.join(map(str, constraints))}"
-                                                          if constraints else "")
+    _print_ranked(req.id, rep, top)
+    _print_verdicts(rep)
+    if static:
+        console.print("model: " + ", ".join(f"{k} {fmt_value(k, static.get(k))}" for k in
+                                            ("params", "macs_per_sample", "flops_per_sample") if k in static))
+
+
+def _constraints(texts: list[str], p99: float | None) -> list[Constraint]:
+    """The ``--constraint`` options, then ``--p99`` as ``latency_p99_ms=MS``."""
+    from farm.report import parse_constraint
+
+    constraints = [parse_constraint(c) for c in texts]
+    if p99 is not None:
+        constraints.append(parse_constraint(f"latency_p99_ms={p99}"))
+    return constraints
+
+
+def _short(r: dict[str, Any], objective: str) -> dict[str, Any]:
+    return {k: r.get(k) for k in ("job_id", "device", "engine", "batch_size", "concurrency", objective,
+                                  "latency_p99_ms", "throughput_infer_per_s", "stable")}
+
+
+def _as_json(request_id: str, rep: Report, top: int, static: dict[str, Any]) -> dict[str, Any]:
+    """The report as ``--json`` prints it."""
+    objective = rep.objective
+    return {
+        "request_id": request_id, "objective": objective, "constraints": [str(c) for c in rep.constraints],
+        "ranked": [_short(r, objective) for r in rep.ranked[:top]],
+        "best_per_device": {d: _short(r, objective) for d, r in rep.best_per_device.items()},
+        "rejected": [{**_short(r, objective), "reason": why} for r, why in rep.rejected],
+        "edge": [{"edge_profile": e["edge_profile"], "batch_size": e["batch_size"], "fits": e["fits"],
+                  "reason": e["reason"], "throughput_infer_per_s": e.get("throughput_infer_per_s"),
+                  "latency_p99_ms": e.get("latency_p99_ms"), "mem_peak_bytes": e.get("mem_peak_bytes"),
+                  "mem_limit_bytes": e.get("mem_limit_bytes")} for e in rep.edge],
+        "model": static,
+    }
+
+
+def _print_ranked(request_id: str, rep: Report, top: int) -> None:
+    """The table of the ``top`` ranked configurations (or a line saying none qualifies)."""
+    objective, constraints = rep.objective, rep.constraints
+    title = f"request {request_id}: best by {objective}" + (f" with {', '.join(map(str, constraints))}"
+                                                             if constraints else "")
     table = Table(title=title, box=box.SIMPLE_HEAD)
     cols = [objective] + [m for m in ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms",
                                       "server_compute_p50_ms", "stable") if m != objective]
@@ -68,6 +92,11 @@ def report(
     console.print(table)
     if not rep.ranked:
         console.print("[yellow]no configuration meets the constraints[/]")
+
+
+def _print_verdicts(rep: Report) -> None:
+    """The best configuration per device, the ones left out (first five) and each edge profile's verdict."""
+    objective = rep.objective
     for device, r in rep.best_per_device.items():
         console.print(f"best on {device}: {r['engine']} batch {r['batch_size']} x concurrency {r['concurrency']} "
                       f"→ {fmt_value(objective, r.get(objective))} {objective}")
@@ -82,9 +111,6 @@ def report(
                       f"p99 {fmt_value('latency_p99_ms', e.get('latency_p99_ms'))} ms, memory peak "
                       f"{fmt_value('mem_peak_bytes', e.get('mem_peak_bytes'))} of "
                       f"{fmt_value('mem_limit_bytes', e.get('mem_limit_bytes'))} MiB", highlight=False)
-    if static:
-        console.print("model: " + ", ".join(f"{k} {fmt_value(k, static.get(k))}" for k in
-                                            ("params", "macs_per_sample", "flops_per_sample") if k in static))
 
 
 def register(app: typer.Typer) -> None:

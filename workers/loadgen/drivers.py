@@ -10,9 +10,11 @@ from abc import ABC, abstractmethod
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from workers.loadgen.messages import ControlMessage, Go, Stop, WorkerDone, WorkerError, WorkerMessage
 from workers.loadgen.worker import Control, WorkerConfig, run_worker
 
 JOIN_TIMEOUT_S = 10.0  # how long a stopped worker may take to close its channel and exit
+_FINAL = (WorkerDone, WorkerError)  # a worker sends nothing after these
 
 
 class Driver(ABC):
@@ -33,7 +35,7 @@ class Driver(ABC):
         """Tell every worker to start its schedule at monotonic time ``t_start``."""
 
     @abstractmethod
-    def recv(self, timeout_s: float) -> list[tuple[int, tuple[Any, ...]]]:
+    def recv(self, timeout_s: float) -> list[tuple[int, WorkerMessage]]:
         """Messages that arrived within ``timeout_s``, as (worker index, message); may be empty."""
 
     @abstractmethod
@@ -54,14 +56,14 @@ class Driver(ABC):
 # --------------------------------------------------------------------------- in-process thread
 
 class _ThreadControl(Control):
-    def __init__(self, index: int, out: queue.Queue[tuple[int, tuple[Any, ...]]]) -> None:
+    def __init__(self, index: int, out: queue.Queue[tuple[int, WorkerMessage]]) -> None:
         self.index = index
         self.out = out
         self.go_ev = threading.Event()
         self.stop_ev = threading.Event()
         self.t_start: float | None = None
 
-    def send(self, msg: tuple[Any, ...]) -> None:
+    def send(self, msg: WorkerMessage) -> None:
         self.out.put((self.index, msg))
 
     def wait_go(self, timeout_s: float) -> float | None:
@@ -80,7 +82,7 @@ class ThreadDriver(Driver):
 
     def __init__(self, configs: list[WorkerConfig]) -> None:
         super().__init__(configs)
-        self._out: queue.Queue[tuple[int, tuple[Any, ...]]] = queue.Queue()
+        self._out: queue.Queue[tuple[int, WorkerMessage]] = queue.Queue()
         self._controls = [_ThreadControl(i, self._out) for i in range(self.n)]
         self._threads = [
             threading.Thread(target=run_worker, args=(cfg, ctl), name=f"farm-loadgen-{i}", daemon=True)
@@ -94,7 +96,7 @@ class ThreadDriver(Driver):
             ctl.t_start = t_start
             ctl.go_ev.set()
 
-    def recv(self, timeout_s: float) -> list[tuple[int, tuple[Any, ...]]]:
+    def recv(self, timeout_s: float) -> list[tuple[int, WorkerMessage]]:
         try:
             first = self._out.get(timeout=max(timeout_s, 0.0))
         except queue.Empty:
@@ -123,7 +125,7 @@ class _PipeControl(Control):
         self.conn = conn
         self._stopped = False
 
-    def send(self, msg: tuple[Any, ...]) -> None:
+    def send(self, msg: WorkerMessage) -> None:
         try:
             self.conn.send(msg)
         except (BrokenPipeError, OSError):
@@ -133,8 +135,8 @@ class _PipeControl(Control):
         if not self.conn.poll(timeout_s):
             return None
         msg = self.conn.recv()
-        if msg[0] == "go":
-            return float(msg[1])
+        if isinstance(msg, Go):
+            return msg.t_start
         self._stopped = True
         return None
 
@@ -143,7 +145,7 @@ class _PipeControl(Control):
             return True
         try:
             if self.conn.poll():
-                self.conn.recv()  # the only message after "go" is "stop"
+                self.conn.recv()  # the only message after Go is Stop
                 self._stopped = True
         except (EOFError, OSError):
             self._stopped = True
@@ -179,7 +181,7 @@ class ProcessDriver(Driver):
             raise
         self._stopped = False
 
-    def _send_all(self, msg: tuple[Any, ...]) -> None:
+    def _send_all(self, msg: ControlMessage) -> None:
         for conn in self._conns:
             try:
                 conn.send(msg)
@@ -187,35 +189,35 @@ class ProcessDriver(Driver):
                 pass
 
     def go(self, t_start: float) -> None:
-        self._send_all(("go", t_start))
+        self._send_all(Go(t_start))
 
-    def recv(self, timeout_s: float) -> list[tuple[int, tuple[Any, ...]]]:
-        got: list[tuple[int, tuple[Any, ...]]] = []
+    def recv(self, timeout_s: float) -> list[tuple[int, WorkerMessage]]:
+        got: list[tuple[int, WorkerMessage]] = []
         active = {id(c): i for i, c in enumerate(self._conns) if i not in self._gone}
         if not active:
             time.sleep(max(timeout_s, 0.0))
             return got
-        for ready in wait([self._conns[i] for i in active.values()], timeout=max(timeout_s, 0.0)):
-            i = active[id(ready)]
+        for readable in wait([self._conns[i] for i in active.values()], timeout=max(timeout_s, 0.0)):
+            i = active[id(readable)]
             conn = self._conns[i]
             try:
                 while conn.poll():
                     got.append((i, conn.recv()))
             except (EOFError, OSError):
                 self._gone.add(i)
-                if not any(m[0] in ("done", "error") for j, m in got if j == i) and i not in self._finished:
+                if not any(isinstance(m, _FINAL) for j, m in got if j == i) and i not in self._finished:
                     self._procs[i].join(1.0)
-                    got.append((i, ("error", f"load process {i} exited early (exit code "
-                                              f"{self._procs[i].exitcode}); see its stderr")))
+                    got.append((i, WorkerError(f"load process {i} exited early (exit code "
+                                               f"{self._procs[i].exitcode}); see its stderr")))
             for j, m in got:
-                if m[0] in ("done", "error"):
+                if isinstance(m, _FINAL):
                     self._finished.add(j)
         return got
 
     def stop(self) -> None:
         if not getattr(self, "_stopped", False):
             self._stopped = True
-            self._send_all(("stop",))
+            self._send_all(Stop())
 
     def close(self) -> None:
         self.stop()

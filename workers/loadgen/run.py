@@ -5,6 +5,7 @@ import math
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,15 @@ from schemas import MeasurementSettings, TensorSpec
 from workers import grpc_env
 from workers.loadgen import stats
 from workers.loadgen.drivers import Driver, ProcessDriver, ThreadDriver
+from workers.loadgen.messages import (
+    Ready,
+    WarmupReport,
+    WindowReport,
+    WindowSummary,
+    WorkerDone,
+    WorkerError,
+    WorkerMessage,
+)
 from workers.loadgen.request import serialized_request
 from workers.loadgen.worker import WorkerConfig
 
@@ -68,112 +78,155 @@ def split_work(mode: str, concurrency: int, rate: float | None,
     return [(concurrency, rate / n, i / rate) for i in range(n)]
 
 
-def _summarize_window(k: int, t0: float, parts: list[dict[str, Any]], batch_size: int) -> dict[str, Any]:
-    lat = np.concatenate([p["lat_ms"] for p in parts])
-    errors: dict[str, int] = {}
-    for p in parts:
-        for name, c in p["errors"].items():
-            errors[name] = errors.get(name, 0) + c
-    length = max(parts[0]["t1"] - parts[0]["t0"], 1e-9)
+def _summarize_window(k: int, t0: float, parts: list[WindowReport], batch_size: int) -> WindowSummary:
+    """Merge window ``k`` of every worker (``parts`` by worker index); ``t0``: when measuring began."""
+    lat = np.concatenate([p.samples.lat_ms for p in parts])
+    errors = _sum_counts(p.samples.errors for p in parts)
+    length = max(parts[0].t1 - parts[0].t0, 1e-9)
     p50, p99 = stats.percentiles(lat, (50, 99))
-    return {
-        "k": k, "t_s": parts[0]["t0"] - t0, "length_s": length,
-        "requests": int(lat.size), "errors": sum(errors.values()),
-        "requests_per_s": lat.size / length, "throughput_infer_per_s": lat.size * batch_size / length,
-        "p50_ms": p50, "p99_ms": p99,
-        "_lat": lat, "_queue": np.concatenate([p["queue_ms"] for p in parts]),
-        "_compute": np.concatenate([p["compute_ms"] for p in parts]), "_errors": errors,
-        "_sent": sum(p["sent"] for p in parts), "_late": sum(p["late"] for p in parts),
-        "_cpu": [p["cpu_s"] for p in parts], "_wall": [p["wall_s"] for p in parts],
-        "_first_error": next((p["first_error"] for p in parts if p["first_error"]), None),
-    }
+    return WindowSummary(
+        k=k, t_s=parts[0].t0 - t0, length_s=length, requests=int(lat.size), errors=sum(errors.values()),
+        requests_per_s=lat.size / length, throughput_infer_per_s=lat.size * batch_size / length,
+        p50_ms=p50, p99_ms=p99, lat_ms=lat,
+        queue_ms=np.concatenate([p.samples.queue_ms for p in parts]),
+        compute_ms=np.concatenate([p.samples.compute_ms for p in parts]), error_counts=errors,
+        sent=sum(p.samples.sent for p in parts), late=sum(p.samples.late for p in parts),
+        cpu_s=tuple(p.cpu_s for p in parts), wall_s=tuple(p.wall_s for p in parts),
+        first_error=next((p.first_error for p in parts if p.first_error), None),
+    )
+
+
+def _sum_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Add error counts by status name (keys in first-seen order)."""
+    total: dict[str, int] = {}
+    for c in counts:
+        for name, n in c.items():
+            total[name] = total.get(name, 0) + n
+    return total
+
+
+def _is_stable(windows: list[WindowSummary], settings: MeasurementSettings) -> bool:
+    return stats.is_stable([w.public() for w in windows], settings.min_windows, settings.stability_pct)
 
 
 @dataclass
 class _Outcome:
-    windows: list[dict[str, Any]]
-    warmups: list[dict[str, Any]]
+    windows: list[WindowSummary]
+    warmups: list[WarmupReport]
     stopped_stable: bool
     escalate_to: int | None = None
     notes: list[str] = field(default_factory=list)
     first_error: str | None = None
 
 
-def _drive(driver: Driver, settings: MeasurementSettings, batch_size: int, mode: str,
-           escalate_cap: int, concurrency: int, connect_timeout_s: float) -> _Outcome:
-    """Run the workers of ``driver`` through warm-up and windows; stop on stability, errors or time."""
+def _wait_ready(driver: Driver, connect_timeout_s: float) -> None:
+    """Wait until every worker reported Ready; raise LoadGenError on a worker error or after the timeout."""
     n = driver.n
-    lengths = window_lengths(settings)
     ready: set[int] = set()
     deadline = time.monotonic() + connect_timeout_s + (SPAWN_TIMEOUT_S if n > 1 else 5.0)
     while len(ready) < n:
         for i, msg in driver.recv(0.05):
-            if msg[0] == "error":
-                raise LoadGenError(msg[1])
-            if msg[0] == "ready":
+            if isinstance(msg, WorkerError):
+                raise LoadGenError(msg.text)
+            if isinstance(msg, Ready):
                 ready.add(i)
         if time.monotonic() > deadline:
             raise LoadGenError(f"{n - len(ready)} of {n} load workers did not become ready; check the "
                                f"server at {driver.configs[0].url} and that this machine can start processes")
-    t_start = time.monotonic() + (START_DELAY_PROC_S if n > 1 else START_DELAY_S)
-    driver.go(t_start)
-    measure_start = t_start + settings.warmup_s
-    hard_deadline = measure_start + sum(lengths) + 30.0
-    time_limit = time.monotonic() + settings.timeout_s
-    pending: dict[int, dict[int, dict[str, Any]]] = {}
-    out = _Outcome(windows=[], warmups=[], stopped_stable=False)
-    warm: dict[int, dict[str, Any]] = {}
-    done: set[int] = set()
-    ok_so_far = 0
-    while len(done) < n:
-        for i, msg in driver.recv(0.05):
-            kind = msg[0]
-            if kind == "error":
-                raise LoadGenError(msg[1])
-            if kind == "done":
-                done.add(i)
-                out.first_error = out.first_error or msg[1].get("first_error")
-            elif kind == "warmup":
-                warm[i] = msg[1]
-                if len(warm) == n:
-                    out.warmups = [warm[j] for j in range(n)]
-                    ok_so_far += sum(w["ok"] for w in out.warmups)
-                    target = escalation(out.warmups, mode, concurrency, escalate_cap)
-                    if target is not None and settings.warmup_s >= 0.2:
-                        out.escalate_to = target
-                        driver.stop()
-            elif kind == "window":
-                pending.setdefault(msg[1], {})[i] = msg[2]
-        # merge every window all workers have reported, in order
-        while len(pending.get(len(out.windows), {})) == n:
+
+
+class _Coordinator:
+    """Follows the started workers of ``driver`` through warm-up and windows: merges each window once
+    every worker reported it, stops them on stability, on nothing succeeding, on escalation or at the
+    time limit."""
+
+    def __init__(self, driver: Driver, settings: MeasurementSettings, batch_size: int, mode: str,
+                 escalate_cap: int, concurrency: int, t_start: float) -> None:
+        self.driver, self.settings, self.batch_size = driver, settings, batch_size
+        self.mode, self.escalate_cap, self.concurrency = mode, escalate_cap, concurrency
+        self.measure_start = t_start + settings.warmup_s
+        self.hard_deadline = self.measure_start + sum(window_lengths(settings)) + 30.0
+        self.time_limit = time.monotonic() + settings.timeout_s
+        self.pending: dict[int, dict[int, WindowReport]] = {}  # window k -> worker index -> report
+        self.warm: dict[int, WarmupReport] = {}
+        self.done: set[int] = set()
+        self.ok_so_far = 0
+        self.out = _Outcome(windows=[], warmups=[], stopped_stable=False)
+
+    def run(self) -> _Outcome:
+        while len(self.done) < self.driver.n:
+            for i, msg in self.driver.recv(0.05):
+                self._receive(i, msg)
+            self._merge_windows()
+            self._check_time()
+        return self.out
+
+    def _receive(self, i: int, msg: WorkerMessage) -> None:
+        if isinstance(msg, WorkerError):
+            raise LoadGenError(msg.text)
+        if isinstance(msg, WorkerDone):
+            self.done.add(i)
+            self.out.first_error = self.out.first_error or msg.first_error
+        elif isinstance(msg, WarmupReport):
+            self.warm[i] = msg
+            if len(self.warm) == self.driver.n:
+                self._warmed_up()
+        elif isinstance(msg, WindowReport):
+            self.pending.setdefault(msg.k, {})[i] = msg
+
+    def _warmed_up(self) -> None:
+        """Every worker finished its warm-up: stop to re-run with more processes when one was too busy."""
+        out = self.out
+        out.warmups = [self.warm[j] for j in range(self.driver.n)]
+        self.ok_so_far += sum(w.ok for w in out.warmups)
+        target = escalation(out.warmups, self.mode, self.concurrency, self.escalate_cap)
+        if target is not None and self.settings.warmup_s >= 0.2:
+            out.escalate_to = target
+            self.driver.stop()
+
+    def _merge_windows(self) -> None:
+        """Merge every window all workers have reported, in order; stop once stable or nothing succeeded."""
+        n, out, settings = self.driver.n, self.out, self.settings
+        while len(self.pending.get(len(out.windows), {})) == n:
             k = len(out.windows)
-            parts = pending.pop(k)
-            out.windows.append(_summarize_window(k, measure_start, [parts[j] for j in range(n)], batch_size))
-            ok_so_far += out.windows[-1]["requests"]
-            if ok_so_far == 0:
-                driver.stop()
-            elif settings.duration_s is None and stats.is_stable(out.windows, settings.min_windows,
-                                                                 settings.stability_pct):
+            parts = self.pending.pop(k)
+            out.windows.append(_summarize_window(k, self.measure_start, [parts[j] for j in range(n)],
+                                                 self.batch_size))
+            self.ok_so_far += out.windows[-1].requests
+            if self.ok_so_far == 0:
+                self.driver.stop()
+            elif settings.duration_s is None and _is_stable(out.windows, settings):
                 out.stopped_stable = True
-                driver.stop()
+                self.driver.stop()
+
+    def _check_time(self) -> None:
+        """Stop the workers at the job's time limit; raise when they hang well past the last window."""
         now = time.monotonic()
-        if now > time_limit and len(done) < n:
-            out.notes.append(f"stopped at the job time limit ({settings.timeout_s:g} s)")
-            time_limit = math.inf
-            driver.stop()
-        if now > hard_deadline:
-            raise LoadGenError(f"load workers did not finish {hard_deadline - measure_start:.0f} s after the "
-                               "measurement started; the client is hung: check the server and retry")
-    return out
+        if now > self.time_limit and len(self.done) < self.driver.n:
+            self.out.notes.append(f"stopped at the job time limit ({self.settings.timeout_s:g} s)")
+            self.time_limit = math.inf
+            self.driver.stop()
+        if now > self.hard_deadline:
+            raise LoadGenError(f"load workers did not finish {self.hard_deadline - self.measure_start:.0f} s "
+                               "after the measurement started; the client is hung: check the server and retry")
 
 
-def escalation(warmups: list[dict[str, Any]], mode: str, concurrency: int, cap: int) -> int | None:
+def _drive(driver: Driver, settings: MeasurementSettings, batch_size: int, mode: str,
+           escalate_cap: int, concurrency: int, connect_timeout_s: float) -> _Outcome:
+    """Run the workers of ``driver`` through warm-up and windows; stop on stability, errors or time."""
+    _wait_ready(driver, connect_timeout_s)
+    t_start = time.monotonic() + (START_DELAY_PROC_S if driver.n > 1 else START_DELAY_S)
+    driver.go(t_start)
+    return _Coordinator(driver, settings, batch_size, mode, escalate_cap, concurrency, t_start).run()
+
+
+def escalation(warmups: list[WarmupReport], mode: str, concurrency: int, cap: int) -> int | None:
     """More processes when the (single) client process was too busy or sent late during warm-up."""
     if cap <= 1 or len(warmups) != 1 or (mode == "closed" and concurrency < 2):
         return None
     w = warmups[0]
-    late_pct = 100.0 * w["late"] / w["sent"] if w["sent"] else 0.0
-    busy = w["busy_pct"]
+    late_pct = 100.0 * w.late / w.sent if w.sent else 0.0
+    busy = w.busy_pct
     if busy <= BUSY_LIMIT_PCT and (mode == "closed" or late_pct <= LATE_LIMIT_PCT):
         return None
     want = max(2, math.ceil(busy / (BUSY_LIMIT_PCT * 0.75)))
@@ -182,84 +235,128 @@ def escalation(warmups: list[dict[str, Any]], mode: str, concurrency: int, cap: 
     return min(want, cap)
 
 
-def _result(out: _Outcome, settings: MeasurementSettings, batch_size: int, mode: str,
-            concurrency: int, processes: int) -> LoadResult:
+@dataclass(frozen=True, slots=True)
+class _Totals:
+    """The run gathered once for its metrics and details: the windows the metrics use (``used``) and
+    their samples and duration (s); over every window: error counts, sends, late sends, each process's
+    CPU busy %, stability and the first error."""
+
+    used: list[WindowSummary]
+    lat: np.ndarray
+    queue: np.ndarray
+    compute: np.ndarray
+    duration: float
+    errors: dict[str, int]
+    sent: int
+    late: int
+    busy_by_proc: list[float]
+    stable: bool
+    first_error: str | None
+
+
+def _first_error(out: _Outcome) -> str | None:
+    return out.first_error or next((w.first_error for w in out.windows if w.first_error), None)
+
+
+def _no_success(out: _Outcome, settings: MeasurementSettings) -> LoadGenError:
+    """The error for a run whose metric windows hold no successful request: what failed, what to check."""
+    errors = _sum_counts([*(w.errors for w in out.warmups), *(w.error_counts for w in out.windows)])
+    first = _first_error(out)
+    counts = (", ".join(f"{k}: {v}" for k, v in sorted(errors.items()))
+              or "no responses at all: the server may be hung or slower than one window")
+    if settings.rpc == "stream" and "UNIMPLEMENTED" in errors:
+        return LoadGenError(f"the server does not serve ModelStreamInfer streams (first error: {first}); "
+                            "measure with --rpc unary")
+    return LoadGenError(
+        f"no request succeeded while measuring ({counts}; first error: {first or 'none'}); check the "
+        "model name, the input names, dtypes and shapes (batch dimension excluded), and the server log")
+
+
+def _totals(out: _Outcome, settings: MeasurementSettings, processes: int) -> _Totals:
+    """Gather the run; raise LoadGenError when no window completed or no request succeeded."""
     wins = out.windows
     if not wins:
         raise LoadGenError("the run stopped before its first measurement window completed; raise "
                            "timeout_s or lower warmup_s/window_s")
     n_metric = len(wins) if settings.duration_s is not None else min(settings.min_windows, len(wins))
     used = wins[len(wins) - n_metric:]
-    lat = np.concatenate([w["_lat"] for w in used])
+    lat = np.concatenate([w.lat_ms for w in used])
     if lat.size == 0:
-        errors: dict[str, int] = {}
-        for w in [*out.warmups, *wins]:
-            for name, c in (w.get("_errors") or w.get("errors") or {}).items():
-                errors[name] = errors.get(name, 0) + c
-        first = out.first_error or next((w["_first_error"] for w in wins if w["_first_error"]), None)
-        counts = (", ".join(f"{k}: {v}" for k, v in sorted(errors.items()))
-                  or "no responses at all: the server may be hung or slower than one window")
-        if settings.rpc == "stream" and "UNIMPLEMENTED" in errors:
-            raise LoadGenError(f"the server does not serve ModelStreamInfer streams (first error: {first}); "
-                               "measure with --rpc unary")
-        raise LoadGenError(
-            f"no request succeeded while measuring ({counts}; first error: {first or 'none'}); check the "
-            "model name, the input names, dtypes and shapes (batch dimension excluded), and the server log")
-    duration = sum(w["length_s"] for w in used)
-    queue = np.concatenate([w["_queue"] for w in used])
-    compute = np.concatenate([w["_compute"] for w in used])
-    s = stats.summarize_latencies(lat)
-    errors = {}
-    for w in wins:
-        for name, c in w["_errors"].items():
-            errors[name] = errors.get(name, 0) + c
-    sent = sum(w["_sent"] for w in wins)
-    late = sum(w["_late"] for w in wins)
-    busy_by_proc = [100.0 * sum(w["_cpu"][i] for w in wins) / max(sum(w["_wall"][i] for w in wins), 1e-9)
+        raise _no_success(out, settings)
+    busy_by_proc = [100.0 * sum(w.cpu_s[i] for w in wins) / max(sum(w.wall_s[i] for w in wins), 1e-9)
                     for i in range(processes)]
-    stable = stats.is_stable(wins, settings.min_windows, settings.stability_pct)
-    metrics: dict[str, float | int | bool | None] = {
-        "throughput_infer_per_s": lat.size * batch_size / duration,
-        "requests_per_s": lat.size / duration,
+    return _Totals(
+        used=used, lat=lat, queue=np.concatenate([w.queue_ms for w in used]),
+        compute=np.concatenate([w.compute_ms for w in used]), duration=sum(w.length_s for w in used),
+        errors=_sum_counts(w.error_counts for w in wins), sent=sum(w.sent for w in wins),
+        late=sum(w.late for w in wins), busy_by_proc=busy_by_proc,
+        stable=_is_stable(wins, settings), first_error=_first_error(out),
+    )
+
+
+def _metrics(t: _Totals, batch_size: int, mode: str, windows: int) -> dict[str, float | int | bool | None]:
+    """The run's metrics, keyed by ``farm.metrics`` names."""
+    s = stats.summarize_latencies(t.lat)
+    queue, compute = t.queue, t.compute
+    return {
+        "throughput_infer_per_s": t.lat.size * batch_size / t.duration,
+        "requests_per_s": t.lat.size / t.duration,
         "latency_mean_ms": s["mean"], "latency_p50_ms": s["p50"], "latency_p90_ms": s["p90"],
         "latency_p95_ms": s["p95"], "latency_p99_ms": s["p99"], "latency_p999_ms": s["p999"],
         "latency_max_ms": s["max"], "latency_std_ms": s["std"],
         "server_queue_p50_ms": stats.percentile(queue, 50) if queue.size else None,
         "server_compute_p50_ms": stats.percentile(compute, 50) if compute.size else None,
         "server_compute_p99_ms": stats.percentile(compute, 99) if compute.size else None,
-        "error_count": int(sum(errors.values())),
-        "late_send_pct": (100.0 * late / sent if sent else 0.0) if mode != "closed" else None,
-        "client_busy_pct": max(busy_by_proc),
-        "stable": bool(stable),
-        "windows": len(wins),
-        "duration_s": duration,
+        "error_count": int(sum(t.errors.values())),
+        "late_send_pct": (100.0 * t.late / t.sent if t.sent else 0.0) if mode != "closed" else None,
+        "client_busy_pct": max(t.busy_by_proc),
+        "stable": bool(t.stable),
+        "windows": windows,
+        "duration_s": t.duration,
     }
+
+
+def _notes(out: _Outcome, t: _Totals, settings: MeasurementSettings) -> list[str]:
+    """The coordinator's notes, then warnings about a busy client and an unstable measurement."""
     notes = list(out.notes)
-    if max(busy_by_proc) > BUSY_LIMIT_PCT:
-        notes.append(f"load generator process was {max(busy_by_proc):.0f} % busy: the client may limit "
+    if max(t.busy_by_proc) > BUSY_LIMIT_PCT:
+        notes.append(f"load generator process was {max(t.busy_by_proc):.0f} % busy: the client may limit "
                      "the result; give it more processes (processes=) or cores")
-    if not stable:
+    if not t.stable:
         notes.append(f"not stable: the last {settings.min_windows} windows did not agree within "
                      f"±{settings.stability_pct:g} % on throughput and p99")
-    details: dict[str, Any] = {
+    return notes
+
+
+def _details(out: _Outcome, t: _Totals, settings: MeasurementSettings, batch_size: int, mode: str,
+             concurrency: int, processes: int) -> dict[str, Any]:
+    """Histograms, per-window figures, errors, warm-up counts and the plan the run used."""
+    return {
         "mode": mode, "rpc": settings.rpc, "rate": settings.rate if mode != "closed" else None,
         "concurrency": concurrency,
         "batch_size": batch_size, "processes": processes,
         "warmup_s": settings.warmup_s, "window_s": settings.window_s,
-        "metrics_windows": [used[0]["k"], used[-1]["k"]],
+        "metrics_windows": [t.used[0].k, t.used[-1].k],
         "stopped_when_stable": out.stopped_stable,
-        "latency_histogram": stats.histogram(lat),
-        "server_compute_histogram": stats.histogram(compute) if compute.size else None,
-        "windows": [{k: v for k, v in w.items() if not k.startswith("_")} for w in wins],
-        "errors": errors,
-        "first_error": out.first_error or next((w["_first_error"] for w in wins if w["_first_error"]), None),
-        "warmup_requests": sum(w["ok"] for w in out.warmups),
-        "warmup_errors": sum(sum(w["errors"].values()) for w in out.warmups),
-        "sent": sent, "late_sends": late,
-        "client_busy_pct_by_process": busy_by_proc,
-        "notes": notes,
+        "latency_histogram": stats.histogram(t.lat),
+        "server_compute_histogram": stats.histogram(t.compute) if t.compute.size else None,
+        "windows": [w.public() for w in out.windows],
+        "errors": t.errors,
+        "first_error": t.first_error,
+        "warmup_requests": sum(w.ok for w in out.warmups),
+        "warmup_errors": sum(sum(w.errors.values()) for w in out.warmups),
+        "sent": t.sent, "late_sends": t.late,
+        "client_busy_pct_by_process": t.busy_by_proc,
+        "notes": _notes(out, t, settings),
     }
-    return LoadResult(metrics=metrics, details=details)
+
+
+def _result(out: _Outcome, settings: MeasurementSettings, batch_size: int, mode: str,
+            concurrency: int, processes: int) -> LoadResult:
+    """The LoadResult of a finished run; LoadGenError when it measured nothing."""
+    t = _totals(out, settings, processes)
+    return LoadResult(metrics=_metrics(t, batch_size, mode, len(out.windows)),
+                      details=_details(out, t, settings, batch_size, mode, concurrency, processes))
 
 
 def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: int, concurrency: int,
@@ -305,7 +402,7 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
         if out.escalate_to is None:
             break
         w = out.warmups[0]
-        notes.append(f"one client process was {w['busy_pct']:.0f} % busy ({w['late']} of {w['sent']} sends "
+        notes.append(f"one client process was {w.busy_pct:.0f} % busy ({w.late} of {w.sent} sends "
                      f"late) during warm-up; re-ran with {out.escalate_to} processes")
         n_proc, cap = out.escalate_to, 1
     if len(configs) == 1 and not grpc_env.EFFECTIVE:  # one client: it ran in this process

@@ -1,10 +1,10 @@
 """One load-generating event loop: a grpc.aio channel driving closed- or open-loop ModelInfer traffic.
 
 A worker runs in a thread of the caller's process or in its own process (see ``drivers``). It talks to
-its coordinator through a :class:`Control`: it reports ``ready``, waits for ``go`` (a shared
-``time.monotonic()`` start, valid across processes on one machine), then reports ``warmup`` and one
-``window`` message per measurement window, and ``done`` when it stopped. Times are monotonic seconds;
-latencies milliseconds.
+its coordinator through a :class:`Control` with the messages of ``messages``: it reports ``Ready``, waits
+for go (a shared ``time.monotonic()`` start, valid across processes on one machine), then reports a
+``WarmupReport`` and one ``WindowReport`` per measurement window, and ``WorkerDone`` when it stopped.
+Times are monotonic seconds; latencies milliseconds.
 """
 from __future__ import annotations
 
@@ -23,6 +23,15 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from workers.engines.base import COMPUTE_PARAM, QUEUE_PARAM
+from workers.loadgen.messages import (
+    Ready,
+    Samples,
+    WarmupReport,
+    WindowReport,
+    WorkerDone,
+    WorkerError,
+    WorkerMessage,
+)
 
 MAX_MESSAGE_BYTES = -1  # unlimited send/receive message size
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
@@ -72,8 +81,8 @@ class Control(ABC):
     """The worker's line to its coordinator."""
 
     @abstractmethod
-    def send(self, msg: tuple[Any, ...]) -> None:
-        """Report a message: ("ready",), ("warmup", dict), ("window", k, dict), ("done", dict), ("error", str)."""
+    def send(self, msg: WorkerMessage) -> None:
+        """Report a message to the coordinator."""
 
     @abstractmethod
     def wait_go(self, timeout_s: float) -> float | None:
@@ -171,7 +180,7 @@ class LoadWorker:
         if self.first_error is None:
             self.first_error = text
 
-    def _cut(self, edge: float) -> dict[str, Any]:
+    def _cut(self, edge: float) -> Samples:
         """Take every completion and error up to ``edge`` out of the buffers."""
         i = bisect.bisect_right(self._t_done, edge)
         lat = np.asarray(self._lat[:i], dtype=np.float64)
@@ -185,8 +194,8 @@ class LoadWorker:
         del self._err_t[:j], self._err_name[:j]
         sent, late = self._sent, self._late
         self._sent = self._late = 0
-        return {"lat_ms": lat, "queue_ms": queue[~np.isnan(queue)], "compute_ms": compute[~np.isnan(compute)],
-                "errors": errors, "sent": sent, "late": late}
+        return Samples(lat_ms=lat, queue_ms=queue[~np.isnan(queue)], compute_ms=compute[~np.isnan(compute)],
+                       errors=errors, sent=sent, late=late)
 
     # ----------------------------------------------------------------- traffic
     async def _closed_loop(self, infer: Any) -> None:
@@ -285,20 +294,18 @@ class LoadWorker:
             return
         warm = self._cut(edge)
         cpu1, wall1 = time.process_time(), time.monotonic()
-        self.control.send(("warmup", {
-            "ok": int(warm["lat_ms"].size), "errors": warm["errors"], "sent": warm["sent"],
-            "late": warm["late"], "busy_pct": 100.0 * (cpu1 - cpu0) / max(wall1 - wall0, 1e-9)}))
+        self.control.send(WarmupReport(ok=int(warm.lat_ms.size), errors=warm.errors, sent=warm.sent,
+                                       late=warm.late, busy_pct=100.0 * (cpu1 - cpu0) / max(wall1 - wall0, 1e-9)))
         for k, length in enumerate(cfg.window_lengths_s):
             end = edge + length
             await self._sleep_until(end)
             if self._stopping:
                 return
-            data = self._cut(end)
+            samples = self._cut(end)
             cpu2, wall2 = time.process_time(), time.monotonic()
-            data.update(k=k, t0=edge, t1=end, cpu_s=cpu2 - cpu1, wall_s=wall2 - wall1,
-                        first_error=self.first_error)
+            self.control.send(WindowReport(k=k, t0=edge, t1=end, samples=samples, cpu_s=cpu2 - cpu1,
+                                           wall_s=wall2 - wall1, first_error=self.first_error))
             cpu1, wall1 = cpu2, wall2
-            self.control.send(("window", k, data))
             edge = end
 
     async def _check_ready(self, channel: grpc.aio.Channel) -> str | None:
@@ -331,13 +338,13 @@ class LoadWorker:
             if cfg.check_ready:
                 problem = await self._check_ready(channel)
                 if problem is not None:
-                    self.control.send(("error", problem))
+                    self.control.send(WorkerError(problem))
                     return
             infer = channel.unary_unary(INFER_METHOD, request_serializer=None,
                                         response_deserializer=pb.ModelInferResponse.FromString)
             open_stream = channel.stream_stream(STREAM_METHOD, request_serializer=None,
                                                 response_deserializer=pb.ModelStreamInferResponse.FromString)
-            self.control.send(("ready",))
+            self.control.send(Ready())
             loop = asyncio.get_running_loop()
             t_start = await loop.run_in_executor(None, self.control.wait_go, 60.0)
             if t_start is None:
@@ -363,7 +370,7 @@ class LoadWorker:
                 if sender is not None:
                     await sender.close()
                 await asyncio.gather(*traffic, watcher, return_exceptions=True)
-        self.control.send(("done", {"first_error": self.first_error}))
+        self.control.send(WorkerDone(self.first_error))
 
 
 class _UnarySender:
@@ -465,4 +472,4 @@ def run_worker(cfg: WorkerConfig, control: Control) -> None:
     try:
         asyncio.run(LoadWorker(cfg, control).run())
     except Exception as exc:  # reported to the coordinator, which raises LoadGenError
-        control.send(("error", f"load worker failed: {type(exc).__name__}: {exc}"))
+        control.send(WorkerError(f"load worker failed: {type(exc).__name__}: {exc}"))

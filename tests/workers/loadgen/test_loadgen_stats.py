@@ -1,6 +1,7 @@
 """Pure helpers of the load generator: percentiles, histograms, stability, planning, request building."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -218,17 +219,35 @@ def test_stream_error_names(text: str, name: str) -> None:
 
 
 def test_escalation_rule() -> None:
+    from workers.loadgen.messages import WarmupReport
     from workers.loadgen.run import escalation
 
-    busy = {"busy_pct": 95.0, "late": 0, "sent": 1000}
-    calm = {"busy_pct": 30.0, "late": 0, "sent": 1000}
-    lagging = {"busy_pct": 50.0, "late": 200, "sent": 1000}
+    busy = WarmupReport(ok=1000, errors={}, busy_pct=95.0, late=0, sent=1000)
+    calm = WarmupReport(ok=1000, errors={}, busy_pct=30.0, late=0, sent=1000)
+    lagging = WarmupReport(ok=1000, errors={}, busy_pct=50.0, late=200, sent=1000)
+    busier = dataclasses.replace(busy, busy_pct=190.0)
     assert escalation([busy], "closed", 16, cap=8) == 2
-    assert escalation([{**busy, "busy_pct": 190.0}], "closed", 16, cap=8) == 4
-    assert escalation([{**busy, "busy_pct": 190.0}], "closed", 3, cap=8) == 3  # never above concurrency
+    assert escalation([busier], "closed", 16, cap=8) == 4
+    assert escalation([busier], "closed", 3, cap=8) == 3  # never above concurrency
     assert escalation([busy], "closed", 1, cap=8) is None  # one outstanding request cannot be split
     assert escalation([busy], "closed", 16, cap=1) is None  # not allowed to (e.g. a 2-core machine)
     assert escalation([calm], "constant", 1, cap=8) is None
     assert escalation([lagging], "poisson", 1, cap=8) == 2  # open loop: late sends trigger it too
     assert escalation([lagging], "closed", 4, cap=8) is None
     assert escalation([busy, busy], "closed", 16, cap=8) is None  # already spread
+
+
+def test_messages_survive_the_process_pipe() -> None:
+    """Worker processes send these pickled; a window's arrays and counts must come back equal."""
+    import pickle
+
+    from workers.loadgen.messages import Go, Ready, Samples, Stop, WindowReport, WorkerDone, WorkerError
+
+    samples = Samples(lat_ms=np.array([1.0, 2.5]), queue_ms=np.array([0.1]), compute_ms=np.array([]),
+                      errors={"UNAVAILABLE": 2}, sent=4, late=1)
+    window = WindowReport(k=3, t0=1.0, t1=2.0, samples=samples, cpu_s=0.2, wall_s=1.0, first_error="x")
+    back = pickle.loads(pickle.dumps(window))
+    assert np.array_equal(back.samples.lat_ms, samples.lat_ms) and back.samples.errors == samples.errors
+    assert (back.k, back.cpu_s, back.first_error) == (3, 0.2, "x")
+    for msg in (Ready(), Go(12.5), Stop(), WorkerDone(None), WorkerError("boom")):
+        assert pickle.loads(pickle.dumps(msg)) == msg
