@@ -23,7 +23,7 @@ from collections.abc import Callable
 from math import prod
 from typing import Any
 
-from farm.modelinfo import ONNX_TO_KSERVE, fix_input_shapes, infer_onnx_shapes, onnx_graph_inputs
+from farm.models.info import ONNX_TO_KSERVE, fix_input_shapes, infer_onnx_shapes, onnx_graph_inputs
 from schemas import TensorSpec
 
 Shape = list[int]
