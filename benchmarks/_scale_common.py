@@ -63,7 +63,7 @@ def scratch_cluster(redis_db: int = 15, **settings: str) -> Iterator[dict[str, s
 
 def example_model(directory: Path) -> Path:
     """farm's MLP example model (ONNX)."""
-    from farm.example_models import build_example
+    from farm.models.examples import build_example
 
     return build_example("mlp", directory / "mlp.onnx")
 

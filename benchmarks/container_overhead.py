@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from farm.example_models import build_example  # noqa: E402
+from farm.models.examples import build_example  # noqa: E402
 from schemas import EdgeProfile, JobSpec, MeasurementSettings  # noqa: E402
 
 

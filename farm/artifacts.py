@@ -29,7 +29,7 @@ def safe_filename(name: str) -> str:
 def static_metrics(path: Path, model_format: str, inputs: list[dict]) -> dict:
     """``farm analyze`` of the model (params, size, MACs/FLOPs, activation memory), JSON-ready; a model
     the analyser cannot count gets ``{"error": ...}`` rather than blocking the submission."""
-    from farm.analysis import analyze
+    from farm.models.analysis import analyze
     from schemas import TensorSpec
 
     try:

@@ -15,7 +15,7 @@ from farm.artifacts import store_model
 from farm.db.models import Job, Request
 from farm.db.session import session_scope
 from farm.errors import RequestError, SchedulerError
-from farm.modelinfo import inspect_model
+from farm.models.info import inspect_model
 from farm.results import live_workers
 from farm.settings import get_settings
 from scheduler.expand import Expansion, ModelRef, expand

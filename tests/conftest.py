@@ -118,6 +118,6 @@ def cluster_env(pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) ->
 @pytest.fixture(scope="session")
 def example_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """farm's MLP example model (ONNX, dynamic batch)."""
-    from farm.example_models import build_example
+    from farm.models.examples import build_example
 
     return build_example("mlp", tmp_path_factory.mktemp("models") / "mlp.onnx")

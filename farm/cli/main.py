@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from farm.cli import views
-from farm.cli.errors import run_cli
+from farm.cli.errors import run_app, run_cli
 from farm.cli.views import console, err_console
 from farm.errors import RequestError
 from farm.settings import get_settings, mask_url
@@ -244,26 +244,6 @@ from farm.cli import cluster  # noqa: E402  (registers scheduler, cancel)
 cluster.register(app)
 
 
-def main() -> None:
-    """Console-script entry point."""
-    run_cli(_typer_main)
-
-
-def _typer_main() -> None:
-    try:
-        app(standalone_mode=False)
-    except typer.Exit as exc:
-        if exc.exit_code:
-            sys.exit(exc.exit_code)
-    except typer.Abort:
-        sys.exit(1)
-    except Exception as exc:
-        import click
-
-        if isinstance(exc, click.exceptions.UsageError):
-            print(f"error: {' '.join(exc.format_message().split())}", file=sys.stderr)
-            sys.exit(2)
-        if isinstance(exc, click.exceptions.ClickException):
-            print(f"error: {' '.join(exc.format_message().split())}", file=sys.stderr)
-            sys.exit(exc.exit_code)
-        raise
+def main(args: list[str] | None = None) -> None:
+    """Console-script entry point; ``args`` defaults to ``sys.argv[1:]`` (tests pass their own)."""
+    run_cli(lambda: run_app(app, args))

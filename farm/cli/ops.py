@@ -63,7 +63,7 @@ def serve(
     model_name: str = typer.Option("model", "--model-name"),
 ) -> None:
     """Serve MODEL over the KServe v2 gRPC protocol (farm's built-in server)."""
-    from farm.modelinfo import detect_format
+    from farm.models.info import detect_format
     from scheduler.compat import EDGE_ENGINE
     from workers.engines.server import ServerConfig, run_server
 
@@ -84,7 +84,7 @@ def example_model(out: Path = typer.Argument(..., help="Output file."),
                   kind: str = typer.Option("convnet", "--kind", help="mlp | convnet | identity | compute | memory "
                                            "(| torchscript-mlp | torchscript-convnet with farm[torch])")) -> None:
     """Write a small example model (random weights) for demos and tests."""
-    from farm.example_models import EXAMPLE_KINDS, build_example
+    from farm.models.examples import EXAMPLE_KINDS, build_example
 
     if kind not in EXAMPLE_KINDS:
         raise RequestError(f"--kind {kind!r} is unknown; use one of: {', '.join(EXAMPLE_KINDS)}")
@@ -97,8 +97,8 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
             model_format: str | None = typer.Option(None, "--format"),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Static metrics: parameters, size, MACs/FLOPs per sample, activation memory."""
-    from farm.analysis import analyze as run_analysis
-    from farm.modelinfo import inspect_model, parse_input_spec
+    from farm.models.analysis import analyze as run_analysis
+    from farm.models.info import inspect_model, parse_input_spec
 
     given = [parse_input_spec(t) for t in input_spec] if input_spec else None
     info = inspect_model(model, model_format, given)

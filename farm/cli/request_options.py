@@ -83,7 +83,7 @@ def build_request_dict(base: dict[str, Any], model: str | None, engines: list[st
     if edges:
         data["edge"] = [parse_edge(e) for e in edges]
     if inputs:
-        from farm.modelinfo import parse_input_spec
+        from farm.models.info import parse_input_spec
 
         data["inputs"] = [parse_input_spec(t).model_dump() for t in inputs]
     if fmt:

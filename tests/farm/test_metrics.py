@@ -24,7 +24,7 @@ def test_results_table_has_one_nullable_column_per_job_metric() -> None:
 
 
 def test_static_analysis_reports_every_model_metric(example_onnx) -> None:  # type: ignore[no-untyped-def]
-    from farm.analysis import analyze
+    from farm.models.analysis import analyze
 
     report = analyze(example_onnx, "onnx")
     for m in MODEL_METRICS:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.example_models import build_example
+from farm.models.examples import build_example
 from schemas import EdgeProfile, JobSpec, MeasurementSettings, TensorSpec
 from workers.runners.process import ProcessRunner
 from workers.samplers.cgroup import LimitedCgroup
@@ -41,7 +41,7 @@ def test_a_model_above_the_memory_limit_is_reported_oom_killed(tmp_path: Path) -
     if not _cgroups_work():
         pytest.skip("this host does not let farm create limited cgroups")
     model = build_example("memory", tmp_path / "memory.onnx", mb=192)
-    from farm.modelinfo import inspect_model
+    from farm.models.info import inspect_model
 
     shape = inspect_model(model).inputs[0].shape
     result = ProcessRunner().run_edge(_spec(model, shape, EdgeProfile(cpus=1, memory="96m", name="small")), model)

@@ -54,8 +54,8 @@ def worker_id() -> str:
 
 @pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Example ONNX models (farm.example_models), world-readable for the containers' nobody user."""
-    from farm.example_models import build_example
+    """Example ONNX models (farm.models.examples), world-readable for the containers' nobody user."""
+    from farm.models.examples import build_example
 
     d = tmp_path_factory.mktemp("docker-models")
     d.chmod(0o755)

@@ -1,4 +1,4 @@
-"""Tests for farm.example_models and farm.torch_models: every example builds, checks, runs and inspects."""
+"""Tests for farm.models.examples and farm.models.torchscript: every example builds, checks, runs and inspects."""
 from __future__ import annotations
 
 import hashlib
@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 
 from farm.errors import RequestError
-from farm.example_models import (
+from farm.models.examples import (
     COMPUTE_DIM,
     COMPUTE_ROWS,
     EXAMPLE_KINDS,
@@ -27,7 +27,7 @@ from farm.example_models import (
     compute_layers,
     main,
 )
-from farm.modelinfo import inspect_model
+from farm.models.info import inspect_model
 from schemas import TensorSpec
 
 # Small options keep the suite fast and light: compute ~0.5 ms, memory 8 MiB per sample.

@@ -213,7 +213,7 @@ def build_example(kind: str, out: Path, **kw: Any) -> Path:
         raise RequestError(f"unknown example model {kind!r}; choose one of {', '.join(EXAMPLE_KINDS)}")
     path = _out_path(kind, out)
     if kind in TORCHSCRIPT_KINDS:
-        from farm.torch_models import build_torchscript
+        from farm.models.torchscript import build_torchscript
 
         if kw:
             raise RequestError(f"example model {kind!r} takes no options, got {', '.join(kw)}")
@@ -231,10 +231,10 @@ def build_example(kind: str, out: Path, **kw: Any) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m farm.example_models KIND OUT [key=value ...]``; prints the written path."""
+    """``python -m farm.models.examples KIND OUT [key=value ...]``; prints the written path."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 2:
-        print(f"usage: python -m farm.example_models KIND OUT [key=value ...]; kinds: {', '.join(EXAMPLE_KINDS)}",
+        print(f"usage: python -m farm.models.examples KIND OUT [key=value ...]; kinds: {', '.join(EXAMPLE_KINDS)}",
               file=sys.stderr)
         return 2
     kw: dict[str, Any] = {}

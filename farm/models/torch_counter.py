@@ -2,7 +2,7 @@
 
 The module runs on a batch of 1 (zeros of the input spec) under a ``TorchDispatchMode`` that sees every
 aten op the TorchScript interpreter executes and applies the ONNX counter's rules to it (see
-``farm.analysis.onnx_counter``). Ops outside the table are reported as unknown, never counted as 0.
+``farm.models.onnx_counter``). Ops outside the table are reported as unknown, never counted as 0.
 Activation bytes are the sum of newly allocated op outputs (views excluded); the peak is not tracked.
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import ModelError
-from farm.modelinfo import one_line
-from farm.torch_models import load_torchscript, require_torch, torch_inputs
+from farm.models.info import one_line
+from farm.models.torchscript import load_torchscript, require_torch, torch_inputs
 from schemas import TensorSpec
 
 Cost = tuple[int, int]  # (MACs, FLOPs)
@@ -145,7 +145,7 @@ def _counting_mode() -> Any:
 
 
 def analyze_torchscript(path: Path, inputs: list[TensorSpec]) -> dict[str, Any]:
-    """Static metrics of a TorchScript file for per-sample ``inputs`` (see ``farm.analysis``)."""
+    """Static metrics of a TorchScript file for per-sample ``inputs`` (see ``farm.models.analysis``)."""
     torch = require_torch()
     module = load_torchscript(path)
     params = list(module.parameters())
@@ -153,7 +153,7 @@ def analyze_torchscript(path: Path, inputs: list[TensorSpec]) -> dict[str, Any]:
     for p in params:
         key = str(p.dtype).replace("torch.", "")
         by_dtype[key] = by_dtype.get(key, 0) + p.numel() * p.element_size()
-    from farm.modelinfo import TORCH_TO_KSERVE
+    from farm.models.info import TORCH_TO_KSERVE
 
     dominant = max(by_dtype, key=lambda k: by_dtype[k]) if by_dtype else None
     dtype = TORCH_TO_KSERVE.get(dominant or "") or (inputs[0].dtype if inputs else None)

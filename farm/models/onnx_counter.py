@@ -23,7 +23,7 @@ from collections.abc import Callable
 from math import prod
 from typing import Any
 
-from farm.modelinfo import ONNX_TO_KSERVE, fix_input_shapes, infer_onnx_shapes, onnx_graph_inputs
+from farm.models.info import ONNX_TO_KSERVE, fix_input_shapes, infer_onnx_shapes, onnx_graph_inputs
 from schemas import TensorSpec
 
 Shape = list[int]
@@ -210,20 +210,15 @@ def _activations(model: Any, shapes: dict[str, Shape | None], types: dict[str, i
     return total, peak, known
 
 
-def analyze_onnx_model(model: Any, inputs: list[TensorSpec], batch: int = 1) -> dict[str, Any]:
-    """Static metrics of a parsed ONNX model whose per-sample inputs are ``inputs`` (see module doc).
-
-    Shapes are inferred at ``batch`` (pass a static model's fixed batch size) and every count is divided
-    by it, so results are per sample.
-    """
-    fixed = fix_input_shapes(model, inputs, batch=batch)
-    inferred = infer_onnx_shapes(fixed)
-    shapes, types = _shape_table(inferred)
+def _count_ops(
+    graph: Any, shapes: dict[str, Shape | None]
+) -> tuple[dict[str, dict[str, Any]], dict[str, int], int, int, bool]:
+    """Per-op ``{count, macs, flops}``, unknown ops, MAC and FLOP totals, whether any cost was known."""
     ops: dict[str, dict[str, Any]] = {}
     unknown: dict[str, int] = {}
     macs_total = flops_total = 0
     any_known = False
-    for node in inferred.graph.node:
+    for node in graph.node:
         entry = ops.setdefault(node.op_type, {"count": 0, "macs": 0, "flops": 0})
         entry["count"] += 1
         handler = HANDLERS.get(node.op_type)
@@ -243,7 +238,11 @@ def analyze_onnx_model(model: Any, inputs: list[TensorSpec], batch: int = 1) -> 
         if entry["macs"] is not None:
             entry["macs"] += cost[0]
             entry["flops"] += cost[1]
-    act_sum, act_peak, act_known = _activations(inferred, shapes, types)
+    return ops, unknown, macs_total, flops_total, any_known
+
+
+def _parameters(model: Any, inputs: list[TensorSpec]) -> tuple[int, int, str | None]:
+    """Parameter count, parameter bytes, and the KServe dtype holding most parameter bytes."""
     params = sum(prod(i.dims) for i in model.graph.initializer)
     by_type: dict[int, int] = {}
     for i in model.graph.initializer:
@@ -252,6 +251,21 @@ def analyze_onnx_model(model: Any, inputs: list[TensorSpec], batch: int = 1) -> 
     weights = {t: b for t, b in by_type.items() if t not in (6, 7)}  # INT32/INT64 are shapes and indices
     dominant = max(weights, key=lambda t: weights[t]) if weights else None
     dtype = ONNX_TO_KSERVE.get(dominant) if dominant is not None else (inputs[0].dtype if inputs else None)
+    return params, param_bytes, dtype
+
+
+def analyze_onnx_model(model: Any, inputs: list[TensorSpec], batch: int = 1) -> dict[str, Any]:
+    """Static metrics of a parsed ONNX model whose per-sample inputs are ``inputs`` (see module doc).
+
+    Shapes are inferred at ``batch`` (pass a static model's fixed batch size) and every count is divided
+    by it, so results are per sample.
+    """
+    fixed = fix_input_shapes(model, inputs, batch=batch)
+    inferred = infer_onnx_shapes(fixed)
+    shapes, types = _shape_table(inferred)
+    ops, unknown, macs_total, flops_total, any_known = _count_ops(inferred.graph, shapes)
+    act_sum, act_peak, act_known = _activations(inferred, shapes, types)
+    params, param_bytes, dtype = _parameters(model, inputs)
     if batch > 1:
         macs_total, flops_total, act_sum, act_peak = (v // batch for v in (macs_total, flops_total, act_sum,
                                                                            act_peak))

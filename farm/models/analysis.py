@@ -7,7 +7,7 @@ model's fixed batch size divided by it when its batch dimension is static):
 - ``param_bytes``: bytes of those parameters; ``size_bytes``: the model file's size
 - ``macs_per_sample``: multiply-accumulates (Conv, ConvTranspose, Gemm, MatMul, BatchNormalization)
 - ``flops_per_sample``: 2 * MACs + bias adds + elementwise/pool/reduce/softmax FLOPs (rules in
-  ``farm.analysis.onnx_counter``; the TorchScript counter follows the same rules on aten ops)
+  ``farm.models.onnx_counter``; the TorchScript counter follows the same rules on aten ops)
 - ``activation_bytes_per_sample``: SUM of all intermediate tensor sizes (node outputs, graph outputs
   included, graph inputs and weights excluded) = the memory needed with no buffer reuse
 - ``activation_peak_bytes_per_sample``: PEAK of live tensors (graph inputs included) when each tensor
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import ModelError
-from farm.modelinfo import format_input_spec, inspect_model_full
+from farm.models.info import format_input_spec, inspect_model_full
 from schemas import TensorSpec
 
 __all__ = ["analyze"]
@@ -37,11 +37,11 @@ def analyze(path: Path, format: str | None = None, inputs: list[TensorSpec] | No
     path = Path(path)
     info, model = inspect_model_full(path, format, inputs)  # validates file and inputs, else ModelError
     if info.format == "onnx":
-        from farm.analysis.onnx_counter import analyze_onnx_model
+        from farm.models.onnx_counter import analyze_onnx_model
 
         out = analyze_onnx_model(model, info.inputs, batch=info.static_batch or 1)
     elif info.format == "torchscript":
-        from farm.analysis.torch_counter import analyze_torchscript
+        from farm.models.torch_counter import analyze_torchscript
 
         out = analyze_torchscript(path, info.inputs)
     else:  # pragma: no cover - inspect_model only returns known formats

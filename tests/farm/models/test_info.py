@@ -1,4 +1,4 @@
-"""Tests for farm.modelinfo: format detection, input inference/checking, spec parsing, hashing."""
+"""Tests for farm.models.info: format detection, input inference/checking, spec parsing, hashing."""
 from __future__ import annotations
 
 import hashlib
@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from farm.errors import ModelError, RequestError
-from farm.example_models import build_example
-from farm.modelinfo import (
+from farm.models.examples import build_example
+from farm.models.info import (
     ModelInfo,
     detect_format,
     format_input_spec,
@@ -22,7 +22,7 @@ from farm.modelinfo import (
     parse_input_spec,
     sha256_file,
 )
-from farm.torch_models import torchscript_declared_inputs
+from farm.models.torchscript import torchscript_declared_inputs
 from schemas import TensorSpec
 from schemas.request import DTYPES
 

@@ -455,6 +455,6 @@ def inspect_model_full(path: Path, format: str | None = None,
         given_inputs = None
     if fmt == "onnx":
         return _inspect_onnx(path, model, given_inputs), model
-    from farm.torch_models import inspect_torchscript
+    from farm.models.torchscript import inspect_torchscript
 
     return inspect_torchscript(path, given_inputs), None

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import ModelError, RequestError
-from farm.modelinfo import (
+from farm.models.info import (
     FARM_INPUTS_ATTR,
     FARM_INPUTS_EXTRA,
     INPUT_HINT,
@@ -182,7 +182,7 @@ def example_module(kind: str) -> Any:
     torch = require_torch()
     from onnx import numpy_helper
 
-    from farm.example_models import convnet_model, mlp_model
+    from farm.models.examples import convnet_model, mlp_model
 
     module = _modules()[kind]()
     onnx_model = mlp_model() if kind == "mlp" else convnet_model()

@@ -1,4 +1,4 @@
-"""Tests for farm.analysis: MACs/FLOPs against hand-computed formulas, params, activation bytes."""
+"""Tests for farm.models.analysis: MACs/FLOPs against hand-computed formulas, params, activation bytes."""
 from __future__ import annotations
 
 from math import prod
@@ -10,10 +10,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from farm.analysis import analyze
 from farm.errors import ModelError
-from farm.example_models import COMPUTE_DIM, COMPUTE_ROWS, ONNX_KINDS, build_example, compute_layers
-from farm.modelinfo import inspect_model, parse_input_spec
+from farm.models.analysis import analyze
+from farm.models.examples import COMPUTE_DIM, COMPUTE_ROWS, ONNX_KINDS, build_example, compute_layers
+from farm.models.info import inspect_model, parse_input_spec
 
 
 def build(path: Path, nodes: list, in_dims: list, out_dims: list, weights: dict[str, tuple[int, ...]],
