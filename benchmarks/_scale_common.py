@@ -35,7 +35,7 @@ def scratch_cluster(redis_db: int = 15, **settings: str) -> Iterator[dict[str, s
     env = {"FARM_DATABASE_URL": url, "FARM_BROKER_URL": broker, "FARM_HOME": home, **settings}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    from farm.celery_app import get_app
+    from farm.broker import get_app
     from farm.db.migrate import upgrade
     from farm.db.session import _engine_for
     from farm.settings import reset_settings

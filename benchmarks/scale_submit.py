@@ -30,7 +30,7 @@ def main() -> None:
         import redis
         from sqlalchemy import func, select
 
-        from farm.celery_app import get_app
+        from farm.broker import get_app
         from farm.db.models import Job
         from farm.db.session import session_scope
         from farm.settings import get_settings

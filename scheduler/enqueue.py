@@ -107,10 +107,10 @@ def job_rows(request_id: str, jobs: list[JobSpec]) -> list[dict[str, Any]]:
 def enqueue_jobs(jobs: list[tuple[str, str]], request_id: str | None = None) -> None:
     """Send (job id, queue) pairs to the broker in one batch and stamp ``enqueued_at`` (by request when
     ``request_id`` is given: one UPDATE)."""
-    from farm.celery_app import enqueue_many
+    from farm.broker import Broker
 
     try:
-        enqueue_many(jobs)
+        Broker().send_many(jobs)
     except Exception as exc:  # kombu/redis raise many types; the jobs stay queued in the ledger
         raise SchedulerError(f"the broker refused jobs ({type(exc).__name__}: {exc}); they stay queued in the "
                              "database and are re-enqueued by `farm scheduler`; check FARM_BROKER_URL") from exc

@@ -163,7 +163,7 @@ def fail_overdue(settings: Settings, now: datetime, report: ReconcileReport) -> 
 def resend_missing(settings: Settings, now: datetime, report: ReconcileReport) -> list[tuple[str, str]]:
     """(job id, queue) of jobs queued in the database, sent over ``requeue_after_s`` ago (or never), and
     absent from the broker's queues."""
-    from farm.celery_app import broker_job_ids
+    from farm.broker import Broker
 
     cutoff = now - timedelta(seconds=settings.requeue_after_s)
     with session_scope() as s:
@@ -172,7 +172,7 @@ def resend_missing(settings: Settings, now: datetime, report: ReconcileReport) -
             or_(Job.enqueued_at < cutoff, and_(Job.enqueued_at.is_(None), Job.created_at < cutoff)))).all()
     if not stale:
         return []
-    present = broker_job_ids({q for _, q in stale})
+    present = Broker().queued_job_ids({q for _, q in stale})
     if present is None:  # a broker we cannot look into: only jobs never sent
         with session_scope() as s:
             never = set(s.execute(select(Job.id).where(Job.status == "queued", Job.enqueued_at.is_(None),

@@ -96,7 +96,7 @@ def cluster_env(pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) ->
     """FARM_DATABASE_URL (Postgres, migrated, tables emptied) and FARM_BROKER_URL (Redis) for one test."""
     from sqlalchemy import text
 
-    from farm.celery_app import get_app
+    from farm.broker import get_app
     from farm.db.migrate import upgrade
     from farm.db.session import get_engine
     from farm.settings import reset_settings

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from farm.celery_app import enqueue_job
+from farm.broker import Broker
 from farm.db.models import Job, Result, Worker
 from farm.db.session import session_scope
 from scheduler.enqueue import submit
@@ -50,8 +50,8 @@ def test_same_job_delivered_twice_yields_one_result(cluster_env: dict[str, str],
     sub = submit(ProfileRequest(model=str(example_onnx),
                                 measurement={"max_windows": 3, "window_s": 0.3, "warmup_s": 0.2}), send=False)
     job = sub.expansion.jobs[0]
-    enqueue_job(job.job_id, job.queue)
-    enqueue_job(job.job_id, job.queue)  # a redelivery, as after a visibility timeout
+    Broker().send(job.job_id, job.queue)
+    Broker().send(job.job_id, job.queue)  # a redelivery, as after a visibility timeout
     env = farm_env(**cluster_env)
     workers = [start_worker(env, "--burst", "--runner", "process", log=tmp_path / f"w{i}.log") for i in range(2)]
     for w in workers:

@@ -239,11 +239,11 @@ def test_postgres_down_30s_during_a_run_loses_no_result(env: dict[str, str], pro
 
 def test_two_workers_receiving_the_same_job_run_it_once(env: dict[str, str], procs: Procs,
                                                        example_onnx: Path) -> None:
-    from farm.celery_app import enqueue_job
+    from farm.broker import Broker
 
     rid, job_ids = submit_jobs(example_onnx, 1)
     for _ in range(4):
-        enqueue_job(job_ids[0], "farm.cpu")  # redeliveries, as after a visibility timeout or a resend
+        Broker().send(job_ids[0], "farm.cpu")  # redeliveries, as after a visibility timeout or a resend
     burst = [procs.worker(env, f"b{i}", "--burst", FARM_NOOP_SLEEP_S="0.5") for i in range(2)]
     for w in burst:
         assert w.wait(timeout=120) == 0, procs.logs()

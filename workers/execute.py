@@ -188,10 +188,10 @@ def _interrupted(spec: JobSpec, worker_id: str, reason: str, spool: Spool | None
     settings = get_settings()
     if retry_db(lambda: ledger.release(spec.job_id, worker_id, "handed back: its worker shut down"),
                 settings.db_retry_s, what=f"hand-back of job {spec.job_id}") and not settings.embedded:
-        from farm.celery_app import enqueue_job
+        from farm.broker import Broker
 
         try:
-            enqueue_job(spec.job_id, spec.queue)
+            Broker().send(spec.job_id, spec.queue)
         except Exception as exc:  # the reconciler re-enqueues queued jobs missing from the broker
             log.warning("could not re-enqueue job %s (%s); `farm scheduler` will", spec.job_id, exc)
     log.warning("job %s handed back to queue %s (worker shutting down)", spec.job_id, spec.queue)

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import or_, select, update
 
-from farm.celery_app import RUN_JOB_TASK, get_app
+from farm.broker import Broker
 from farm.db.models import Worker
 from farm.db.session import session_scope
 from farm.settings import get_settings
@@ -155,64 +155,16 @@ class WorkerNode:
 
     def drain(self, max_jobs: int | None = None) -> int:
         """Burst mode: consume this node's queues until empty; returns the number of messages handled."""
-        handled = 0
-        app = get_app()
         previous = None
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, lambda signum, frame: self.shutdown(signum))
         try:
-            with app.connection_for_read() as conn:
-                handled = self._drain(conn.default_channel, max_jobs)
+            return Broker().drain(self.queues, self.run, max_jobs, stopping=lambda: self.stopping)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-        return handled
-
-    def _drain(self, channel: Any, max_jobs: int | None) -> int:
-        handled = 0
-        idle = False
-        while not idle and not self.stopping and (max_jobs is None or handled < max_jobs):
-            idle = True
-            for queue in self.queues:
-                message = channel.basic_get(queue, no_ack=False)
-                if message is None:
-                    continue
-                idle = False
-                task = (message.headers or {}).get("task")
-                if task == RUN_JOB_TASK:
-                    self.run(message.decode()[0][0])
-                else:
-                    log.warning("ignoring unknown task %r", task)
-                message.ack()
-                handled += 1
-                break
-        return handled
 
     def serve_forever(self, loglevel: str = "INFO") -> None:
         """Run a Celery worker on this node's queues until stopped (SIGTERM: warm shutdown)."""
-        from celery.signals import worker_shutting_down
-
-        app = get_app()
-        install_task(self)
-        worker_shutting_down.connect(lambda **_: self.shutdown(), weak=False)
-        worker = app.Worker(queues=self.queues, concurrency=1, pool="solo", prefetch_multiplier=1,
-                            hostname=f"{self.worker_id}@{self.hardware.hostname[:60]}", loglevel=loglevel,
-                            without_heartbeat=True, without_mingle=True, without_gossip=True)
-        worker.start()
-
-
-_NODE: WorkerNode | None = None
-
-
-def install_task(node: WorkerNode) -> None:
-    """Register the ``farm.run_job`` task on the Celery app, bound to ``node``."""
-    global _NODE
-    _NODE = node
-    app = get_app()
-    if RUN_JOB_TASK in app.tasks:
-        return
-
-    @app.task(name=RUN_JOB_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-    def _run_job(job_id: str) -> str:
-        assert _NODE is not None, "farm.run_job runs only inside `farm worker`"
-        return _NODE.run(job_id)
+        Broker().serve(self.run, self.queues, hostname=f"{self.worker_id}@{self.hardware.hostname[:60]}",
+                       loglevel=loglevel, on_shutdown=self.shutdown)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from farm.celery_app import broker_job_ids
+from farm.broker import Broker
 from farm.db.models import Job, Result, Worker
 from farm.db.session import session_scope
 from farm.settings import get_settings, reset_settings
@@ -64,7 +64,7 @@ def test_job_of_a_dead_worker_is_requeued_and_sent_again(cluster: dict[str, str]
     j = job(jid)
     assert (j.status, j.worker_id, j.attempts) == ("queued", None, 1)
     assert "stopped heartbeating" in j.error
-    assert broker_job_ids(["farm.cpu"]) == {jid}
+    assert Broker().queued_job_ids(["farm.cpu"]) == {jid}
     with session_scope() as s:
         assert s.get(Worker, "dead").status == "lost"
     assert not reconcile().changed  # a second pass finds nothing to do
@@ -83,7 +83,7 @@ def test_job_is_failed_with_the_reason_after_max_attempts(cluster: dict[str, str
     assert j.status == "failed" and j.attempts == 2 and "gave up after 2 attempt(s)" in j.error
     with session_scope() as s:
         assert s.get(Result, jid).details["error"] == j.error
-    assert broker_job_ids(["farm.cpu"]) == {jid}  # only the one resend of the first requeue
+    assert Broker().queued_job_ids(["farm.cpu"]) == {jid}  # only the one resend of the first requeue
 
 
 def test_jobs_of_live_workers_and_unregistered_fresh_claims_are_left_alone(cluster: dict[str, str],
@@ -126,13 +126,13 @@ def test_queued_job_missing_from_the_broker_is_sent_again(cluster: dict[str, str
     import redis
 
     _, ids = jobs_of(example_onnx, 3, send=True)
-    assert broker_job_ids(["farm.cpu"]) == set(ids)
+    assert Broker().queued_job_ids(["farm.cpu"]) == set(ids)
     assert not reconcile(now=now() + timedelta(seconds=120)).resent  # all present: nothing duplicated
     redis.Redis.from_url(cluster["FARM_BROKER_URL"]).flushdb()
     assert not reconcile().resent  # too recent: a worker may be taking it right now
     report = reconcile(now=now() + timedelta(seconds=120))
     assert sorted(report.resent) == sorted(ids)
-    assert broker_job_ids(["farm.cpu"]) == set(ids)
+    assert Broker().queued_job_ids(["farm.cpu"]) == set(ids)
     with session_scope() as s:
         assert all(j.status == "queued" for j in s.execute(select(Job).where(Job.id.in_(ids))).scalars())
 
