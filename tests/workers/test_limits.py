@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,15 +20,6 @@ def _spec(edge: EdgeProfile | None) -> JobSpec:
                    concurrency=1, inputs=[TensorSpec(name="input", shape=(4,))], device="cpu", engine="onnxruntime",
                    edge_profile=edge, queue="farm.edge" if edge else "farm.cpu",
                    measurement=MeasurementSettings())
-
-
-@pytest.fixture
-def limited() -> Iterator[type[LimitedCgroup]]:
-    """LimitedCgroup, after checking once that this machine lets us create and limit a cgroup."""
-    with LimitedCgroup(cpus=0.5, memory_bytes=256 * MIB) as probe:
-        if not probe.created or not probe.enforced:
-            pytest.skip(f"cannot create a limited cgroup here: {probe.reason}")
-    yield LimitedCgroup
 
 
 def test_an_edge_job_is_limited_like_its_profile_and_a_serving_job_is_not() -> None:

@@ -4,8 +4,9 @@ The container gets the job's edge profile as hard limits: ``nano_cpus`` from ``c
 ``mem_limit`` = ``memswap_limit`` = ``memory`` (no swap), optional ``cpuset_cpus``; no network at all,
 every capability dropped, read-only root, user nobody. By default it runs ``python -m
 workers.edge_bench`` (batch loop in-process, one JSON line of latency/throughput); like Auptimizer it can
-instead run a user's ``command`` in a user's ``image`` (``EdgeCommand``). The container's cgroup is
-sampled at 20 Hz while it runs (CPU average/peak, memory average and true peak, block I/O).
+instead run a user's ``command`` in a user's ``image`` (``EdgeCommand``). The limits and samplers come
+from ``workers.measure``: the container's cgroup is sampled at 20 Hz while it runs (CPU average/peak,
+memory average and true peak, block I/O), or Docker's stats API (~1 Hz, noted) when it is not found.
 
 An OOM kill is a result, not a crash: metrics ``oom_killed=True`` and details ``error`` = ``killed: out
 of memory (limit N MiB) ...``. A crash (non-zero exit for another reason) or a timeout raises

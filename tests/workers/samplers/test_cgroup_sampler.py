@@ -33,15 +33,6 @@ def _kernel_peak(cg: CgroupSet) -> int:
     return int((cg.path / "memory.max_usage_in_bytes").read_text())
 
 
-@pytest.fixture
-def limited() -> Iterator[type[LimitedCgroup]]:
-    """LimitedCgroup, after checking once that this machine lets us create and limit a cgroup."""
-    with LimitedCgroup(cpus=0.5, memory_bytes=256 * MIB) as probe:
-        if not probe.created or not probe.enforced:
-            pytest.skip(f"cannot create a limited cgroup here: {probe.reason}")
-    yield LimitedCgroup
-
-
 def test_memory_peak_is_the_kernels_peak(limited: type[LimitedCgroup]) -> None:
     code = "import time\nb = bytearray(b'x') * (200 * 1024 * 1024)\ntime.sleep(0.6)\ndel b\ntime.sleep(0.6)"
     with limited(memory_bytes=1024 * MIB) as lc:
