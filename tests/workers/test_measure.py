@@ -13,6 +13,7 @@ import pytest
 
 from farm.errors import SamplerError
 from schemas import EdgeProfile, JobSpec, MeasurementSettings, TensorSpec
+from tests.workers.samplers.conftest import fake_nvml_dir, run_py  # noqa: F401  (fake NVML fixture)
 from workers.limits import Limits
 from workers.measure import SERIES_MAX_POINTS, STATS_API_NOTE, Measurement, Served, choose, stored, thin
 from workers.samplers.base import Sampler
@@ -129,3 +130,42 @@ def test_series_are_thinned_evenly_over_the_whole_run() -> None:
         assert kept[-1]["t"] >= n - n / SERIES_MAX_POINTS - 1  # reaches the end of the run
     out = stored(_Fixed(5000))
     assert out["samples"] == 5000 and len(out["series"]) <= SERIES_MAX_POINTS and out["rate_hz"] == 1.0
+
+
+GPU_JOB = """
+import json, os, time
+from schemas import JobSpec, MeasurementSettings, TensorSpec
+from workers.measure import Measurement, Served
+state = os.environ["FAKE_NVML_STATE"]
+def put(mib):
+    text = open(state).read().replace("mem_used 1073741824", f"mem_used {{mib << 20}}")
+    open(state + ".tmp", "w").write(text); os.replace(state + ".tmp", state)
+spec = JobSpec(job_id="g" * 32, request_id="r", model_sha256="0" * 64, model_format="onnx", batch_size=1,
+               concurrency=1, inputs=[TensorSpec(name="input", shape=(4,))], device="gpu:l4", engine="onnxruntime",
+               queue="farm.gpu", measurement=MeasurementSettings())
+with Measurement(spec, [{uuid!r}]) as m:  # the idle baseline: 1 GiB used
+    put(1024 + 300)  # the server loads 300 MiB
+    with m.watch(Served(pid=os.getpid())):
+        time.sleep(0.4)
+failed = Measurement(spec, [{uuid!r}])
+try:
+    with failed:
+        raise RuntimeError("the server did not start")
+except RuntimeError:
+    pass
+print(json.dumps({{"samplers": [s.name for s in m.samplers], "metrics": m.metrics(), "details": list(m.details()),
+                  "open": [m.gpu._inited, failed.gpu._inited]}}))
+"""
+
+
+def test_a_gpu_serving_job_is_measured_against_the_idle_baseline_and_nvml_is_released(
+        fake_nvml_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+    uuid = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+    state = tmp_path / "nvml.state"
+    state.write_text(f"driver 550.54.15\ngpu 0 uuid {uuid}\ngpu 0 name NVIDIA L4\ngpu 0 mem_total {24 << 30}\n"
+                     f"gpu 0 mem_used {1 << 30}\ngpu 0 util_gpu 40\ngpu 0 power_mw 30000\n")
+    out = run_py(GPU_JOB.format(uuid=uuid), fake_nvml_dir, state)
+    assert out["samplers"] == ["nvml", "process", "host"]
+    assert out["metrics"]["gpu_mem_peak_bytes"] == 300 << 20  # device used minus the idle baseline
+    assert out["details"] == ["sampler.nvml", "sampler.process", "sampler.host"]
+    assert out["open"] == [False, False]  # NVML shut down after sampling, and when the server never started
