@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from contextlib import ExitStack, nullcontext
+from contextlib import nullcontext
 from typing import Any
 
 from farm.artifacts import ensure_in_store, fetch_model
@@ -13,38 +13,12 @@ from farm.settings import get_settings
 from schemas import JobResult, JobSpec
 from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
-from workers.runners.base import Runner, ServingTarget
-from workers.samplers.base import Sampler
-from workers.samplers.host import HostSampler, steal_note
+from workers.measure import Measurement, Served
+from workers.runners.base import Runner
+from workers.samplers.host import steal_note
 from workers.spool import Spool, SpooledResult, is_transient, retry_db
 
 log = logging.getLogger("farm.worker")
-
-
-def _tree_pids(pid: int | None) -> set[int]:
-    """The server process and its descendants (host pids, as NVML reports them)."""
-    if pid is None:
-        return set()
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        return {pid, *(c.pid for c in root.children(recursive=True))}
-    except psutil.Error:
-        return set()
-
-
-def _samplers(target: ServingTarget) -> list[Sampler]:
-    """Samplers that fit the target: its container's cgroup, or its process tree."""
-    if target.cgroup_path is not None:
-        from workers.samplers.cgroup import CgroupSampler
-
-        return [CgroupSampler(target.cgroup_path, reset_peak=target.reused)]
-    if target.pid is not None:
-        from workers.samplers.process import ProcessTreeSampler
-
-        return [ProcessTreeSampler(target.pid)]
-    return []
 
 
 def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None) -> JobResult:
@@ -59,30 +33,13 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None) -
     if spec.is_edge:
         return runner.run_edge(spec, model_path)
     started = time.monotonic()
-    samplers: list[Sampler] = []
-    nvml = None
-    if gpu_uuids:
-        from workers.samplers.nvml import NvmlSampler
-
-        nvml = NvmlSampler(gpu_uuids)
-        nvml.take_baseline()
-    with ExitStack() as stack:
-        target = stack.enter_context(runner.serve(spec, model_path))
-        if nvml is not None:
-            nvml.pids = lambda: _tree_pids(target.pid)
-            samplers.append(nvml)
-        samplers += [*_samplers(target), HostSampler()]
-        for sampler in samplers:
-            stack.enter_context(sampler)
-        load = run_load(target.url, target.model_name, spec.inputs, spec.batch_size, spec.concurrency,
-                        spec.measurement)
-    metrics: dict[str, Any] = dict(load.metrics)
-    details: dict[str, Any] = {"load": load.details, "runner": runner.name, "notes": list(target.notes),
-                               "wall_s": round(time.monotonic() - started, 3)}
-    for sampler in samplers:
-        metrics.update({k: v for k, v in sampler.summary().items() if v is not None})
-        details[f"sampler.{sampler.name}"] = {**sampler.details(), "series": sampler.series()[-2000:],
-                                              "error": sampler.error}
+    with Measurement(spec, gpu_uuids or []) as m, runner.serve(spec, model_path) as target:
+        with m.watch(Served(pid=target.pid, cgroup=target.cgroup_path, reused=target.reused)):
+            load = run_load(target.url, target.model_name, spec.inputs, spec.batch_size, spec.concurrency,
+                            spec.measurement)
+    metrics: dict[str, Any] = {**load.metrics, **m.metrics()}
+    details: dict[str, Any] = {"load": load.details, "runner": runner.name, "notes": [*target.notes, *m.notes],
+                               "wall_s": round(time.monotonic() - started, 3), **m.details()}
     note = steal_note(metrics.get("cpu_steal_pct"))
     if note is not None:
         details["notes"].append(note)

@@ -7,8 +7,8 @@ import pytest
 
 from farm.models.examples import build_example
 from schemas import EdgeProfile, JobSpec, MeasurementSettings, TensorSpec
+from workers.limits import LimitedCgroup
 from workers.runners.process import ProcessRunner
-from workers.samplers.cgroup import LimitedCgroup
 
 
 def _cgroups_work() -> bool:

@@ -29,7 +29,7 @@ from farm.settings import get_settings
 from schemas import GpuInfo, JobResult, JobSpec
 from workers.runners import hardening as hd
 from workers.runners.base import Runner, ServingTarget
-from workers.runners.process import input_args
+from workers.runners.common import input_args
 
 SERVER_PORT = 8001
 MODEL_NAME = "model"

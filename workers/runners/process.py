@@ -15,6 +15,7 @@ from farm.errors import ServerError, UnsupportedError
 from farm.settings import get_settings
 from schemas import JobResult, JobSpec
 from workers.runners.base import Runner, ServingTarget
+from workers.runners.common import input_args
 
 LISTEN_PREFIX = "farm-serve listening "
 
@@ -129,16 +130,6 @@ def server_argv(spec: JobSpec, model_path: Path, host: str = "127.0.0.1", port: 
             "--engine", spec.engine, "--host", host, "--port", str(port), "--device", spec.device,
             "--threads", str(m.threads), "--instances", str(m.instances), "--model-name", "model"]
     return argv + input_args(spec)
-
-
-def input_args(spec: JobSpec) -> list[str]:
-    """``--input name:DTYPE:-1xDIMS`` per input: TorchScript carries no shapes, so the server is told them."""
-    if spec.model_format != "torchscript":
-        return []
-    out: list[str] = []
-    for t in spec.inputs:
-        out += ["--input", f"{t.name}:{t.dtype}:" + "x".join(str(d) for d in (-1, *t.shape))]
-    return out
 
 
 class ProcessRunner(Runner):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from farm.errors import UnsupportedError, WorkerError
 from schemas import JobResult, JobSpec
-from workers.runners.docker_edge import MODEL_PLACEHOLDER, bench_command
+from workers.measure import Measurement, Served
+from workers.runners.common import MODEL_PLACEHOLDER, bench_command
 from workers.runners.edge_result import edge_result
 
 
@@ -31,23 +32,20 @@ def edge_argv(spec: JobSpec, model_path: Path) -> tuple[list[str], bool]:
 
 def run_edge_process(spec: JobSpec, model_path: Path) -> JobResult:
     """Run edge job ``spec`` as a cgroup-limited process and return its result (OOM kills reported)."""
-    from workers.samplers.cgroup import CgroupSampler, LimitedCgroup
-    from workers.samplers.process import ProcessTreeSampler
-
     prof = spec.edge_profile
     if prof is None:
         raise UnsupportedError(f"job {spec.job_id} has no edge profile")
     argv, custom = edge_argv(spec, model_path)
+    m = Measurement(spec)
+    assert m.limits is not None
     started = time.monotonic()
-    with LimitedCgroup(cpus=prof.cpus, memory_bytes=prof.memory, cpuset_cpus=prof.cpuset,
-                       name=f"farm-edge-{spec.job_id[:12]}") as cg:
+    with m, m.limits.cgroup(name=f"farm-edge-{spec.job_id[:12]}") as cg:
         notes = list(cg.notes)
         if not cg.enforced:
             notes.append(f"limits NOT enforced: {cg.reason}")
         proc = subprocess.Popen(cg.command(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
-        sampler = CgroupSampler(cg.cgroups, pid=proc.pid) if cg.created else ProcessTreeSampler(proc.pid)
-        with sampler:
+        with m.watch(Served(pid=proc.pid, cgroup=cg.cgroups if cg.created else None)):
             try:
                 out, err = proc.communicate(timeout=spec.measurement.timeout_s)
             except subprocess.TimeoutExpired:
@@ -56,11 +54,11 @@ def run_edge_process(spec: JobSpec, model_path: Path) -> JobResult:
                 raise WorkerError(f"edge run {prof.name} did not finish within {spec.measurement.timeout_s:g} s; "
                                   "raise measurement.timeout_s or shorten the run") from None
         total_s = time.monotonic() - started
-        summary = sampler.summary()
-        limits = cg.metrics()
+        summary = m.metrics()
+        limits = m.limits.metrics(cg.enforced)
     oom = bool(summary.get("oom_killed"))
     tail = "\n".join(err.strip().splitlines()[-8:])
     return edge_result(spec, where=f"edge run {prof.name}", error=WorkerError, stdout=out, tail=tail,
                        exit_code=proc.returncode, oom=oom, custom=custom, summary=summary, limits=limits,
-                       total_s=total_s, details={"runner": "process", "command": argv, "notes": notes,
-                                                 "resources": sampler.details()})
+                       total_s=total_s, details={"runner": "process", "command": argv, "notes": [*notes, *m.notes],
+                                                 **m.details()})

@@ -3,8 +3,8 @@
 A cgroup is a ``CgroupSet`` (``workers.samplers.cgroupfs``): on v2 one directory; on v1 one directory
 per controller hierarchy (``cpuacct``, ``memory``, ``blkio``, ...), which may sit at different relative
 paths. A single ``Path`` (``cgroup_of_pid``, ``find_container_cgroup``, ``ServingTarget.cgroup_path``)
-resolves to a set with ``CgroupSet.from_path``. ``LimitedCgroup`` (``workers.samplers.cglimit``,
-importable from here) creates one with CPU/memory limits.
+resolves to a set with ``CgroupSet.from_path``. ``workers.limits.LimitedCgroup`` creates one with
+CPU/memory limits.
 """
 from __future__ import annotations
 
@@ -37,7 +37,6 @@ __all__ = [
     "CgroupMount",
     "CgroupSampler",
     "CgroupSet",
-    "LimitedCgroup",
     "cgroup_mounts",
     "cgroup_of_pid",
     "cgroup_set_of_pid",
@@ -270,11 +269,3 @@ class CgroupSampler(Sampler):
             "error": self.error,
         }
 
-
-def __getattr__(name: str) -> Any:
-    """``LimitedCgroup`` lives in ``workers.samplers.cglimit``; importable from here too."""
-    if name == "LimitedCgroup":
-        from workers.samplers.cglimit import LimitedCgroup
-
-        return LimitedCgroup
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

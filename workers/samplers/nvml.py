@@ -74,6 +74,10 @@ class NvmlSampler(Sampler):
                 f"GPU {self.gpu_uuids} not found by NVML ({exc}); check the job's GPU UUIDs: nvidia-smi -L"
             ) from exc
 
+    def close(self) -> None:
+        """Shut NVML down if this sampler opened it (after ``take_baseline`` when sampling never started)."""
+        self._close()
+
     def _close(self) -> None:
         if not self._inited:
             return

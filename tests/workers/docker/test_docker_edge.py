@@ -57,7 +57,7 @@ def test_half_a_core_is_enforced_and_slower_than_two(
 
 
 def test_edge_threads_default_follows_the_cpu_limit(runner: Any, models: dict[str, Path], make_spec: Any) -> None:
-    from workers.runners.docker_edge import edge_threads
+    from workers.runners.common import edge_threads
 
     assert edge_threads(make_spec(models["mlp"], edge=EdgeProfile(cpus=0.5, memory="256m"))) == 1
     assert edge_threads(make_spec(models["mlp"], edge=EdgeProfile(cpus=2, memory="256m", cpuset="0"))) == 1

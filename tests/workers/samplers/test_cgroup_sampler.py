@@ -1,4 +1,4 @@
-"""CgroupSampler and LimitedCgroup against real cgroups (created here; skipped only when this machine
+"""CgroupSampler against real cgroups (made here with LimitedCgroup; skipped only when this machine
 cannot create them), plus the v2 file formats read from a directory laid out like cgroupfs."""
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from workers.limits import LimitedCgroup
 from workers.samplers.cgroup import (
     CgroupSampler,
     CgroupSet,
-    LimitedCgroup,
     cgroup_of_pid,
     cgroup_set_of_pid,
     find_container_cgroup,
@@ -31,15 +31,6 @@ def _kernel_peak(cg: CgroupSet) -> int:
     if cg.version == 2:
         return int((cg.path / "memory.peak").read_text())
     return int((cg.path / "memory.max_usage_in_bytes").read_text())
-
-
-@pytest.fixture
-def limited() -> Iterator[type[LimitedCgroup]]:
-    """LimitedCgroup, after checking once that this machine lets us create and limit a cgroup."""
-    with LimitedCgroup(cpus=0.5, memory_bytes=256 * MIB) as probe:
-        if not probe.created or not probe.enforced:
-            pytest.skip(f"cannot create a limited cgroup here: {probe.reason}")
-    yield LimitedCgroup
 
 
 def test_memory_peak_is_the_kernels_peak(limited: type[LimitedCgroup]) -> None:
@@ -261,19 +252,6 @@ def test_reset_peak_measures_from_sampling_start(limited: type[LimitedCgroup]) -
     if s.details()["peak_scope"] != "since_sampling":
         pytest.skip("this kernel cannot reset the cgroup memory peak")
     assert s.summary()["mem_peak_bytes"] < 100 * MIB
-
-
-def test_cpuset_pins_and_a_bad_one_is_reported_not_raised(limited: type[LimitedCgroup]) -> None:
-    code = "import os; print(sorted(os.sched_getaffinity(0)))"
-    with limited(cpuset_cpus="0") as lc:
-        if not lc.enforced:
-            pytest.skip(f"cpuset not available here: {lc.reason}")
-        out = subprocess.run(lc.command([PY, "-c", code]), capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[0]"
-    with limited(cpuset_cpus="4095") as bad:
-        assert bad.created and not bad.enforced
-        assert "cpuset" in bad.reason
-        assert bad.metrics()["limits_enforced"] is False
 
 
 def test_summaries_use_registry_metric_names(limited: type[LimitedCgroup]) -> None:

@@ -1,6 +1,8 @@
-"""``LimitedCgroup``: a throw-away child cgroup with CPU/memory limits for one server or edge run.
+"""The limits a run gets: ``Limits`` (what to apply, from the job's edge profile; as Docker settings, as
+a cgroup, as result metrics; checked back on a container) and ``LimitedCgroup`` (applies them without Docker).
 
-Used as a context manager: entering creates the cgroup and applies the limits, ``add_pid`` (or
+``LimitedCgroup`` is a throw-away child cgroup with CPU/memory limits for one server or edge run, used as
+a context manager: entering creates the cgroup and applies the limits, ``add_pid`` (or
 ``command`` for a process not started yet) puts a process in, exiting removes the cgroup (processes
 still inside are moved to the parent first; nothing is killed). When the limits cannot be applied
 (not root, controller not available, no delegation) nothing raises: ``enforced`` is False and
@@ -19,16 +21,19 @@ import shlex
 import time
 import uuid
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from farm.errors import SamplerError
+from schemas import JobSpec
 from workers.samplers.cgroupfs import (
     CgroupMount,
     CgroupSet,
     cgroup_mounts,
     memory_on_v1,
     pid_cgroups,
+    read_limits,
     v1_mount,
     v2_mount,
 )
@@ -49,6 +54,65 @@ def _swap_in_use() -> bool:
 def _quota_us(cpus: float) -> int:
     """CFS quota per 100 ms period for ``cpus`` cores (the kernel's minimum is 1 ms)."""
     return max(1000, round(cpus * CFS_PERIOD_US))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Hard limits of one run, the edge box's: ``cpus`` cores (CFS quota), ``memory_bytes`` B (no extra
+    swap) and optionally the CPU list ``cpuset`` (``"0"``, ``"0-1"``)."""
+
+    cpus: float
+    memory_bytes: int
+    cpuset: str | None = None
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> Limits | None:
+        """The limits of job ``spec``: its edge profile's; None for a serving job (not limited)."""
+        prof = spec.edge_profile
+        return None if prof is None else cls(cpus=prof.cpus, memory_bytes=prof.memory, cpuset=prof.cpuset)
+
+    def docker_kwargs(self) -> dict[str, Any]:
+        """The limits as docker-py ``containers.create`` arguments (memory+swap = memory: no swap)."""
+        out: dict[str, Any] = dict(nano_cpus=int(self.cpus * 1e9), mem_limit=self.memory_bytes,
+                                   memswap_limit=self.memory_bytes)
+        if self.cpuset:
+            out["cpuset_cpus"] = self.cpuset
+        return out
+
+    def cgroup(self, name: str | None = None) -> LimitedCgroup:
+        """A ``LimitedCgroup`` applying these limits (enter it to create the cgroup)."""
+        return LimitedCgroup(cpus=self.cpus, memory_bytes=self.memory_bytes, cpuset_cpus=self.cpuset, name=name)
+
+    def metrics(self, enforced: bool) -> dict[str, Any]:
+        """``mem_limit_bytes``, ``cpu_limit`` (cores) and ``limits_enforced`` for the result."""
+        return {"mem_limit_bytes": self.memory_bytes, "cpu_limit": self.cpus, "limits_enforced": enforced}
+
+    def check_container(self, container: Any, cg: Path | None) -> tuple[bool, list[str]]:
+        """True when Docker applied the CPU and memory limits to ``container``: HostConfig says so and, where
+        its cgroup ``cg`` is readable, the kernel too; plus notes saying what could not be confirmed."""
+        notes: list[str] = []
+        hc = container.attrs.get("HostConfig", {})
+        ok = hc.get("NanoCpus") == int(self.cpus * 1e9) and hc.get("Memory") == self.memory_bytes
+        if not ok:
+            notes.append(f"Docker did not record the limits (NanoCpus={hc.get('NanoCpus')}, "
+                         f"Memory={hc.get('Memory')})")
+        mem_k = cpu_k = None
+        if cg is not None:
+            try:
+                lim = read_limits(CgroupSet.from_path(cg))
+                mem_k, cpu_k = lim.get("memory_bytes"), lim.get("cpus")
+            except (OSError, ValueError) as exc:  # the cgroup vanished or is unreadable: noted below
+                notes.append(f"cgroup {cg} unreadable ({exc})")
+        if mem_k is None or cpu_k is None:
+            notes.append("limits could not be read back from the container's cgroup; trusting Docker's HostConfig")
+        else:
+            if mem_k != self.memory_bytes:
+                ok = False
+                notes.append(f"cgroup memory limit is {mem_k} B, not {self.memory_bytes} B")
+            if abs(cpu_k - self.cpus) > 0.01:
+                ok = False
+                notes.append(f"cgroup CPU quota is {cpu_k:g} cores, not {self.cpus:g}")
+        return ok, notes
 
 
 def _procs(d: Path) -> list[int]:

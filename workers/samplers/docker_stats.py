@@ -1,19 +1,14 @@
-"""Container resource sampling: the cgroup sampler when available, the Docker stats API as a fallback.
+"""A container's resources through the Docker stats API (about 1 Hz, coarser than the cgroup sampler).
 
-``container_sampler()`` prefers ``workers.samplers.cgroup.CgroupSampler`` (reads the container's cgroup
-files at 20 Hz, true memory peak). When that module is missing or the cgroup cannot be found, it falls
-back to ``DockerStatsSampler``, which reads Docker's stats stream (about 1 Hz, coarser), and says so in
-a note for the result's details.
+The fallback when a container's cgroup cannot be found (``workers.measure`` picks it and says so in a
+note for the result's details); otherwise ``workers.samplers.cgroup.CgroupSampler`` reads the cgroup at 20 Hz.
 """
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from typing import Any
 
 from workers.samplers.base import Sampler
-
-SAMPLE_INTERVAL_S = 0.05  # 20 Hz: the cgroup sampler's period
 
 
 class DockerStatsSampler(Sampler):
@@ -94,33 +89,3 @@ class DockerStatsSampler(Sampler):
                 "net_rx_bytes": b["net_rx_bytes"] - a["net_rx_bytes"],
                 "net_tx_bytes": b["net_tx_bytes"] - a["net_tx_bytes"]}
 
-
-def container_sampler(container: Any, cgroup: Path | None) -> tuple[Sampler, str | None]:
-    """The best sampler for ``container``: (sampler, note when it is the coarse fallback)."""
-    if cgroup is not None:
-        from workers.samplers.cgroup import CgroupSampler
-
-        return CgroupSampler(cgroup, interval_s=SAMPLE_INTERVAL_S), None
-    return DockerStatsSampler(container), ("resources sampled via the Docker stats API (~1 Hz) because "
-                                           "cgroup not found")
-
-
-def sampler_details(sampler: Sampler, max_points: int = 600) -> dict[str, Any]:
-    """Sampler series (thinned to ``max_points``) and I/O totals for a result's details."""
-    series = sampler.series()
-    step = max(1, len(series) // max_points)
-    out: dict[str, Any] = {"sampler": sampler.name, "series": series[::step], "samples": len(series)}
-    if sampler.error:
-        out["error"] = sampler.error
-    fn = getattr(sampler, "details", None)
-    if callable(fn):
-        try:
-            extra = fn()
-        except Exception as exc:
-            extra = {"details_error": f"{type(exc).__name__}: {exc}"}
-        if isinstance(extra, dict):
-            out.update({k: v for k, v in extra.items() if k not in out})
-    if len(series) >= 2 and "rate_hz" not in out:
-        span = series[-1]["t"] - series[0]["t"]
-        out["rate_hz"] = (len(series) - 1) / span if span > 0 else None
-    return out

@@ -1,0 +1,54 @@
+"""Helpers every runner shares: the built-in edge bench's command line and the server's input flags."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from schemas import JobSpec
+
+MODEL_PLACEHOLDER = "{model}"  # in a user's command: replaced by the model's path where the run sees it
+
+
+def input_args(spec: JobSpec) -> list[str]:
+    """``--input name:DTYPE:-1xDIMS`` per input: TorchScript carries no shapes, so the server is told them."""
+    if spec.model_format != "torchscript":
+        return []
+    out: list[str] = []
+    for t in spec.inputs:
+        out += ["--input", f"{t.name}:{t.dtype}:" + "x".join(str(d) for d in (-1, *t.shape))]
+    return out
+
+
+def edge_threads(spec: JobSpec) -> int:
+    """Intra-op threads for an edge run: the job's setting, else ceil(cpus) capped by the cpuset size
+    and this host's cores (a 0.5-core box gets one thread, not one per host core)."""
+    if spec.measurement.threads > 0:
+        return spec.measurement.threads
+    prof = spec.edge_profile
+    assert prof is not None
+    n = max(1, math.ceil(prof.cpus))
+    if prof.cpuset:
+        cores = 0
+        for part in prof.cpuset.split(","):
+            lo, _, hi = part.partition("-")
+            cores += int(hi or lo) - int(lo) + 1
+        n = min(n, cores)
+    return min(n, os.cpu_count() or n)
+
+
+def edge_duration_s(spec: JobSpec) -> float:
+    """Measured time of the batch loop: ``duration_s`` if set, else ``window_s * min_windows``."""
+    m = spec.measurement
+    return m.duration_s if m.duration_s is not None else m.window_s * m.min_windows
+
+
+def bench_command(spec: JobSpec, model_inside: str) -> list[str]:
+    """argv of the built-in edge bench for ``spec`` (``argv[0]`` is ``python``, as in the runtime image)."""
+    inputs = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in spec.inputs]
+    return [
+        "python", "-m", "workers.edge_bench", "--model", model_inside, "--format", spec.model_format,
+        "--engine", spec.engine, "--batch-size", str(spec.batch_size),
+        "--warmup-s", f"{spec.measurement.warmup_s:g}", "--duration-s", f"{edge_duration_s(spec):g}",
+        "--threads", str(edge_threads(spec)), "--inputs", json.dumps(inputs, separators=(",", ":")),
+    ]
