@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+from schemas.job import JobStatus
+
 log = logging.getLogger("farm.worker")
 
 INTERRUPT_SIGNAL = signal.SIGUSR2
@@ -143,7 +145,7 @@ class JobWatch:
             except Exception as exc:  # the database may blink; check again next time
                 log.debug("cancel check failed: %s", exc)
                 status = None
-            if status == "cancelled":
+            if status == JobStatus.cancelled:
                 with self._lock:
                     current = self._job == job
                 if current:
