@@ -84,8 +84,8 @@ def workers_table() -> list[dict[str, Any]]:
 
 
 def live_workers(session: Session) -> list[tuple[dict[str, Any], list[str]]]:
-    """(hardware JSON, queues) of workers that are online and heartbeated within ``worker_dead_after_s``
-    """
+    """(hardware JSON, queues) of workers that are online and heartbeated within
+    ``worker_dead_after_s``."""
     cutoff = utcnow() - timedelta(seconds=get_settings().worker_dead_after_s)
     rows = session.execute(select(Worker.hardware, Worker.queues, Worker.last_heartbeat)
                            .where(Worker.status == "online")).all()
