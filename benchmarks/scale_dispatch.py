@@ -33,6 +33,7 @@ def main() -> None:
         from farm.db.session import session_scope
         from scheduler.enqueue import submit
         from schemas import ProfileRequest
+        from schemas.job import FINAL, JobStatus
 
         model = example_model(Path(tmp))
         workers = start_workers(args.workers, env, Path(tmp))
@@ -49,7 +50,7 @@ def main() -> None:
             while True:
                 with session_scope() as s:
                     done = s.scalar(select(func.count()).select_from(Job).where(
-                        Job.status.in_(("succeeded", "failed", "cancelled"))))
+                        Job.status.in_(list(FINAL))))
                 if done >= n:
                     break
                 if time.perf_counter() - t0 > 600:
@@ -58,7 +59,7 @@ def main() -> None:
             elapsed = time.perf_counter() - t0
             with session_scope() as s:
                 results = s.scalar(select(func.count()).select_from(Result))
-                ok = s.scalar(select(func.count()).select_from(Job).where(Job.status == "succeeded"))
+                ok = s.scalar(select(func.count()).select_from(Job).where(Job.status == JobStatus.succeeded))
         finally:
             for w in workers:
                 w.send_signal(signal.SIGTERM)

@@ -10,6 +10,7 @@ from typing import Any
 
 from farm.errors import RequestError
 from farm.metrics import BY_NAME
+from schemas.job import JobStatus
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Report:
 
 
 def _why_not(row: dict[str, Any], constraints: list[Constraint], require_stable: bool) -> str | None:
-    if row["status"] != "succeeded":
+    if row["status"] != JobStatus.succeeded:
         return f"{row['status']}: {row.get('error') or 'no result'}"
     if require_stable and row.get("stable") is False:
         return "measurement did not stabilise"

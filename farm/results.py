@@ -2,17 +2,18 @@
 from __future__ import annotations
 
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from farm.db.models import Job, ModelArtifact, Request, Result, Worker
+from farm.db.models import Job, ModelArtifact, Request, Result, Worker, utcnow
 from farm.db.session import session_scope
 from farm.errors import NotFoundError
 from farm.metrics import JOB_METRICS
 from farm.settings import get_settings
+from schemas.job import JobStatus
 
 JOB_COLUMNS = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "status",
                "attempts", "worker_id", "error")
@@ -92,13 +93,13 @@ def workers_table() -> list[dict[str, Any]]:
 
 
 def live_workers(session: Session) -> list[tuple[dict[str, Any], list[str]]]:
-    """(hardware JSON, queues) of workers that are online and heartbeated within ``worker_dead_after_s``
-    (SQLite returns naive UTC timestamps; they are read as UTC)."""
-    cutoff = datetime.now(UTC) - timedelta(seconds=get_settings().worker_dead_after_s)
+    """(hardware JSON, queues) of workers that are online and heartbeated within
+    ``worker_dead_after_s``."""
+    cutoff = utcnow() - timedelta(seconds=get_settings().worker_dead_after_s)
     rows = session.execute(select(Worker.hardware, Worker.queues, Worker.last_heartbeat)
                            .where(Worker.status == "online")).all()
     return [(hw or {}, queues or []) for hw, queues, beat in rows
-            if (beat if beat.tzinfo else beat.replace(tzinfo=UTC)) >= cutoff]
+            if beat >= cutoff]
 
 
 def live_queues() -> set[str]:
@@ -111,7 +112,7 @@ def waiting_queues(request_id: str) -> dict[str, int]:
     """Queued jobs of the request whose queue no live worker consumes, counted by queue."""
     req = find_request(request_id)
     with session_scope() as s:
-        rows = s.execute(select(Job.queue, func.count()).where(Job.request_id == req.id, Job.status == "queued")
+        rows = s.execute(select(Job.queue, func.count()).where(Job.request_id == req.id, Job.status == JobStatus.queued)
                          .group_by(Job.queue)).all()
     if not rows or get_settings().embedded:
         return {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
 from farm.artifacts import store_model
-from farm.db.models import Job, Request
+from farm.db.models import Job, Request, utcnow
 from farm.db.session import session_scope
 from farm.errors import RequestError, SchedulerError
 from farm.models.info import inspect_model
@@ -20,6 +19,7 @@ from farm.results import live_workers
 from farm.settings import get_settings
 from scheduler.expand import Expansion, ModelRef, expand
 from schemas import JobSpec, ProfileRequest
+from schemas.job import JobStatus
 
 #: JobSpec fields that differ between the jobs of one request (the rest is dumped once per request)
 _PER_JOB = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "queue")
@@ -97,10 +97,10 @@ def job_rows(request_id: str, jobs: list[JobSpec]) -> list[dict[str, Any]]:
     if not jobs:
         return []
     common = jobs[0].model_dump(mode="json", exclude=set(_PER_JOB))
-    now = datetime.now(UTC)
+    now = utcnow()
     return [dict(id=j.job_id, request_id=request_id, device=j.device, engine=j.engine, batch_size=j.batch_size,
                  concurrency=j.concurrency, edge_profile=j.edge_profile.name if j.edge_profile else None,
-                 queue=j.queue, spec=spec_json(j, common), status="queued", attempts=0, created_at=now)
+                 queue=j.queue, spec=spec_json(j, common), status=JobStatus.queued, attempts=0, created_at=now)
             for j in jobs]
 
 
@@ -114,10 +114,10 @@ def enqueue_jobs(jobs: list[tuple[str, str]], request_id: str | None = None) -> 
     except Exception as exc:  # kombu/redis raise many types; the jobs stay queued in the ledger
         raise SchedulerError(f"the broker refused jobs ({type(exc).__name__}: {exc}); they stay queued in the "
                              "database and are re-enqueued by `farm scheduler`; check FARM_BROKER_URL") from exc
-    now = datetime.now(UTC)
+    now = utcnow()
     with session_scope() as s:
         if request_id is not None:
-            s.execute(update(Job).where(Job.request_id == request_id, Job.status == "queued")
+            s.execute(update(Job).where(Job.request_id == request_id, Job.status == JobStatus.queued)
                       .values(enqueued_at=now))
             return
         ids = [j for j, _ in jobs]

@@ -8,34 +8,27 @@ One pass (``reconcile``):
 * jobs ``queued`` in the database but absent from the broker for ``requeue_after_s`` (Redis flushed or
   restarted without persistence, a send that failed after the commit) are sent again.
 
-Every state change is one guarded UPDATE (``WHERE status = ... AND worker_id = ...``), so a worker that
-finishes at the same moment wins or loses cleanly; duplicate messages are harmless because a claim is
-atomic. Final states get their one result row (``ON CONFLICT DO NOTHING``).
+This module decides WHAT changes; ``farm.lifecycle`` makes each change (one guarded UPDATE, so a worker
+that finishes at the same moment wins or loses cleanly, and one result row per final state). Duplicate
+messages are harmless because a claim is atomic.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
-from farm.db.models import Job, Result, Worker
+from farm import lifecycle
+from farm.db.models import Job, Worker, utcnow
 from farm.db.session import session_scope
 from farm.settings import Settings, get_settings
+from schemas.job import ACTIVE, JobStatus
 
 log = logging.getLogger("farm.scheduler")
-ACTIVE = ("claimed", "running")
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def _aware(ts: datetime | None) -> datetime | None:
-    return None if ts is None else (ts if ts.tzinfo else ts.replace(tzinfo=UTC))
 
 
 @dataclass
@@ -58,22 +51,24 @@ class ReconcileReport:
                 f"{len(self.resent)} re-sent to the broker")
 
 
-def insert_failure_rows(session: Session, rows: list[tuple[str, str, str]]) -> None:
-    """One result row per (job id, request id, reason) for jobs ending without a measurement; idempotent."""
-    if not rows:
-        return
-    if session.get_bind().dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    ins = insert(Result).values([{"job_id": j, "request_id": r, "details": {"error": why},
-                                            "created_at": utcnow()} for j, r, why in rows])
-    session.execute(ins.on_conflict_do_nothing(index_elements=["job_id"]))
-
-
 def _dead_workers(session: Session, cutoff: datetime) -> set[str]:
     rows = session.execute(select(Worker.id, Worker.status, Worker.last_heartbeat)).all()
-    return {wid for wid, status, beat in rows if status != "online" or _aware(beat) < cutoff}
+    return {wid for wid, status, beat in rows if status != "online" or beat < cutoff}
+
+
+def _orphaned(job_id: str, worker_id: str | None, attempts: int, claimed_at: datetime | None,
+              workers: dict[str, str | None], dead: set[str], cutoff: datetime) -> str | None:
+    """Why the held job will not be finished by its worker (None: leave it). ``workers`` maps the known
+    holders to their current job; ``dead`` are the workers that stopped heartbeating before ``cutoff``."""
+    if worker_id is not None and worker_id in workers and worker_id not in dead:
+        # a live worker that has long stopped reporting this job as its current one (e.g. its claim went
+        # through but the database failed under the next step) will never finish it
+        if workers[worker_id] != job_id and claimed_at is not None and claimed_at < cutoff:
+            return f"worker {worker_id} no longer works on it (attempt {attempts})"
+        return None
+    if (worker_id is None or worker_id not in workers) and claimed_at is not None and claimed_at >= cutoff:
+        return None  # a claim by a worker that never registered: give it the same grace as a heartbeat
+    return f"worker {worker_id} stopped heartbeating during attempt {attempts}"
 
 
 def requeue_orphans(settings: Settings, now: datetime, report: ReconcileReport,
@@ -90,48 +85,24 @@ def requeue_orphans(settings: Settings, now: datetime, report: ReconcileReport,
                                            Worker.last_heartbeat < cutoff).values(status="lost"))
             report.lost_workers.extend(stale)
     with session_scope() as s:
-        held = s.execute(select(Job.id, Job.request_id, Job.queue, Job.worker_id, Job.attempts)
+        held = s.execute(select(Job.id, Job.request_id, Job.queue, Job.worker_id, Job.attempts, Job.claimed_at)
                          .where(Job.status.in_(ACTIVE))).all()
         if not held:
             return to_send
         dead = _dead_workers(s, cutoff)
         workers = dict(s.execute(select(Worker.id, Worker.current_job_id)
                                  .where(Worker.id.in_({h.worker_id for h in held if h.worker_id}))).all())
-        known = set(workers)
-        claimed_at = dict(s.execute(select(Job.id, Job.claimed_at).where(Job.id.in_([h.id for h in held]))).all())
-        failures: list[tuple[str, str, str]] = []
-        for job_id, request_id, queue, worker_id, attempts in held:
-            abandoned = False
-            if worker_id in known and worker_id not in dead:
-                # a live worker that has long stopped reporting this job as its current one (e.g. its
-                # claim went through but the database failed under the next step) will never finish it
-                since = _aware(claimed_at.get(job_id))
-                abandoned = workers[worker_id] != job_id and since is not None and since < cutoff
-                if not abandoned:
-                    continue
-            if worker_id is None or worker_id not in known:
-                # a claim by a worker that never registered: give it the same grace as a heartbeat
-                claimed = _aware(claimed_at.get(job_id))
-                if claimed is not None and claimed >= cutoff:
-                    continue
-            guard = and_(Job.id == job_id, Job.status.in_(ACTIVE),
-                         Job.worker_id.is_(None) if worker_id is None else Job.worker_id == worker_id)
-            why = (f"worker {worker_id} no longer works on it (attempt {attempts})" if abandoned else
-                   f"worker {worker_id} stopped heartbeating during attempt {attempts}")
+        for job_id, request_id, queue, worker_id, attempts, claimed_at in held:
+            why = _orphaned(job_id, worker_id, attempts, claimed_at, workers, dead, cutoff)
+            if why is None:
+                continue
             if attempts >= settings.max_attempts:
                 reason = f"{why}; gave up after {attempts} attempt(s) (FARM_MAX_ATTEMPTS={settings.max_attempts})"
-                res = s.execute(update(Job).where(guard).values(status="failed", error=reason, finished_at=now))
-                if res.rowcount == 1:
-                    failures.append((job_id, request_id, reason))
+                if lifecycle.fail(s, job_id, request_id, reason, worker_id, now=now):
                     report.failed.append(job_id)
-            else:
-                res = s.execute(update(Job).where(guard).values(
-                    status="queued", worker_id=None, claimed_at=None, started_at=None, enqueued_at=now,
-                    error=f"requeued: {why}"))
-                if res.rowcount == 1:
-                    to_send.append((job_id, queue))
-                    report.requeued.append(job_id)
-        insert_failure_rows(s, failures)
+            elif lifecycle.requeue(s, job_id, worker_id, f"requeued: {why}", now):
+                to_send.append((job_id, queue))
+                report.requeued.append(job_id)
     for job_id in report.requeued:
         log.warning("job %s requeued: its worker stopped heartbeating", job_id)
     for job_id in report.failed:
@@ -143,21 +114,15 @@ def fail_overdue(settings: Settings, now: datetime, report: ReconcileReport) -> 
     """Fail running jobs whose worker let them run past ``timeout_s`` + ``timeout_grace_s``."""
     with session_scope() as s:
         running = s.execute(select(Job.id, Job.request_id, Job.worker_id, Job.started_at, Job.spec)
-                            .where(Job.status == "running")).all()
-        failures: list[tuple[str, str, str]] = []
+                            .where(Job.status == JobStatus.running)).all()
         for job_id, request_id, worker_id, started, spec in running:
             timeout = float(((spec or {}).get("measurement") or {}).get("timeout_s") or 600.0)
-            if started is None or _aware(started) + timedelta(seconds=timeout + settings.timeout_grace_s) > now:
+            if started is None or started + timedelta(seconds=timeout + settings.timeout_grace_s) > now:
                 continue
             reason = (f"time limit of {timeout:g} s exceeded and worker {worker_id} did not stop the job; raise "
                       "measurement.timeout_s or shorten the measurement")
-            res = s.execute(update(Job).where(Job.id == job_id, Job.status == "running",
-                                              Job.worker_id == worker_id)
-                            .values(status="failed", error=reason, finished_at=now))
-            if res.rowcount == 1:
-                failures.append((job_id, request_id, reason))
+            if lifecycle.fail(s, job_id, request_id, reason, worker_id, statuses=(JobStatus.running,), now=now):
                 report.timed_out.append(job_id)
-        insert_failure_rows(s, failures)
 
 
 def resend_missing(settings: Settings, now: datetime, report: ReconcileReport) -> list[tuple[str, str]]:
@@ -168,14 +133,14 @@ def resend_missing(settings: Settings, now: datetime, report: ReconcileReport) -
     cutoff = now - timedelta(seconds=settings.requeue_after_s)
     with session_scope() as s:
         stale = s.execute(select(Job.id, Job.queue).where(
-            Job.status == "queued",
+            Job.status == JobStatus.queued,
             or_(Job.enqueued_at < cutoff, and_(Job.enqueued_at.is_(None), Job.created_at < cutoff)))).all()
     if not stale:
         return []
     present = Broker().queued_job_ids({q for _, q in stale})
     if present is None:  # a broker we cannot look into: only jobs never sent
         with session_scope() as s:
-            never = set(s.execute(select(Job.id).where(Job.status == "queued", Job.enqueued_at.is_(None),
+            never = set(s.execute(select(Job.id).where(Job.status == JobStatus.queued, Job.enqueued_at.is_(None),
                                                        Job.created_at < cutoff)).scalars().all())
         missing = [(j, q) for j, q in stale if j in never]
     else:
@@ -213,15 +178,8 @@ def cancel_request(request_id: str) -> dict[str, Any]:
 
     req = find_request(request_id)
     now = utcnow()
-    reason = "cancelled by `farm cancel`"
     with session_scope() as s:
-        queued = s.execute(update(Job).where(Job.request_id == req.id, Job.status == "queued")
-                           .values(status="cancelled", finished_at=now, error=reason)
-                           .returning(Job.id)).scalars().all()
-        active = s.execute(update(Job).where(Job.request_id == req.id, Job.status.in_(ACTIVE))
-                           .values(status="cancelled", finished_at=now, error=reason)
-                           .returning(Job.id)).scalars().all()
-        insert_failure_rows(s, [(j, req.id, reason) for j in [*queued, *active]])
+        queued, active = lifecycle.cancel(s, req.id, "cancelled by `farm cancel`", now)
     return {"request_id": req.id, "queued_cancelled": len(queued), "running_cancelled": len(active),
             "running_ids": list(active)}
 
@@ -231,5 +189,6 @@ def still_running(job_ids: list[str]) -> list[str]:
     if not job_ids:
         return []
     with session_scope() as s:
-        return list(s.execute(select(Worker.current_job_id).where(Worker.current_job_id.in_(job_ids),
-                                                                  Worker.status == "online")).scalars().all())
+        return [j for j in s.execute(select(Worker.current_job_id).where(Worker.current_job_id.in_(job_ids),
+                                                                         Worker.status == "online")).scalars()
+                if j is not None]

@@ -1,15 +1,18 @@
 """A job: one cell of the expanded matrix, as the scheduler writes it and a worker runs it."""
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
 from schemas.request import EdgeProfile, MeasurementSettings, TensorSpec
 
 
-class JobStatus(str, Enum):
-    """Job life cycle: queued -> claimed -> running -> succeeded | failed | cancelled."""
+class JobStatus(StrEnum):
+    """Job life cycle: queued -> claimed -> running -> succeeded | failed | cancelled.
+
+    A claimed or running job may also go back to queued (released by its worker, or requeued by
+    reconciliation). Members compare equal to their strings, so SQL and JSON carry the plain names."""
 
     queued = "queued"
     claimed = "claimed"
@@ -20,7 +23,13 @@ class JobStatus(str, Enum):
 
     @property
     def final(self) -> bool:
-        return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
+        return self in FINAL
+
+
+#: states in which a worker holds the job
+ACTIVE: frozenset[JobStatus] = frozenset({JobStatus.claimed, JobStatus.running})
+#: states a job never leaves
+FINAL: frozenset[JobStatus] = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
 
 
 class JobSpec(BaseModel):

@@ -24,6 +24,7 @@ from farm.db.models import Job, Result, Worker
 from farm.db.session import session_scope
 from scheduler.enqueue import submit
 from schemas import ProfileRequest
+from schemas.job import FINAL
 from tests.helpers import farm, farm_env, start_worker
 
 pytestmark = pytest.mark.slow
@@ -34,7 +35,6 @@ FAULT_SETTINGS = {
     "FARM_RECONCILE_INTERVAL_S": "0.5", "FARM_CANCEL_POLL_S": "0.3", "FARM_DB_RETRY_S": "3",
     "FARM_MAX_ATTEMPTS": "30", "FARM_RUNNER": "process",
 }
-FINAL = ("succeeded", "failed", "cancelled")
 
 
 @pytest.fixture

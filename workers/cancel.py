@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from schemas.job import JobStatus
+
 log = logging.getLogger("farm.worker")
 
 INTERRUPT_SIGNAL = signal.SIGUSR2
@@ -144,7 +146,7 @@ class JobWatch:
             except Exception as exc:  # the database may blink; check again next time
                 log.debug("cancel check failed: %s", exc)
                 status = None
-            if status == "cancelled":
+            if status == JobStatus.cancelled:
                 with self._lock:
                     current = self._job == job
                 if current:

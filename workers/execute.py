@@ -9,8 +9,10 @@ from typing import Any
 
 from farm.artifacts import ensure_in_store, fetch_model
 from farm.errors import FarmError
+from farm.lifecycle import failure_result
 from farm.settings import get_settings
 from schemas import JobResult, JobSpec
+from schemas.job import JobStatus
 from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
 from workers.measure import Measurement, Served
@@ -55,12 +57,7 @@ def noop_result(spec: JobSpec, sleep_s: float = 0.0) -> JobResult:
                                                   "served or measured"})
 
 
-def failure(spec: JobSpec, error: str) -> JobResult:
-    """The result row of a failed job: no metric, the reason in ``details.error``."""
-    return JobResult(job_id=spec.job_id, details={"error": error})
-
-
-def record(spec: JobSpec, worker_id: str, result: JobResult, status: str, error: str | None,
+def record(spec: JobSpec, worker_id: str, result: JobResult, status: JobStatus, error: str | None,
            spool: Spool | None = None) -> bool:
     """Write the result and final status, retrying a database outage for ``db_retry_s``, then spooling the
     result to disk (replayed later). True when written or spooled; False when the job is no longer ours."""
@@ -98,7 +95,7 @@ def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | 
     if spec is None:
         log.info("job %s already claimed or finished; skipping this delivery", job_id)
         return "skipped"
-    if not retry_db(lambda: ledger.set_status(job_id, worker_id, "running"), settings.db_retry_s,
+    if not retry_db(lambda: ledger.start(job_id, worker_id), settings.db_retry_s,
                     what=f"start of job {job_id}"):
         log.info("job %s was cancelled or requeued before it started", job_id)
         return "skipped"
@@ -115,16 +112,16 @@ def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | 
     except FarmError as exc:
         log.warning("job %s failed: %s", job_id, exc)
         msg = str(exc)
-        record(spec, worker_id, failure(spec, msg), "failed", msg, spool)
-        return "failed"
+        record(spec, worker_id, failure_result(spec.job_id, msg), JobStatus.failed, msg, spool)
+        return JobStatus.failed
     except Exception as exc:  # a bug or an unexpected library error: record it, keep the worker alive
         log.error("job %s crashed: %s: %s", job_id, type(exc).__name__, exc,
                   exc_info=log.isEnabledFor(logging.DEBUG))
         msg = f"internal error: {type(exc).__name__}: {exc}"
-        record(spec, worker_id, failure(spec, msg), "failed", msg, spool)
-        return "failed"
+        record(spec, worker_id, failure_result(spec.job_id, msg), JobStatus.failed, msg, spool)
+        return JobStatus.failed
     error = result.details.get("error")
-    status = "failed" if error else "succeeded"
+    status = JobStatus.failed if error else JobStatus.succeeded
     if not record(spec, worker_id, result, status, error, spool):
         log.info("job %s was cancelled or requeued while it ran; its result is dropped", job_id)
         return "skipped"
@@ -135,12 +132,12 @@ def _interrupted(spec: JobSpec, worker_id: str, reason: str, spool: Spool | None
     """Record a job stopped by its watch: cancelled (already recorded), timed out, or handed back."""
     if reason == CANCELLED:
         log.info("job %s cancelled; its server was stopped", spec.job_id)
-        return "cancelled"
+        return JobStatus.cancelled
     if reason == TIMEOUT:
         msg = (f"time limit of {spec.measurement.timeout_s:g} s exceeded (measurement.timeout_s); raise it or "
                "shorten the measurement (fewer/shorter windows)")
-        record(spec, worker_id, failure(spec, msg), "failed", msg, spool)
-        return "failed"
+        record(spec, worker_id, failure_result(spec.job_id, msg), JobStatus.failed, msg, spool)
+        return JobStatus.failed
     assert reason == SHUTDOWN, reason
     settings = get_settings()
     if retry_db(lambda: ledger.release(spec.job_id, worker_id, "handed back: its worker shut down"),

@@ -1,34 +1,22 @@
-"""The worker's side of the job ledger: atomic claims, state changes and idempotent result writes.
+"""The worker's connection to the job ledger: each ``farm.lifecycle`` change in its own short transaction.
 
-Statements are SQLAlchemy Core on the ``jobs``/``results`` tables (bound parameters, no ORM unit of work),
-one short transaction each: a worker handles hundreds of jobs per second in the dispatch benchmark.
+The state changes themselves live in ``farm.lifecycle``; this module only chooses how a worker talks to
+the database: one statement per transaction, Postgres in autocommit on a small pool of its own (a worker
+handles hundreds of jobs per second in the dispatch benchmark), with relaxed commits for claims and starts.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
 
-from sqlalchemy import Connection, Engine, case, create_engine, literal, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, Engine, create_engine
 
-from farm.db.models import Job, Result
+from farm import lifecycle
 from farm.db.session import get_engine
-from farm.metrics import BY_NAME
 from farm.settings import get_settings
 from schemas import JobResult, JobSpec
-
-JOBS = Job.__table__
-RESULTS = Result.__table__
-ACTIVE = ("claimed", "running")
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
+from schemas.job import JobStatus
 
 
 @lru_cache(maxsize=8)
@@ -59,91 +47,31 @@ def _tx(relaxed: bool = False) -> Iterator[Connection]:
 
 
 def claim(job_id: str, worker_id: str) -> JobSpec | None:
-    """Claim a queued job in one UPDATE; None when another delivery or worker already has it."""
+    """``lifecycle.claim``: the job's spec, or None when another delivery or worker already has it."""
     with _tx(relaxed=True) as conn:
-        row = conn.execute(
-            update(JOBS)
-            .where(JOBS.c.id == job_id, JOBS.c.status == "queued")
-            .values(status="claimed", worker_id=worker_id, attempts=JOBS.c.attempts + 1, claimed_at=now(),
-                    error=None)
-            .returning(JOBS.c.spec)
-        ).first()
-    return None if row is None else JobSpec.model_validate(row[0])
+        return lifecycle.claim(conn, job_id, worker_id)
 
 
-def set_status(job_id: str, worker_id: str, status: str, error: str | None = None) -> bool:
-    """Move a job this worker holds to ``status``; False when the worker no longer holds it."""
-    values: dict[str, Any] = {"status": status}
-    if status == "running":
-        values["started_at"] = now()
-    if status in ("succeeded", "failed", "cancelled"):
-        values["finished_at"] = now()
-    if error is not None:
-        values["error"] = error[:4000]
-    with _tx(relaxed=status == "running") as conn:
-        res = conn.execute(update(JOBS).where(JOBS.c.id == job_id, JOBS.c.worker_id == worker_id,
-                                              JOBS.c.status.in_(ACTIVE)).values(**values))
-        return res.rowcount == 1
+def start(job_id: str, worker_id: str) -> bool:
+    """``lifecycle.start``: False when this worker no longer holds the job."""
+    with _tx(relaxed=True) as conn:
+        return lifecycle.start(conn, job_id, worker_id)
 
 
-def _insert(session: Session | Connection):  # type: ignore[no-untyped-def]
-    bind = session.get_bind() if isinstance(session, Session) else session
-    return pg_insert if bind.dialect.name == "postgresql" else sqlite_insert
-
-
-def result_row(result: JobResult, request_id: str, worker_id: str) -> dict[str, Any]:
-    """The results-table row for a JobResult: registered metrics as columns, the rest in details."""
-    row: dict[str, Any] = {"job_id": result.job_id, "request_id": request_id, "worker_id": worker_id,
-                           "details": result.details, "created_at": now()}
-    for name, value in result.metrics.items():
-        if name not in BY_NAME:
-            raise KeyError(f"metric {name!r} is not registered in farm.metrics")
-        row[name] = value
-    return row
-
-
-def finish(spec: JobSpec, worker_id: str, result: JobResult, status: str = "succeeded",
+def finish(spec: JobSpec, worker_id: str, result: JobResult, status: JobStatus | str = JobStatus.succeeded,
            error: str | None = None) -> bool:
-    """Write the result row and the final job state in one transaction.
-
-    Idempotent per job: the result's primary key is the job id and a second write inserts nothing.
-    Returns False when the job was no longer this worker's (then nothing is written).
-    """
-    row = result_row(result, spec.request_id, worker_id)
-    values: dict[str, Any] = {"status": status, "finished_at": now()}
-    if error is not None:
-        values["error"] = error[:4000]
-    mine = update(JOBS).where(JOBS.c.id == spec.job_id, JOBS.c.worker_id == worker_id, JOBS.c.status.in_(ACTIVE))
+    """``lifecycle.finish`` (fully durable): False when the job was no longer this worker's."""
     with _tx() as conn:
-        if conn.dialect.name == "postgresql":
-            # one atomic statement: WITH done AS (UPDATE jobs ... RETURNING id) INSERT INTO results SELECT ...
-            done = mine.values(**values).returning(JOBS.c.id).cte("done")
-            names = [k for k in row if k != "job_id"]
-            source = select(done.c.id, *(literal(row[k], type_=RESULTS.c[k].type) for k in names))
-            ins = (pg_insert(RESULTS).from_select(["job_id", *names], source).add_cte(done)
-                   .on_conflict_do_nothing(index_elements=["job_id"]).returning(RESULTS.c.job_id))
-            return conn.execute(ins).first() is not None
-        res = conn.execute(mine.values(**values))
-        if res.rowcount != 1:
-            conn.rollback()
-            return False
-        conn.execute(_insert(conn)(RESULTS).values(**row).on_conflict_do_nothing(index_elements=["job_id"]))
-    return True
+        return lifecycle.finish(conn, spec, worker_id, result, status, error)
 
 
 def release(job_id: str, worker_id: str, reason: str) -> bool:
-    """Hand a job this worker holds back to the queue (worker shutting down): status queued, the attempt
-    not counted. False when the worker no longer holds it."""
+    """``lifecycle.release``: False when this worker no longer holds the job."""
     with _tx() as conn:
-        res = conn.execute(update(JOBS).where(JOBS.c.id == job_id, JOBS.c.worker_id == worker_id,
-                                              JOBS.c.status.in_(ACTIVE))
-                           .values(status="queued", worker_id=None, claimed_at=None, started_at=None,
-                                   attempts=case((JOBS.c.attempts > 0, JOBS.c.attempts - 1), else_=0),
-                                   error=reason[:4000], enqueued_at=now()))
-        return res.rowcount == 1
+        return lifecycle.release(conn, job_id, worker_id, reason)
 
 
 def job_status(job_id: str) -> str | None:
     """The job's status (None when there is no such job)."""
     with get_engine().connect() as conn:
-        return conn.execute(select(JOBS.c.status).where(JOBS.c.id == job_id)).scalar_one_or_none()
+        return lifecycle.status_of(conn, job_id)

@@ -19,13 +19,13 @@ from typing import Any
 from sqlalchemy import or_, select, update
 
 from farm.broker import Broker
-from farm.db.models import Worker
+from farm.db.models import Worker, utcnow
 from farm.db.session import session_scope
 from farm.settings import get_settings
 from schemas import WorkerHardware
 from workers.cancel import SHUTDOWN, JobWatch
 from workers.execute import replay_spool, run_job
-from workers.ledger import job_status, now
+from workers.ledger import job_status
 from workers.runners.base import Runner
 from workers.spool import Spool
 
@@ -72,9 +72,9 @@ class WorkerNode:
             row = s.get(Worker, self.worker_id)
             values: dict[str, Any] = dict(hostname=self.hardware.hostname,
                                           hardware=self.hardware.model_dump(mode="json"), queues=self.queues,
-                                          runner=self.runner.name, status="online", last_heartbeat=now())
+                                          runner=self.runner.name, status="online", last_heartbeat=utcnow())
             if row is None:
-                s.add(Worker(id=self.worker_id, started_at=now(), **values))
+                s.add(Worker(id=self.worker_id, started_at=utcnow(), **values))
             else:
                 for k, v in values.items():
                     setattr(row, k, v)
@@ -83,7 +83,7 @@ class WorkerNode:
         """One heartbeat: last_heartbeat = now, and the job in hand."""
         with session_scope() as s:
             s.execute(update(Worker).where(Worker.id == self.worker_id)
-                      .values(last_heartbeat=now(), status="online", current_job_id=self.current_job))
+                      .values(last_heartbeat=utcnow(), status="online", current_job_id=self.current_job))
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
@@ -109,7 +109,7 @@ class WorkerNode:
 
     def dead_neighbours(self) -> list[str]:
         """Ids of workers on this host that are not alive: offline, lost, or silent past the dead-after time."""
-        cutoff = now() - timedelta(seconds=get_settings().worker_dead_after_s)
+        cutoff = utcnow() - timedelta(seconds=get_settings().worker_dead_after_s)
         with session_scope() as s:
             rows = s.execute(select(Worker.id).where(
                 Worker.hostname == self.hardware.hostname, Worker.id != self.worker_id,
@@ -139,7 +139,7 @@ class WorkerNode:
         try:
             with session_scope() as s:
                 s.execute(update(Worker).where(Worker.id == self.worker_id)
-                          .values(status="offline", current_job_id=None, last_heartbeat=now()))
+                          .values(status="offline", current_job_id=None, last_heartbeat=utcnow()))
         except Exception as exc:
             log.warning("could not mark worker offline: %s", exc)
         self.runner.close()

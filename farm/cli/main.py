@@ -13,13 +13,12 @@ from farm.cli.errors import run_app, run_cli
 from farm.cli.views import console, err_console
 from farm.errors import RequestError
 from farm.settings import get_settings, mask_url
+from schemas.job import FINAL, JobStatus
 
 app = typer.Typer(name="farm", help="A distributed profiling farm for ML model serving.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
-
-FINAL = ("succeeded", "failed", "cancelled")
 
 
 def _prepare_db() -> None:
@@ -202,7 +201,7 @@ def status(request_id: str | None = typer.Argument(None, help="Request id; omit 
     for queue, n in waiting.items():
         console.print(f"[yellow]{n} job(s) wait in queue {queue}: no live worker consumes it[/]")
     for r in result_rows(request_id):
-        if r["status"] not in ("succeeded",):
+        if r["status"] != JobStatus.succeeded:
             console.print(f"  {r['job_id'][:8]} {r['device']} {r['engine']} b={r['batch_size']} "
                           f"c={r['concurrency']} edge={r['edge_profile'] or '-'}: {r['status']}"
                           + (f" ({r['error']})" if r["error"] else ""))

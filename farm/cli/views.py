@@ -5,7 +5,7 @@ import csv
 import io
 import json
 import sys
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from rich import box
@@ -86,8 +86,9 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
 def age(ts: datetime | None) -> str:
     if ts is None:
         return "-"
-    ts = ts if ts.tzinfo else ts.replace(tzinfo=UTC)
-    secs = (datetime.now(UTC) - ts).total_seconds()
+    from farm.db.models import utcnow  # timestamps come from the database, whose types are loaded
+
+    secs = (utcnow() - ts).total_seconds()
     return f"{secs:.0f}s ago" if secs < 120 else f"{secs / 60:.0f}m ago"
 
 

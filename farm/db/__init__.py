@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from farm.db.models import Base, Job, ModelArtifact, Request, Result, Worker
-from farm.db.session import get_engine, session_scope
+from farm.db.session import dialect_insert, get_engine, session_scope
 
-__all__ = ["Base", "Job", "ModelArtifact", "Request", "Result", "Worker", "get_engine", "session_scope"]
+__all__ = ["Base", "Job", "ModelArtifact", "Request", "Result", "Worker", "dialect_insert", "get_engine",
+           "session_scope"]

@@ -17,10 +17,13 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    TypeDecorator,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from farm.metrics import JOB_METRICS
+from schemas.job import JobStatus
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -32,13 +35,36 @@ NAMING = {
 
 
 def utcnow() -> datetime:
-    """Timezone-aware UTC now."""
+    """Timezone-aware UTC now: the one clock for every timestamp farm writes."""
     return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """``TIMESTAMP WITH TIME ZONE`` that always returns aware UTC datetimes.
+
+    SQLite keeps no zone and hands back naive values; Postgres answers in the session's zone. Both are
+    read as, or converted to, UTC here, so no caller fixes up timestamps. A naive value written is taken
+    as UTC. The column type on disk is ``DateTime(timezone=True)`` as before."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return _as_utc(value)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return _as_utc(value)
+
+
+def _as_utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
-    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: UTCDateTime()}
 
 
 class ModelArtifact(Base):
@@ -86,7 +112,7 @@ class Job(Base):
     edge_profile: Mapped[str | None] = mapped_column(String(64), nullable=True)
     queue: Mapped[str] = mapped_column(String(120))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
-    status: Mapped[str] = mapped_column(String(16), default="queued")
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.queued)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(120), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -7,7 +7,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, Table, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
@@ -57,3 +58,9 @@ def session_scope(url: str | None = None) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def dialect_insert(bind: Session | Connection, table: Table) -> postgresql.Insert | sqlite.Insert:
+    """An INSERT on ``table`` in the dialect of ``bind`` (Postgres or SQLite), for ``ON CONFLICT`` clauses."""
+    conn = bind.get_bind() if isinstance(bind, Session) else bind
+    return postgresql.insert(table) if conn.dialect.name == "postgresql" else sqlite.insert(table)

@@ -58,7 +58,7 @@ def job(job_id: str) -> Job:
 def test_job_of_a_dead_worker_is_requeued_and_sent_again(cluster: dict[str, str], example_onnx: Path) -> None:
     _, (jid,) = jobs_of(example_onnx)
     add_worker("dead", beat_age_s=120)
-    assert ledger.claim(jid, "dead") and ledger.set_status(jid, "dead", "running")
+    assert ledger.claim(jid, "dead") and ledger.start(jid, "dead")
     report = reconcile()
     assert report.requeued == [jid] and report.lost_workers == ["dead"]
     j = job(jid)
@@ -140,7 +140,7 @@ def test_queued_job_missing_from_the_broker_is_sent_again(cluster: dict[str, str
 def test_running_job_far_past_its_time_limit_is_failed(cluster: dict[str, str], example_onnx: Path) -> None:
     _, (jid,) = jobs_of(example_onnx, measurement={"timeout_s": 5})
     add_worker("stuck", beat_age_s=0)
-    assert ledger.claim(jid, "stuck") and ledger.set_status(jid, "stuck", "running")
+    assert ledger.claim(jid, "stuck") and ledger.start(jid, "stuck")
     assert not reconcile().timed_out
     report = reconcile(now=now() + timedelta(seconds=5 + get_settings().timeout_grace_s + 1),
                        judge_workers=False)
@@ -154,7 +154,7 @@ def test_cancel_request_cancels_queued_and_running_jobs_once(cluster: dict[str, 
     rid, (a, b, c) = jobs_of(example_onnx, 3)
     add_worker("w", beat_age_s=0)
     spec = ledger.claim(a, "w")
-    assert spec and ledger.set_status(a, "w", "running")
+    assert spec and ledger.start(a, "w")
     spec_c = ledger.claim(c, "w")
     assert spec_c and ledger.finish(spec_c, "w", ledger.JobResult(job_id=c, metrics={"stable": True}))
     out = cancel_request(rid[:8])
