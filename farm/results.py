@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 from farm.db.models import Job, Request, Result, Worker
 from farm.db.session import session_scope
 from farm.errors import NotFoundError
-from farm.metrics import JOB_METRICS
 from farm.settings import get_settings
+from schemas.metrics import JOB_METRICS
 
 JOB_COLUMNS = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "status",
                "attempts", "worker_id", "error")

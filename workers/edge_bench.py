@@ -10,7 +10,7 @@ Run::
         "shape": [256]}]']
 
 Output (stdout, last line): ``{"edge_bench": 1, "metrics": {...}, ...}`` with metrics named as in
-``farm.metrics`` (latency_*_ms per batch call, throughput_infer_per_s in samples/s, requests_per_s in
+``schemas.metrics`` (latency_*_ms per batch call, throughput_infer_per_s in samples/s, requests_per_s in
 batch calls/s, duration_s of the measured loop), plus ``iterations``, ``load_s``, ``warmup_iterations``
 and the input shapes used. On a load or input error it prints ``{"edge_bench": 1, "error": "..."}``
 and exits 2.

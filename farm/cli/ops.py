@@ -108,7 +108,7 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
         return
     from rich.table import Table
 
-    from farm.metrics import MODEL_METRICS
+    from schemas.metrics import MODEL_METRICS
 
     table = Table(title=f"{model.name} ({info.format}, {', '.join(report['inputs'])})")
     for col in ("metric", "value", "unit"):

@@ -2,7 +2,7 @@
 streams), closed or open loop, measured in windows.
 
 ``run_load(url, model_name, inputs, batch_size, concurrency, settings)`` returns a :class:`LoadResult`
-whose ``metrics`` use ``farm.metrics`` names. Modules: ``stats`` (pure percentile, histogram and
+whose ``metrics`` use ``schemas.metrics`` names. Modules: ``stats`` (pure percentile, histogram and
 stability helpers), ``request`` (the request, built and serialized once), ``worker`` (one grpc.aio
 event loop), ``drivers`` (workers in a thread or in processes), ``run`` (the coordinator).
 """

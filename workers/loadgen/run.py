@@ -27,7 +27,7 @@ START_DELAY_PROC_S = 0.25  # the same for worker processes
 
 @dataclass
 class LoadResult:
-    """What one load run measured. ``metrics`` are keyed by ``farm.metrics`` names (None: not measured);
+    """What one load run measured. ``metrics`` are keyed by ``schemas.metrics`` names (None: not measured);
     ``details`` hold the latency histogram, per-window series, error counts by gRPC status and the
     mode/rate/concurrency/process count used."""
 

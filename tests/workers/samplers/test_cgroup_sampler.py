@@ -277,7 +277,7 @@ def test_cpuset_pins_and_a_bad_one_is_reported_not_raised(limited: type[LimitedC
 
 
 def test_summaries_use_registry_metric_names(limited: type[LimitedCgroup]) -> None:
-    from farm.metrics import BY_NAME
+    from schemas.metrics import BY_NAME
 
     with limited(cpus=1.0, memory_bytes=512 * MIB) as lc:
         assert lc.cgroups is not None
