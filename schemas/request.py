@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-MODEL_FORMATS: tuple[str, ...] = ("onnx", "torchscript")
-ENGINES: tuple[str, ...] = ("onnxruntime", "torchscript", "triton")
+from schemas.engines import ENGINES
+
 DTYPES: tuple[str, ...] = (
     "FP32", "FP16", "FP64", "INT8", "INT16", "INT32", "INT64", "UINT8", "BOOL",
 )

@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from schemas.engines import FORMAT_ENGINE
+
 MARKER = "edge_bench"
-FORMAT_ENGINE: dict[str, str] = {"onnx": "onnxruntime", "torchscript": "torchscript"}
 
 
 def percentile(sorted_ms: list[float], q: float) -> float:

@@ -64,11 +64,11 @@ def serve(
 ) -> None:
     """Serve MODEL over the KServe v2 gRPC protocol (farm's built-in server)."""
     from farm.modelinfo import detect_format
-    from scheduler.compat import EDGE_ENGINE
+    from schemas.engines import FORMAT_ENGINE
     from workers.engines.server import ServerConfig, run_server
 
     fmt = model_format or detect_format(model)
-    run_server(ServerConfig(model_path=model, model_format=fmt, engine=engine or EDGE_ENGINE[fmt], host=host,
+    run_server(ServerConfig(model_path=model, model_format=fmt, engine=engine or FORMAT_ENGINE[fmt], host=host,
                             port=port, device=device, threads=threads, instances=instances, model_name=model_name))
 
 

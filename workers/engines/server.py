@@ -29,6 +29,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from farm.errors import FarmError, ServerError
+from schemas.engines import FORMAT_ENGINE
 from workers.engines.base import (
     COMPUTE_PARAM,
     QUEUE_PARAM,
@@ -47,8 +48,6 @@ MODEL_VERSION = "1"
 MAX_MESSAGE_BYTES = (1 << 30) - 1  # gRPC caps lengths at INT32_MAX
 GRACE_S = 5.0
 LISTEN_PREFIX = "farm-serve listening"
-
-_FORMAT_ENGINE: dict[str, str] = {"onnx": "onnxruntime", "torchscript": "torchscript"}
 
 
 @dataclass
@@ -85,7 +84,7 @@ class _Model:
     def __init__(self, cfg: ServerConfig) -> None:
         if cfg.instances < 1:
             raise ServerError(f"instances must be >= 1, got {cfg.instances}")
-        wants = _FORMAT_ENGINE.get(cfg.model_format)
+        wants = FORMAT_ENGINE.get(cfg.model_format)
         if wants is not None and cfg.engine != wants:
             raise ServerError(
                 f"a {cfg.model_format} model is served by the {wants} engine, not {cfg.engine!r}; "
