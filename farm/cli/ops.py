@@ -98,9 +98,9 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Static metrics: parameters, size, MACs/FLOPs per sample, activation memory."""
     from farm.analysis import analyze as run_analysis
-    from farm.modelinfo import inspect_model, parse_input_spec
+    from farm.modelinfo import inspect_model, tensor_spec
 
-    given = [parse_input_spec(t) for t in input_spec] if input_spec else None
+    given = [tensor_spec(t) for t in input_spec] if input_spec else None
     info = inspect_model(model, model_format, given)
     report = run_analysis(model, info.format, info.inputs)
     if as_json:

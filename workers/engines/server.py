@@ -29,6 +29,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from farm.errors import FarmError, ServerError
+from schemas.dtypes import parse_input_spec
 from schemas.engines import FORMAT_ENGINE
 from workers.engines.base import (
     COMPUTE_PARAM,
@@ -38,7 +39,6 @@ from workers.engines.base import (
     IOSpec,
     make_backend,
     np_to_v2,
-    parse_input_spec,
 )
 from workers.engines.decode import decode_inputs
 
@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
     try:
-        declared = [parse_input_spec(t) for t in a.input] or None
+        declared = [IOSpec(*parse_input_spec(t)) for t in a.input] or None
     except ValueError as exc:
         p.error(str(exc))
     cfg = ServerConfig(
