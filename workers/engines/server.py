@@ -28,7 +28,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from farm.errors import FarmError, ServerError
+from farm.errors import FarmError, NotFoundError, ServerError
 from schemas.dtypes import parse_input_spec
 from schemas.engines import FORMAT_ENGINE
 from workers.engines.base import (
@@ -178,12 +178,11 @@ class _Model:
         self.backends = []
 
 
-class NotFoundError(Exception):
-    """A request named a model this server does not serve (the message is the requested name)."""
-
-
 def _status(exc: Exception, engine: str) -> tuple[grpc.StatusCode, str]:
-    """The gRPC status of a failed inference: bad inputs are the client's fault, the rest ours."""
+    """The gRPC status of a failed inference: an unknown model is NOT_FOUND, bad inputs are the client's
+    fault, the rest ours."""
+    if isinstance(exc, NotFoundError):
+        return grpc.StatusCode.NOT_FOUND, str(exc)
     if isinstance(exc, InputError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, FarmError):
@@ -278,7 +277,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         model = self.model
         stats = model.stats
         if not self._known(request.model_name, request.model_version):
-            raise NotFoundError(request.model_name)
+            raise NotFoundError(self._unknown_text(request.model_name))
         try:
             feed = decode_inputs(request, model.input_by_name)
             out_names: list[str] | None = None
@@ -319,8 +318,6 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return resp
 
     def _failure(self, exc: Exception) -> tuple[grpc.StatusCode, str]:
-        if isinstance(exc, NotFoundError):
-            return grpc.StatusCode.NOT_FOUND, self._unknown_text(str(exc))
         return _status(exc, self.model.cfg.engine)
 
     async def ModelInfer(self, request, context):  # noqa: N802
