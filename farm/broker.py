@@ -26,6 +26,7 @@ from typing import Any
 from celery import Celery
 
 from farm.settings import get_settings
+from schemas.queues import CPU_QUEUE
 
 log = logging.getLogger("farm.broker")
 
@@ -47,7 +48,7 @@ def get_app() -> Celery:
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
         worker_concurrency=1,
-        task_default_queue="farm.cpu",
+        task_default_queue=CPU_QUEUE,
         task_ignore_result=True,
         task_serializer="json",
         accept_content=["json"],

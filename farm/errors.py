@@ -31,7 +31,8 @@ class SchedulerError(FarmError):
 
 
 class NotFoundError(FarmError):
-    """A request, job or worker id does not exist."""
+    """A request, job or worker id does not exist, or a model server was asked for a model it does not serve
+    (farm's server answers gRPC NOT_FOUND)."""
 
     exit_code = 3
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.errors import RequestError
-from farm.metrics import BY_NAME
 from schemas.job import JobStatus
+from schemas.metrics import BY_NAME
 
 
 @dataclass(frozen=True)

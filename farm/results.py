@@ -11,13 +11,16 @@ from sqlalchemy.orm import Session
 from farm.db.models import Job, ModelArtifact, Request, Result, Worker, utcnow
 from farm.db.session import session_scope
 from farm.errors import NotFoundError
-from farm.metrics import JOB_METRICS
 from farm.settings import get_settings
 from schemas.job import JobStatus
+from schemas.metrics import JOB_METRICS
+from schemas.metrics import merge_repeats as merge_metrics
 
 JOB_COLUMNS = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "status",
                "attempts", "worker_id", "error")
 METRIC_NAMES = tuple(m.name for m in JOB_METRICS)
+#: what makes two jobs (of the same or of different requests) repeats of one measurement
+CONFIG_COLUMNS = ("device", "engine", "batch_size", "concurrency", "edge_profile", "rpc")
 
 
 def find_request(request_id: str) -> Request:
@@ -57,6 +60,26 @@ def model_static_metrics(model_sha256: str) -> dict[str, Any]:
         static = s.execute(select(ModelArtifact.static_metrics)
                            .where(ModelArtifact.sha256 == model_sha256)).scalar_one_or_none()
     return static or {}
+
+
+def merge_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per job config (:data:`CONFIG_COLUMNS`) from result rows of repeated runs (e.g. of several
+    requests of the same matrix), in first-seen order. Metrics of the succeeded repeats combine by each
+    metric's declared aggregation (``schemas.metrics``); ``repeats`` counts them. ``status`` is the
+    shared status or ``mixed``; ``job_id`` is the first repeat's; ``error`` the first error."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[c] for c in CONFIG_COLUMNS), []).append(r)
+    merged = []
+    for group in groups.values():
+        done = [r for r in group if r["status"] == "succeeded"]
+        metrics = merge_metrics([{n: r[n] for n in METRIC_NAMES if r[n] is not None} for r in done])
+        statuses = {r["status"] for r in group}
+        merged.append({**group[0], **{n: metrics.get(n) for n in METRIC_NAMES}, "repeats": len(done),
+                       "status": statuses.pop() if len(statuses) == 1 else "mixed",
+                       "attempts": sum(r["attempts"] or 0 for r in group),
+                       "error": next((r["error"] for r in group if r["error"]), None)})
+    return merged
 
 
 def status_counts(request_id: str) -> dict[str, int]:

@@ -9,27 +9,10 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.compat import EDGE_ENGINE, incompatibility
 from schemas import JobSpec, ProfileRequest, TensorSpec
+from schemas.engines import FORMAT_ENGINE, incompatibility
+from schemas.queues import EDGE_QUEUE, queue_for
 from schemas.request import device_slug
-
-CPU_QUEUE = "farm.cpu"
-EDGE_QUEUE = "farm.edge"
-
-
-def gpu_queue(slug: str) -> str:
-    """The Celery queue of one GPU product, e.g. ``farm.gpu.a100-sxm4-40gb``."""
-    return f"farm.gpu.{slug}"
-
-
-def queue_for(device: str) -> str:
-    """The Celery queue serving ``device`` (``cpu`` or ``gpu:<slug>``)."""
-    if device == "cpu":
-        return CPU_QUEUE
-    kind, _, slug = device.partition(":")
-    if kind != "gpu" or not slug:
-        raise ValueError(f"device {device!r} has no queue; resolve 'gpu' to 'gpu:<product>' first")
-    return gpu_queue(slug)
 
 
 def job_id_for(request_id: str, device: str, engine: str, batch: int, concurrency: int,
@@ -107,7 +90,7 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
                     result.jobs.append(JobSpec(
                         job_id=job_id_for(request_id, device, engine, b, c, None), device=device,
                         engine=engine, batch_size=b, concurrency=c, queue=queue_for(device), **common))
-    edge_engine = EDGE_ENGINE.get(model.format)
+    edge_engine = FORMAT_ENGINE.get(model.format)
     for profile in request.edge:
         if edge_engine is None:
             result.excluded.append({"edge_profile": profile.name,

@@ -4,11 +4,10 @@ This package imports nothing else of farm's.
 """
 from __future__ import annotations
 
+from schemas.engines import ENGINES, MODEL_FORMATS
 from schemas.hardware import CpuInfo, GpuInfo, WorkerHardware
 from schemas.job import JobSpec, JobStatus
 from schemas.request import (
-    ENGINES,
-    MODEL_FORMATS,
     EdgeProfile,
     MeasurementSettings,
     ProfileRequest,

@@ -6,11 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-MODEL_FORMATS: tuple[str, ...] = ("onnx", "torchscript")
-ENGINES: tuple[str, ...] = ("onnxruntime", "torchscript", "triton")
-DTYPES: tuple[str, ...] = (
-    "FP32", "FP16", "FP64", "INT8", "INT16", "INT32", "INT64", "UINT8", "BOOL",
-)
+from schemas.dtypes import DTYPES
+from schemas.engines import ENGINES
+
 _MEMORY_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgKMG]?)(?:i?[bB])?$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,199}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$")

@@ -10,7 +10,7 @@ Run::
         "shape": [256]}]']
 
 Output (stdout, last line): ``{"edge_bench": 1, "metrics": {...}, ...}`` with metrics named as in
-``farm.metrics`` (latency_*_ms per batch call, throughput_infer_per_s in samples/s, requests_per_s in
+``schemas.metrics`` (latency_*_ms per batch call, throughput_infer_per_s in samples/s, requests_per_s in
 batch calls/s, duration_s of the measured loop), plus ``iterations``, ``load_s``, ``warmup_iterations``
 and the input shapes used. On a load or input error it prints ``{"edge_bench": 1, "error": "..."}``
 and exits 2.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -27,38 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from schemas.engines import FORMAT_ENGINE
+from workers.loadgen.stats import latency_metrics
+
 MARKER = "edge_bench"
-FORMAT_ENGINE: dict[str, str] = {"onnx": "onnxruntime", "torchscript": "torchscript"}
-
-
-def percentile(sorted_ms: list[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) of already sorted values, linear interpolation."""
-    if not sorted_ms:
-        return math.nan
-    k = (len(sorted_ms) - 1) * q / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return sorted_ms[lo] + (sorted_ms[hi] - sorted_ms[lo]) * (k - lo)
-
-
-def latency_metrics(lat_ms: list[float], batch_size: int, elapsed_s: float) -> dict[str, float]:
-    """farm metrics from per-call latencies (ms) measured over ``elapsed_s`` seconds."""
-    s = sorted(lat_ms)
-    n = len(s)
-    mean = sum(s) / n
-    std = math.sqrt(sum((x - mean) ** 2 for x in s) / n)
-    return {
-        "latency_mean_ms": mean,
-        "latency_p50_ms": percentile(s, 50),
-        "latency_p90_ms": percentile(s, 90),
-        "latency_p95_ms": percentile(s, 95),
-        "latency_p99_ms": percentile(s, 99),
-        "latency_p999_ms": percentile(s, 99.9),
-        "latency_max_ms": s[-1],
-        "latency_std_ms": std,
-        "requests_per_s": n / elapsed_s,
-        "throughput_infer_per_s": n * batch_size / elapsed_s,
-        "duration_s": elapsed_s,
-    }
 
 
 def make_inputs(model_inputs: list[Any], given: list[dict[str, Any]] | None, batch_size: int,
@@ -126,7 +97,7 @@ def run(model: Path, model_format: str, engine: str | None, batch_size: int, war
         backend.close()
     return {
         MARKER: 1,
-        "metrics": latency_metrics(lat_ms, batch_size, elapsed),
+        "metrics": {**latency_metrics(lat_ms, batch_size, elapsed), "duration_s": elapsed},
         "iterations": len(lat_ms),
         "warmup_iterations": warm,
         "load_s": load_s,

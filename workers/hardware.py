@@ -1,7 +1,6 @@
 """What this worker node has: CPU, NVIDIA GPUs (through NVML), and the Celery queues it should consume.
 
-Queue names: ``farm.cpu`` and ``farm.edge`` on every worker, plus ``farm.gpu.<slug>`` for each distinct
-GPU product (slug from ``schemas.request.device_slug``, e.g. ``farm.gpu.a100-sxm4-40gb``).
+Queue names come from ``schemas.queues``.
 """
 from __future__ import annotations
 
@@ -13,18 +12,10 @@ from pathlib import Path
 import psutil
 
 from schemas import CpuInfo, GpuInfo, WorkerHardware
+from schemas.queues import CPU_QUEUE, EDGE_QUEUE, gpu_queue
 from schemas.request import device_slug
 
 log = logging.getLogger(__name__)
-
-CPU_QUEUE = "farm.cpu"
-EDGE_QUEUE = "farm.edge"
-GPU_QUEUE_PREFIX = "farm.gpu."
-
-
-def gpu_queue(slug: str) -> str:
-    """The Celery queue for one GPU product slug: ``farm.gpu.<slug>``."""
-    return f"{GPU_QUEUE_PREFIX}{slug}"
 
 
 def _cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:

@@ -59,7 +59,7 @@ BASE_DISTRIBUTIONS: tuple[str, ...] = (
 # Modules imported in a probe process to discover what else the worker code pulls in at import time.
 PROBE_MODULES: tuple[str, ...] = (
     "numpy", "onnxruntime", "grpc", "tritonclient.grpc", "psutil", "pydantic", "schemas",
-    "farm.errors", "farm.metrics", "workers.engines.server", "workers.engines.ready",
+    "farm.errors", "schemas.metrics", "workers.engines.server", "workers.engines.ready",
     "workers.engines.onnxruntime_backend", "workers.edge_bench",
 )
 # Never copied unless asked for by name in ``extra_distributions`` (size, or host tooling only).

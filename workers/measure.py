@@ -156,7 +156,7 @@ class Measurement(AbstractContextManager["Measurement"]):
             yield self
 
     def metrics(self) -> dict[str, Any]:
-        """Every sampler's summary (metric names of ``farm.metrics``), values that were measured only."""
+        """Every sampler's summary (metric names of ``schemas.metrics``), values that were measured only."""
         out: dict[str, Any] = {}
         for sampler in self.samplers:
             out.update({k: v for k, v in sampler.summary().items() if v is not None})

@@ -137,10 +137,14 @@ def _wait(request_id: str, quiet: bool, poll_s: float = 1.0) -> None:
             time.sleep(poll_s)
 
 
-def _show_results(request_id: str, fmt: str, with_id: bool = False) -> None:
-    from farm.results import find_request, result_rows
+def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: list[str] | None = None) -> None:
+    """Print the request's results; with ``merge_with`` (other request ids, maybe none), the repeats of
+    each job config across all of them merged into one row (``farm.results.merge_repeats``)."""
+    from farm.results import find_request, merge_repeats, result_rows
 
     rows = result_rows(request_id)
+    if merge_with is not None:
+        rows = merge_repeats(rows + [r for rid in merge_with for r in result_rows(rid)])
     if fmt == "json":
         if with_id:
             print(json.dumps({"request_id": find_request(request_id).id, "results": json.loads(views.to_json(rows))},
@@ -151,6 +155,8 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False) -> None:
         sys.stdout.write(views.to_csv(rows))
     else:
         title = f"request {find_request(request_id).id}"
+        if merge_with:
+            title += f" merged with {', '.join(find_request(rid).id for rid in merge_with)}"
         if rows and rows[0]["rpc"] == "stream":
             title += " (load over ModelStreamInfer streams)"
         console.print(views.results_table(rows, title=title))
@@ -161,13 +167,19 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False) -> None:
 
 
 @app.command()
-def results(request_id: str = typer.Argument(..., help="Request id (or a unique prefix)."),
-            fmt: str = typer.Option("table", "--format", help="table | csv | json")) -> None:
+def results(request_ids: list[str] = typer.Argument(..., help="Request id (or a unique prefix); several "
+                                                   "with --merge-repeats."),
+            fmt: str = typer.Option("table", "--format", help="table | csv | json"),
+            merge: bool = typer.Option(False, "--merge-repeats",
+                                       help="One row per job config over all the requests given: each metric "
+                                            "combined by its declared aggregation (mean, max, sum, ...).")) -> None:
     """Results of one request: one row per job, every metric."""
     if fmt not in ("table", "csv", "json"):
         raise RequestError(f"--format {fmt!r} is unknown; use table, csv or json")
+    if len(request_ids) > 1 and not merge:
+        raise RequestError("several request ids are only read together with --merge-repeats; pass it or one id")
     _prepare_db()
-    _show_results(request_id, fmt)
+    _show_results(request_ids[0], fmt, merge_with=request_ids[1:] if merge else None)
 
 
 @app.command()

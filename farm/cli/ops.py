@@ -64,11 +64,11 @@ def serve(
 ) -> None:
     """Serve MODEL over the KServe v2 gRPC protocol (farm's built-in server)."""
     from farm.models.info import detect_format
-    from scheduler.compat import EDGE_ENGINE
+    from schemas.engines import FORMAT_ENGINE
     from workers.engines.server import ServerConfig, run_server
 
     fmt = model_format or detect_format(model)
-    run_server(ServerConfig(model_path=model, model_format=fmt, engine=engine or EDGE_ENGINE[fmt], host=host,
+    run_server(ServerConfig(model_path=model, model_format=fmt, engine=engine or FORMAT_ENGINE[fmt], host=host,
                             port=port, device=device, threads=threads, instances=instances, model_name=model_name))
 
 
@@ -98,9 +98,9 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Static metrics: parameters, size, MACs/FLOPs per sample, activation memory."""
     from farm.models.analysis import analyze as run_analysis
-    from farm.models.info import inspect_model, parse_input_spec
+    from farm.models.info import inspect_model, tensor_spec
 
-    given = [parse_input_spec(t) for t in input_spec] if input_spec else None
+    given = [tensor_spec(t) for t in input_spec] if input_spec else None
     info = inspect_model(model, model_format, given)
     report = run_analysis(model, info.format, info.inputs)
     if as_json:
@@ -108,7 +108,7 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
         return
     from rich.table import Table
 
-    from farm.metrics import MODEL_METRICS
+    from schemas.metrics import MODEL_METRICS
 
     table = Table(title=f"{model.name} ({info.format}, {', '.join(report['inputs'])})")
     for col in ("metric", "value", "unit"):

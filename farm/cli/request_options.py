@@ -83,9 +83,9 @@ def build_request_dict(base: dict[str, Any], model: str | None, engines: list[st
     if edges:
         data["edge"] = [parse_edge(e) for e in edges]
     if inputs:
-        from farm.models.info import parse_input_spec
+        from farm.models.info import tensor_spec
 
-        data["inputs"] = [parse_input_spec(t).model_dump() for t in inputs]
+        data["inputs"] = [tensor_spec(t).model_dump() for t in inputs]
     if fmt:
         data["format"] = fmt
     if name:

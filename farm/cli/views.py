@@ -12,7 +12,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from farm.metrics import BY_NAME
+from schemas.metrics import BY_NAME
 
 #: the CLI's consoles; piped output is not squeezed to 80 columns (a terminal keeps its own width)
 console = Console() if sys.stdout.isatty() else Console(width=140)

@@ -1,4 +1,4 @@
-"""ORM models. The results table has one column per registered metric (``farm.metrics``)."""
+"""ORM models. The results table has one column per registered metric (``schemas.metrics``)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
@@ -22,8 +22,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from farm.metrics import JOB_METRICS
 from schemas.job import JobStatus
+from schemas.metrics import JOB_METRICS
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",

@@ -7,7 +7,6 @@ KServe v2 datatypes ("FP32", "INT64", ...). Every failure is a one-line ``ModelE
 from __future__ import annotations
 
 import hashlib
-import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from farm.errors import ModelError, RequestError
 from schemas import TensorSpec
-from schemas.request import DTYPES
+from schemas.dtypes import DTYPES, INPUT_SPEC_HINT, ONNX_TO_V2, parse_input_spec
 
 if TYPE_CHECKING:
     import onnx
@@ -26,23 +25,9 @@ FARM_INPUTS_ATTR = "farm_inputs"
 FARM_INPUTS_EXTRA = "farm_inputs.json"
 INPUT_HINT = "--input NAME:DTYPE:SHAPE (per-sample shape without batch, e.g. --input input:FP32:3x224x224)"
 
-# ONNX TensorProto elem_type -> KServe v2 datatype (only the ones TensorSpec accepts).
-ONNX_TO_KSERVE: dict[int, str] = {1: "FP32", 10: "FP16", 11: "FP64", 3: "INT8", 5: "INT16", 6: "INT32",
-                                  7: "INT64", 2: "UINT8", 9: "BOOL"}
-KSERVE_TO_ONNX: dict[str, int] = {v: k for k, v in ONNX_TO_KSERVE.items()}
-KSERVE_TO_NUMPY: dict[str, str] = {"FP32": "float32", "FP16": "float16", "FP64": "float64", "INT8": "int8",
-                                   "INT16": "int16", "INT32": "int32", "INT64": "int64", "UINT8": "uint8",
-                                   "BOOL": "bool"}
-# torch dtype name (without "torch.") -> KServe v2 datatype.
-TORCH_TO_KSERVE: dict[str, str] = {"float32": "FP32", "float16": "FP16", "float64": "FP64", "int8": "INT8",
-                                    "int16": "INT16", "int32": "INT32", "int64": "INT64", "uint8": "UINT8",
-                                    "bool": "BOOL"}
-DTYPE_BYTES: dict[str, int] = {"FP32": 4, "FP16": 2, "FP64": 8, "INT8": 1, "INT16": 2, "INT32": 4,
-                               "INT64": 8, "UINT8": 1, "BOOL": 1}
-_DTYPE_ALIASES: dict[str, str] = {
-    "FLOAT": "FP32", "FLOAT32": "FP32", "F32": "FP32", "HALF": "FP16", "FLOAT16": "FP16", "F16": "FP16",
-    "DOUBLE": "FP64", "FLOAT64": "FP64", "F64": "FP64", "LONG": "INT64", "INT": "INT32", "BYTE": "UINT8",
-}
+# ONNX TensorProto elem_type -> KServe v2 datatype, only the ones TensorSpec accepts (from schemas.dtypes).
+ONNX_TO_KSERVE: dict[int, str] = {e: name for e, name in ONNX_TO_V2.items() if name in DTYPES}
+
 _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
     (b"%PDF", "a PDF document"), (b"\x1f\x8b", "a gzip archive"), (b"\x7fELF", "an executable"),
@@ -84,62 +69,24 @@ def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:
 
 
 # --------------------------------------------------------------------------------------------- parsing
-def normalize_dtype(text: str) -> str:
-    """``fp32``/``float32``/``float`` -> ``FP32``; RequestError for unknown names."""
-    up = text.strip().upper()
-    up = _DTYPE_ALIASES.get(up, up)
-    if up not in DTYPES:
-        raise RequestError(f"dtype {text!r} is not supported; use one of {', '.join(DTYPES)}")
-    return up
-
-
-def _is_dtype(text: str) -> bool:
+def tensor_spec(text: str) -> TensorSpec:
+    """The TensorSpec of an ``--input`` text (grammar: ``schemas.dtypes.parse_input_spec``), e.g.
+    ``input:FP32:3x224x224``: the shape is per sample, so every dimension is > 0. RequestError otherwise."""
     try:
-        normalize_dtype(text)
-    except RequestError:
-        return False
-    return True
-
-
-def parse_input_spec(text: str) -> TensorSpec:
-    """Parse ``name:dtype:shape`` (e.g. ``input:FP32:3x224x224``, ``x:fp32:1,28,28``) into a TensorSpec.
-
-    The shape is per sample (batch excluded), separated by ``x`` or ``,``; ``[]`` or empty means a scalar
-    per sample. ``name:shape`` defaults the dtype to FP32. Names may contain ``:`` (``input_1:0:FP32:8``).
-    """
-    raw = text.strip()
-    hint = "use NAME:DTYPE:SHAPE, e.g. input:FP32:3x224x224 (shape without the batch dimension)"
-    if raw.count(":") < 1:
-        raise RequestError(f"input spec {text!r} is not NAME:DTYPE:SHAPE; {hint}")
-    parts = raw.rsplit(":", 2)
-    if len(parts) == 3 and _is_dtype(parts[1]):
-        name, dtype, shape_text = parts[0], normalize_dtype(parts[1]), parts[2]
-    else:
-        name, shape_text = raw.rsplit(":", 1)
-        dtype = "FP32"
-    name = name.strip()
-    if not name:
-        raise RequestError(f"input spec {text!r} has an empty name; {hint}")
-    s = shape_text.strip().strip("[]()").strip()
-    if s.lower() in ("", "scalar"):
-        shape: tuple[int, ...] = ()
-    else:
-        items = [p.strip() for p in re.split(r"[x,X*]", s)]
-        dims: list[int] = []
-        for p in items:
-            if not re.fullmatch(r"-?\d+", p):
-                raise RequestError(f"input spec {text!r}: shape item {p!r} is not a whole number; {hint}")
-            dims.append(int(p))
-        if any(d <= 0 for d in dims):
-            raise RequestError(
-                f"input spec {text!r}: every dimension must be > 0 and the batch dimension is left out; {hint}"
-            )
-        shape = tuple(dims)
+        name, dtype, shape = parse_input_spec(text)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
+    if dtype not in DTYPES:
+        raise RequestError(f"input spec {text!r}: dtype {dtype} is not supported; use one of {', '.join(DTYPES)}")
+    if any(d <= 0 for d in shape):
+        raise RequestError(
+            f"input spec {text!r}: every dimension must be > 0 and the batch dimension is left out; {INPUT_SPEC_HINT}"
+        )
     return TensorSpec(name=name, dtype=dtype, shape=shape)
 
 
 def format_input_spec(spec: TensorSpec) -> str:
-    """The CLI form of a spec: ``name:DTYPE:3x224x224`` (inverse of ``parse_input_spec``)."""
+    """The CLI form of a spec: ``name:DTYPE:3x224x224`` (inverse of ``tensor_spec``)."""
     return f"{spec.name}:{spec.dtype}:{'x'.join(str(d) for d in spec.shape)}"
 
 

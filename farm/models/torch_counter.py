@@ -153,10 +153,10 @@ def analyze_torchscript(path: Path, inputs: list[TensorSpec]) -> dict[str, Any]:
     for p in params:
         key = str(p.dtype).replace("torch.", "")
         by_dtype[key] = by_dtype.get(key, 0) + p.numel() * p.element_size()
-    from farm.models.info import TORCH_TO_KSERVE
+    from schemas.dtypes import TORCH_TO_V2
 
     dominant = max(by_dtype, key=lambda k: by_dtype[k]) if by_dtype else None
-    dtype = TORCH_TO_KSERVE.get(dominant or "") or (inputs[0].dtype if inputs else None)
+    dtype = TORCH_TO_V2.get(dominant or "") or (inputs[0].dtype if inputs else None)
     tensors = torch_inputs(inputs, batch=1)
     counter = _counting_mode()
     try:

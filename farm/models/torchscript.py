@@ -17,15 +17,14 @@ from farm.models.info import (
     FARM_INPUTS_ATTR,
     FARM_INPUTS_EXTRA,
     INPUT_HINT,
-    KSERVE_TO_NUMPY,
-    TORCH_TO_KSERVE,
     ModelInfo,
     format_input_spec,
     one_line,
-    parse_input_spec,
     sha256_file,
+    tensor_spec,
 )
 from schemas import TensorSpec
+from schemas.dtypes import TORCH_TO_V2, V2_NUMPY_NAME
 
 TORCHSCRIPT_EXAMPLES: tuple[str, ...] = ("mlp", "convnet")
 _INPUTS: dict[str, list[str]] = {"mlp": ["input:FP32:256"], "convnet": ["input:FP32:3x32x32"]}
@@ -69,7 +68,7 @@ def torch_inputs(inputs: list[TensorSpec], batch: int = 1, fill: float = 0.0) ->
     import numpy as np
 
     torch = require_torch()
-    return [torch.from_numpy(np.full((batch, *s.shape), fill, dtype=KSERVE_TO_NUMPY[s.dtype])) for s in inputs]
+    return [torch.from_numpy(np.full((batch, *s.shape), fill, dtype=V2_NUMPY_NAME[s.dtype])) for s in inputs]
 
 
 def torchscript_declared_inputs(path: Path) -> list[TensorSpec] | None:
@@ -80,7 +79,7 @@ def torchscript_declared_inputs(path: Path) -> list[TensorSpec] | None:
             extra = [n for n in z.namelist() if n.endswith(f"extra/{FARM_INPUTS_EXTRA}")]
             if extra:
                 items = json.loads(z.read(extra[0]).decode("utf-8"))
-                return [parse_input_spec(s) for s in items]
+                return [tensor_spec(s) for s in items]
     except (zipfile.BadZipFile, OSError, ValueError, RequestError) as exc:
         raise ModelError(f"{path}: unreadable {FARM_INPUTS_EXTRA} ({one_line(exc, 120)}); re-export it") from None
     if _try_torch() is None:
@@ -90,7 +89,7 @@ def torchscript_declared_inputs(path: Path) -> list[TensorSpec] | None:
     if not declared:
         return None
     try:
-        return [parse_input_spec(str(s)) for s in declared]
+        return [tensor_spec(str(s)) for s in declared]
     except RequestError as exc:
         raise ModelError(f"{path}: bad {FARM_INPUTS_ATTR} attribute: {exc}") from None
 
@@ -128,7 +127,7 @@ def inspect_torchscript(path: Path, given: list[TensorSpec] | None) -> ModelInfo
             if not isinstance(t, torch.Tensor):
                 notes.append(f"output {i} is a {type(t).__name__}, not a tensor")
                 continue
-            dtype = TORCH_TO_KSERVE.get(str(t.dtype).replace("torch.", ""))
+            dtype = TORCH_TO_V2.get(str(t.dtype).replace("torch.", ""))
             if dtype is None:
                 raise ModelError(f"{path.name} output {i} has dtype {t.dtype}, which farm cannot serve")
             outputs.append(TensorSpec(name=f"output__{i}", dtype=dtype, shape=tuple(t.shape[1:])))

@@ -52,6 +52,22 @@ def test_stream_rpc_request_runs_and_says_so(tmp_path: Path) -> None:
     assert "ModelStreamInfer" in farm("results", rid).stdout
 
 
+def test_results_merge_repeats_of_two_requests(tmp_path: Path) -> None:
+    """Two requests of the same matrix read as one: each metric combined by its declared aggregation."""
+    model = tmp_path / "demo.onnx"
+    farm("example-model", str(model))
+    for _ in range(2):
+        farm("submit", str(model), *FAST)
+    rids = [r["request_id"] for r in json.loads(farm("status", "--json").stdout)[:2]]
+    runs = [json.loads(farm("results", rid, "--format", "json").stdout)[0] for rid in rids]
+    rows = json.loads(farm("results", *rids, "--merge-repeats", "--format", "json").stdout)
+    assert len(rows) == 1 and rows[0]["repeats"] == 2 and rows[0]["status"] == "succeeded"
+    assert rows[0]["windows"] == runs[0]["windows"] + runs[1]["windows"]  # sum
+    assert rows[0]["latency_max_ms"] == max(r["latency_max_ms"] for r in runs)  # max
+    assert rows[0]["stable"] == (runs[0]["stable"] and runs[1]["stable"])  # all
+    assert rows[0]["latency_p50_ms"] == pytest.approx((runs[0]["latency_p50_ms"] + runs[1]["latency_p50_ms"]) / 2)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["submit", "/nonexistent/model.onnx"], "model"),
     (["submit", "MODEL", "--batch-sizes", "0"], "batch_sizes"),
@@ -62,6 +78,7 @@ def test_stream_rpc_request_runs_and_says_so(tmp_path: Path) -> None:
     (["submit", "MODEL", "--edge", "cpus=1,memory=lots"], "memory"),
     (["results", "no-such-request"], "no request"),
     (["results", "x", "--format", "xml"], "--format"),
+    (["results", "x", "y"], "--merge-repeats"),
     (["submit", "MODEL", "--rpc", "grpc"], "rpc"),
 ])
 def test_bad_input_gives_one_line_and_nonzero_exit(args: list[str], needle: str, example_onnx: Path) -> None:

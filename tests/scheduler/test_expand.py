@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from scheduler.expand import ModelRef, expand, job_id_for, matrix_size, queue_for, resolve_devices
+from scheduler.expand import ModelRef, expand, job_id_for, matrix_size, resolve_devices
 from schemas import ProfileRequest, TensorSpec
+from schemas.queues import queue_for
 
 ONNX = ModelRef(sha256="a" * 64, format="onnx", filename="m.onnx",
                 inputs=(TensorSpec(name="input", shape=(256,)),))

@@ -6,10 +6,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from scheduler.compat import incompatibility
 from scheduler.enqueue import job_rows, spec_json
-from scheduler.expand import ModelRef, expand, queue_for, resolve_devices
+from scheduler.expand import ModelRef, expand, resolve_devices
 from schemas import ENGINES, ProfileRequest, TensorSpec
+from schemas.engines import incompatibility
+from schemas.queues import queue_for
 from schemas.request import device_slug
 
 MODELS = {

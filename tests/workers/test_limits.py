@@ -35,7 +35,7 @@ def test_docker_settings_forbid_swap_and_pin_only_with_a_cpuset() -> None:
 
 
 def test_metrics_match_the_cgroups_and_use_registry_names() -> None:
-    from farm.metrics import BY_NAME
+    from schemas.metrics import BY_NAME
 
     limits = Limits(cpus=0.5, memory_bytes=64 * MIB)
     lc = limits.cgroup(name="never-entered")

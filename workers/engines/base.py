@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from farm.errors import ServerError
+from schemas.dtypes import V2_NUMPY_NAME
 
 # int64 parameters of every response of farm's built-in server (read by the load generator), ns
 QUEUE_PARAM = "farm_queue_ns"  # waiting for a free model instance
@@ -19,31 +20,8 @@ COMPUTE_PARAM = "farm_compute_ns"  # the engine call
 BACKEND_ENGINES: tuple[str, ...] = ("onnxruntime", "torchscript")
 
 # KServe v2 datatype -> numpy dtype (BYTES/BF16 have no fixed-width numpy twin and are not served).
-V2_TO_NP: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-}
+V2_TO_NP: dict[str, np.dtype] = {name: np.dtype(np_name) for name, np_name in V2_NUMPY_NAME.items()}
 NP_TO_V2: dict[np.dtype, str] = {v: k for k, v in V2_TO_NP.items()}
-# KServe v2 datatype -> the InferTensorContents field carrying it (FP16 has none: it must come raw).
-TYPED_CONTENTS: dict[str, str] = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-}
 
 
 def np_to_v2(dtype: np.dtype) -> str:
@@ -122,23 +100,6 @@ class Backend(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def parse_input_spec(text: str) -> IOSpec:
-    """Parse ``NAME:DTYPE:DIMS`` (DIMS like ``-1x3x224x224``; -1 = dynamic) into an IOSpec."""
-    parts = text.rsplit(":", 2)
-    if len(parts) != 3:
-        raise ValueError(f"input {text!r} is not NAME:DTYPE:DIMS, e.g. x:FP32:-1x3x224x224")
-    name, dtype, dims = parts[0], parts[1].upper(), parts[2]
-    if dtype not in V2_TO_NP:
-        raise ValueError(f"input {text!r}: datatype {dtype!r} unknown; use one of {', '.join(V2_TO_NP)}")
-    try:
-        shape = tuple(int(d) for d in dims.replace(",", "x").split("x")) if dims else ()
-    except ValueError:
-        raise ValueError(f"input {text!r}: dims {dims!r} are not integers joined by 'x'") from None
-    if not name or any(d == 0 or d < -1 for d in shape):
-        raise ValueError(f"input {text!r}: needs a name and dims > 0 or -1")
-    return IOSpec(name, dtype, shape)
 
 
 def parse_device(device: str) -> tuple[str, str | None]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from workers.engines.base import TYPED_CONTENTS, V2_TO_NP, InputError, IOSpec
+from schemas.dtypes import TYPED_CONTENTS
+from workers.engines.base import V2_TO_NP, InputError, IOSpec
 
 
 def decode_inputs(req: pb.ModelInferRequest, specs: dict[str, IOSpec]) -> dict[str, np.ndarray]:

@@ -6,25 +6,8 @@ from pathlib import Path
 import numpy as np
 
 from farm.errors import ModelError, ServerError
+from schemas.dtypes import ORT_TO_V2
 from workers.engines.base import Backend, InputError, IOSpec, parse_device
-
-# ONNX Runtime type strings -> KServe v2 datatypes.
-ORT_TO_V2: dict[str, str] = {
-    "tensor(float)": "FP32",
-    "tensor(float16)": "FP16",
-    "tensor(double)": "FP64",
-    "tensor(bfloat16)": "BF16",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(uint8)": "UINT8",
-    "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64",
-    "tensor(bool)": "BOOL",
-    "tensor(string)": "BYTES",
-}
 
 
 def _spec(arg: object) -> IOSpec:

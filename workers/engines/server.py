@@ -30,7 +30,9 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from farm.errors import FarmError, ServerError
+from farm.errors import FarmError, NotFoundError, ServerError
+from schemas.dtypes import parse_input_spec
+from schemas.engines import FORMAT_ENGINE
 from workers.engines.base import (
     COMPUTE_PARAM,
     QUEUE_PARAM,
@@ -39,7 +41,6 @@ from workers.engines.base import (
     IOSpec,
     make_backend,
     np_to_v2,
-    parse_input_spec,
 )
 from workers.engines.decode import decode_inputs
 
@@ -49,8 +50,6 @@ MODEL_VERSION = "1"
 MAX_MESSAGE_BYTES = (1 << 30) - 1  # gRPC caps lengths at INT32_MAX
 GRACE_S = 5.0
 LISTEN_PREFIX = "farm-serve listening"
-
-_FORMAT_ENGINE: dict[str, str] = {"onnx": "onnxruntime", "torchscript": "torchscript"}
 
 
 @dataclass
@@ -87,7 +86,7 @@ class _Model:
     def __init__(self, cfg: ServerConfig) -> None:
         if cfg.instances < 1:
             raise ServerError(f"instances must be >= 1, got {cfg.instances}")
-        wants = _FORMAT_ENGINE.get(cfg.model_format)
+        wants = FORMAT_ENGINE.get(cfg.model_format)
         if wants is not None and cfg.engine != wants:
             raise ServerError(
                 f"a {cfg.model_format} model is served by the {wants} engine, not {cfg.engine!r}; "
@@ -183,12 +182,11 @@ class _Model:
         self.backends = []
 
 
-class NotFoundError(Exception):
-    """A request named a model this server does not serve (the message is the requested name)."""
-
-
 def _status(exc: Exception, engine: str) -> tuple[grpc.StatusCode, str]:
-    """The gRPC status of a failed inference: bad inputs are the client's fault, the rest ours."""
+    """The gRPC status of a failed inference: an unknown model is NOT_FOUND, bad inputs are the client's
+    fault, the rest ours."""
+    if isinstance(exc, NotFoundError):
+        return grpc.StatusCode.NOT_FOUND, str(exc)
     if isinstance(exc, InputError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, FarmError):
@@ -283,7 +281,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         model = self.model
         stats = model.stats
         if not self._known(request.model_name, request.model_version):
-            raise NotFoundError(request.model_name)
+            raise NotFoundError(self._unknown_text(request.model_name))
         try:
             feed = decode_inputs(request, model.input_by_name)
             out_names: list[str] | None = None
@@ -324,8 +322,6 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return resp
 
     def _failure(self, exc: Exception) -> tuple[grpc.StatusCode, str]:
-        if isinstance(exc, NotFoundError):
-            return grpc.StatusCode.NOT_FOUND, self._unknown_text(str(exc))
         return _status(exc, self.model.cfg.engine)
 
     async def ModelInfer(self, request, context):  # noqa: N802
@@ -469,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
     try:
-        declared = [parse_input_spec(t) for t in a.input] or None
+        declared = [IOSpec(*parse_input_spec(t)) for t in a.input] or None
     except ValueError as exc:
         p.error(str(exc))
     cfg = ServerConfig(

@@ -20,6 +20,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from farm.errors import ModelError, ServerError
+from schemas.dtypes import ONNX_TO_V2
 from workers.engines.base import IOSpec, parse_device
 from workers.engines.ready import wait_ready
 
@@ -31,10 +32,6 @@ DEFAULT_MAX_BATCH = 64
 _FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
 _BACKENDS = {"onnx": ("onnxruntime", "onnxruntime_onnx"), "torchscript": ("pytorch", "pytorch_libtorch")}
 _THREAD_PARAM = {"onnx": "intra_op_thread_count", "torchscript": "INTRA_OP_THREAD_COUNT"}
-_ONNX_ELEM_TO_V2 = {
-    1: "FP32", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64", 8: "BYTES",
-    9: "BOOL", 10: "FP16", 11: "FP64", 12: "UINT32", 13: "UINT64", 16: "BF16",
-}
 
 
 def v2_to_config_type(datatype: str) -> int:
@@ -59,7 +56,7 @@ def onnx_io(model_path: Path) -> tuple[list[IOSpec], list[IOSpec]]:
     def spec(v: Any) -> IOSpec:
         t = v.type.tensor_type
         dims = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in t.shape.dim)
-        return IOSpec(v.name, _ONNX_ELEM_TO_V2.get(t.elem_type, f"ONNX_{t.elem_type}"), dims)
+        return IOSpec(v.name, ONNX_TO_V2.get(t.elem_type, f"ONNX_{t.elem_type}"), dims)
 
     return [spec(v) for v in m.graph.input if v.name not in inits], [spec(v) for v in m.graph.output]
 

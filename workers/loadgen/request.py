@@ -5,19 +5,11 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from schemas import TensorSpec
+from schemas.dtypes import DTYPES, V2_NUMPY_NAME
 
-# KServe v2 datatype -> numpy dtype (little-endian, as the protocol's raw contents are).
-V2_NUMPY: dict[str, np.dtype] = {
-    "FP32": np.dtype("<f4"),
-    "FP16": np.dtype("<f2"),
-    "FP64": np.dtype("<f8"),
-    "INT8": np.dtype("i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "UINT8": np.dtype("u1"),
-    "BOOL": np.dtype("?"),
-}
+# KServe v2 datatype -> numpy dtype (little-endian, as the protocol's raw contents are), for each
+# datatype a TensorSpec accepts.
+V2_NUMPY: dict[str, np.dtype] = {name: np.dtype(V2_NUMPY_NAME[name]).newbyteorder("<") for name in DTYPES}
 
 
 def random_tensor(spec: TensorSpec, batch_size: int, seed: int = 0) -> np.ndarray:

@@ -37,7 +37,7 @@ START_DELAY_PROC_S = 0.25  # the same for worker processes
 
 @dataclass
 class LoadResult:
-    """What one load run measured. ``metrics`` are keyed by ``farm.metrics`` names (None: not measured);
+    """What one load run measured. ``metrics`` are keyed by ``schemas.metrics`` names (None: not measured);
     ``details`` hold the latency histogram, per-window series, error counts by gRPC status and the
     mode/rate/concurrency/process count used."""
 
@@ -295,15 +295,10 @@ def _totals(out: _Outcome, settings: MeasurementSettings, processes: int) -> _To
 
 
 def _metrics(t: _Totals, batch_size: int, mode: str, windows: int) -> dict[str, float | int | bool | None]:
-    """The run's metrics, keyed by ``farm.metrics`` names."""
-    s = stats.summarize_latencies(t.lat)
+    """The run's metrics, keyed by ``schemas.metrics`` names."""
     queue, compute = t.queue, t.compute
     return {
-        "throughput_infer_per_s": t.lat.size * batch_size / t.duration,
-        "requests_per_s": t.lat.size / t.duration,
-        "latency_mean_ms": s["mean"], "latency_p50_ms": s["p50"], "latency_p90_ms": s["p90"],
-        "latency_p95_ms": s["p95"], "latency_p99_ms": s["p99"], "latency_p999_ms": s["p999"],
-        "latency_max_ms": s["max"], "latency_std_ms": s["std"],
+        **stats.latency_metrics(t.lat, batch_size, t.duration),
         "server_queue_p50_ms": stats.percentile(queue, 50) if queue.size else None,
         "server_compute_p50_ms": stats.percentile(compute, 50) if compute.size else None,
         "server_compute_p99_ms": stats.percentile(compute, 99) if compute.size else None,

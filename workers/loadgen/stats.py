@@ -191,3 +191,19 @@ def summarize_latencies(lat_ms: np.ndarray) -> dict[str, float | None]:
     p50, p90, p95, p99, p999 = percentiles(a, (50, 90, 95, 99, 99.9))
     return {"mean": float(a.mean()), "p50": p50, "p90": p90, "p95": p95, "p99": p99, "p999": p999,
             "max": float(a.max()), "std": float(a.std())}
+
+
+def latency_metrics(lat_ms: Sequence[float] | np.ndarray, batch_size: int, duration_s: float
+                    ) -> dict[str, float | None]:
+    """The latency and rate metrics (``schemas.metrics`` names) of requests that completed within
+    ``duration_s`` seconds: ``latency_*_ms`` per request, ``requests_per_s`` and
+    ``throughput_infer_per_s`` (``batch_size`` samples per request)."""
+    a = np.asarray(lat_ms, dtype=np.float64)
+    s = summarize_latencies(a)
+    return {
+        "throughput_infer_per_s": a.size * batch_size / duration_s,
+        "requests_per_s": a.size / duration_s,
+        "latency_mean_ms": s["mean"], "latency_p50_ms": s["p50"], "latency_p90_ms": s["p90"],
+        "latency_p95_ms": s["p95"], "latency_p99_ms": s["p99"], "latency_p999_ms": s["p999"],
+        "latency_max_ms": s["max"], "latency_std_ms": s["std"],
+    }

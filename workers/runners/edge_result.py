@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from farm.errors import WorkerError
-from farm.metrics import BY_NAME
 from schemas import JobResult, JobSpec
+from schemas.metrics import BY_NAME
 from workers.edge_bench import parse_report
 
 RESOURCE_METRICS = ("cpu_pct_avg", "cpu_pct_peak", "mem_avg_bytes", "mem_peak_bytes")
@@ -47,5 +47,5 @@ def edge_result(spec: JobSpec, *, where: str, error: type[WorkerError], stdout: 
         details["log_tail"] = tail
     elif custom:
         details["stdout_tail"] = "\n".join(stdout.splitlines()[-20:])
-    return JobResult(job_id=spec.job_id, metrics={k: v for k, v in metrics.items() if k in BY_NAME},
-                     details=details)
+    job_metrics = {k: v for k, v in metrics.items() if k in BY_NAME and BY_NAME[k].scope == "job"}
+    return JobResult(job_id=spec.job_id, metrics=job_metrics, details=details)

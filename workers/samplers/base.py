@@ -10,7 +10,7 @@ from typing import Any
 class Sampler(ABC):
     """Samples one resource in a background thread while used as a context manager.
 
-    ``summary()`` returns metric values keyed by ``farm.metrics`` names (absent when not measured);
+    ``summary()`` returns metric values keyed by ``schemas.metrics`` names (absent when not measured);
     ``series()`` returns the raw samples for the result's details.
     """
 

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from farm.errors import ModelError
 from farm.models.analysis import analyze
 from farm.models.examples import COMPUTE_DIM, COMPUTE_ROWS, ONNX_KINDS, build_example, compute_layers
-from farm.models.info import inspect_model, parse_input_spec
+from farm.models.info import inspect_model, tensor_spec
 
 
 def build(path: Path, nodes: list, in_dims: list, out_dims: list, weights: dict[str, tuple[int, ...]],
@@ -184,10 +184,10 @@ def test_dynamic_dims_use_given_inputs(tmp_path: Path) -> None:
     p = build(tmp_path / "dyn.onnx", [node], [3, "h", "w_"], [4, "h", "w_"], {"w": (4, 3, 3, 3)})
     with pytest.raises(ModelError, match="--input"):
         analyze(p)
-    r = analyze(p, "onnx", [parse_input_spec("x:FP32:3x10x12")])
+    r = analyze(p, "onnx", [tensor_spec("x:FP32:3x10x12")])
     assert r["macs_per_sample"] == 4 * 10 * 12 * 27
     with pytest.raises(ModelError, match="do not match"):
-        analyze(p, "onnx", [parse_input_spec("x:FP32:5x10x12")])
+        analyze(p, "onnx", [tensor_spec("x:FP32:5x10x12")])
 
 
 def test_activation_bytes_match_onnxruntime_outputs(tmp_path: Path) -> None:
@@ -231,7 +231,7 @@ def test_torchscript_unknown_op_and_given_inputs(tmp_path: Path) -> None:
 
     p = tmp_path / "odd.pt"
     torch.jit.script(Odd()).save(str(p))
-    r = analyze(p, "torchscript", [parse_input_spec("x:FP32:6")])
+    r = analyze(p, "torchscript", [tensor_spec("x:FP32:6")])
     assert r["params"] == 6 * 3 + 3
     assert r["macs_per_sample"] == 6 * 3
     assert r["unknown_ops"] == {"cumsum": 1} and r["complete"] is False

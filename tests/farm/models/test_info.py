@@ -19,12 +19,12 @@ from farm.models.info import (
     detect_format,
     format_input_spec,
     inspect_model,
-    parse_input_spec,
     sha256_file,
+    tensor_spec,
 )
 from farm.models.torchscript import torchscript_declared_inputs
 from schemas import TensorSpec
-from schemas.request import DTYPES
+from schemas.dtypes import DTYPES
 
 
 def save_model(path: Path, nodes: list, inputs: list, outputs: list, inits: list | None = None,
@@ -199,7 +199,7 @@ def test_inspect_dynamic_dim_needs_inputs(tmp_path: Path) -> None:
     with pytest.raises(ModelError) as ei:
         inspect_model(p)
     assert_one_line(ei.value, "'image'", "height", "--input")
-    info = inspect_model(p, given_inputs=[parse_input_spec("image:FP32:3x8x8")])
+    info = inspect_model(p, given_inputs=[tensor_spec("image:FP32:3x8x8")])
     assert info.inputs[0].shape == (3, 8, 8)
     assert info.outputs[0].shape == (3, 8, 8)  # inferred through the given shape
 
@@ -217,12 +217,12 @@ def test_inspect_given_inputs_match(models: dict[str, Path]) -> None:
 ])
 def test_inspect_given_inputs_mismatch(models: dict[str, Path], text: str, needles: list[str]) -> None:
     with pytest.raises(ModelError) as ei:
-        inspect_model(models["convnet"], None, [parse_input_spec(text)])
+        inspect_model(models["convnet"], None, [tensor_spec(text)])
     assert_one_line(ei.value, "do not match", *needles)
 
 
 def test_inspect_extra_given_input(models: dict[str, Path]) -> None:
-    given = [parse_input_spec("input:FP32:256"), parse_input_spec("mask:FP32:256")]
+    given = [tensor_spec("input:FP32:256"), tensor_spec("mask:FP32:256")]
     with pytest.raises(ModelError) as ei:
         inspect_model(models["mlp"], None, given)
     assert_one_line(ei.value, "not in the model: mask")
@@ -298,7 +298,7 @@ def test_inspect_torchscript_needs_inputs(tmp_path: Path) -> None:
 
 def test_inspect_torchscript_given_inputs(tmp_path: Path) -> None:
     p = _plain_scripted(tmp_path / "plain.pt")
-    given = [parse_input_spec("x:FP32:5"), parse_input_spec("y:FP32:5")]
+    given = [tensor_spec("x:FP32:5"), tensor_spec("y:FP32:5")]
     info = inspect_model(p, "torchscript", given)
     assert info.inputs == given
     assert info.outputs == [TensorSpec(name="output__0", dtype="FP32", shape=(5,))]
@@ -306,7 +306,7 @@ def test_inspect_torchscript_given_inputs(tmp_path: Path) -> None:
         inspect_model(p, None, given[:1])
     assert_one_line(ei.value, "takes 2 inputs", "given 1")
     with pytest.raises(ModelError) as ei:
-        inspect_model(p, None, [parse_input_spec("x:FP32:5"), parse_input_spec("y:FP32:6")])
+        inspect_model(p, None, [tensor_spec("x:FP32:5"), tensor_spec("y:FP32:6")])
     assert_one_line(ei.value, "failed on a batch of 1", "x:FP32:5, y:FP32:6")
 
 
@@ -320,14 +320,14 @@ def test_inspect_torchscript_given_inputs(tmp_path: Path) -> None:
     ("x:3x4", TensorSpec(name="x", dtype="FP32", shape=(3, 4))),
     ("flag:BOOL:", TensorSpec(name="flag", dtype="BOOL", shape=())),
 ])
-def test_parse_input_spec(text: str, expected: TensorSpec) -> None:
-    assert parse_input_spec(text) == expected
+def test_tensor_spec(text: str, expected: TensorSpec) -> None:
+    assert tensor_spec(text) == expected
 
 
 @pytest.mark.parametrize("text", ["x", "x:FP32:3xa", "x:FP32:0x3", "x:FP32:-1x3", ":FP32:3", "x:FP32:3x"])
-def test_parse_input_spec_bad(text: str) -> None:
+def test_tensor_spec_bad(text: str) -> None:
     with pytest.raises(RequestError) as ei:
-        parse_input_spec(text)
+        tensor_spec(text)
     assert_one_line(ei.value, "NAME:DTYPE:SHAPE")
 
 
@@ -336,7 +336,7 @@ def test_parse_input_spec_bad(text: str) -> None:
        dtype=st.sampled_from(DTYPES), shape=st.lists(st.integers(1, 4096), max_size=5))
 def test_parse_format_roundtrip(name: str, dtype: str, shape: list[int]) -> None:
     spec = TensorSpec(name=name, dtype=dtype, shape=tuple(shape))
-    assert parse_input_spec(format_input_spec(spec)) == spec
+    assert tensor_spec(format_input_spec(spec)) == spec
 
 
 def test_sha256_file_streams(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from farm.errors import ContainerError
-from farm.metrics import BY_NAME
 from schemas import EdgeProfile
+from schemas.metrics import BY_NAME
 
 pytestmark = pytest.mark.docker
 

@@ -33,7 +33,7 @@ def test_image_exists_and_carries_its_content_hash(docker_client: Any, runtime_i
 def test_image_runs_farm_code_as_nobody_on_a_read_only_root(docker_client: Any, runtime_image: str) -> None:
     code = (
         "import os, sys, numpy, onnxruntime, grpc, psutil, pydantic, tritonclient.grpc\n"
-        "import workers.engines.server, workers.engines.ready, workers.edge_bench, farm.metrics, schemas\n"
+        "import workers.engines.server, workers.engines.ready, workers.edge_bench, schemas.metrics, schemas\n"
         "print(os.getuid(), sys.prefix, onnxruntime.get_device(), 'torch' in sys.modules)\n"
     )
     out = _run(docker_client, runtime_image, code).splitlines()[-1]

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from farm.errors import ModelError, ServerError
-from workers.engines.base import InputError, IOSpec, make_backend, parse_input_spec
+from schemas.dtypes import parse_input_spec
+from workers.engines.base import InputError, IOSpec, make_backend
 
 
 def test_onnxruntime_specs_and_infer(mlp_onnx: Path, identity_onnx: Path) -> None:
@@ -65,9 +66,10 @@ def test_make_backend_unknown_engines() -> None:
 
 
 def test_parse_input_spec() -> None:
-    assert parse_input_spec("x:fp32:-1x3x8") == IOSpec("x", "FP32", (-1, 3, 8))
-    assert parse_input_spec("a:b:INT64:4") == IOSpec("a:b", "INT64", (4,))
-    for bad in ("x", "x:FP99:1", "x:FP32:1xq", "x:FP32:0"):
+    assert IOSpec(*parse_input_spec("x:fp32:-1x3x8")) == IOSpec("x", "FP32", (-1, 3, 8))
+    assert IOSpec(*parse_input_spec("a:b:INT64:4")) == IOSpec("a:b", "INT64", (4,))
+    assert IOSpec(*parse_input_spec("x:UINT16:-1")) == IOSpec("x", "UINT16", (-1,))
+    for bad in ("x", "x:FP32:1xq", "x:FP32:0", "x:FP32:-2"):
         with pytest.raises(ValueError):
             parse_input_spec(bad)
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from farm.errors import LoadGenError
-from farm.metrics import BY_NAME
 from schemas import MeasurementSettings, TensorSpec
+from schemas.metrics import BY_NAME
 from tests.workers.loadgen.stallwatch import StallWatch
 from workers.loadgen import LoadResult, run_load, stats
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 from schemas import MeasurementSettings, TensorSpec
+from schemas.metrics import BY_NAME
 from workers.loadgen import auto_process_cap, split_work, stats, window_lengths
 from workers.loadgen.request import V2_NUMPY, build_request, random_tensor, serialized_request
 from workers.loadgen.worker import _stream_error_name, with_id
@@ -251,3 +252,12 @@ def test_messages_survive_the_process_pipe() -> None:
     assert (back.k, back.cpu_s, back.first_error) == (3, 0.2, "x")
     for msg in (Ready(), Go(12.5), Stop(), WorkerDone(None), WorkerError("boom")):
         assert pickle.loads(pickle.dumps(msg)) == msg
+
+
+def test_latency_metrics_maps_latencies_to_metric_names() -> None:
+    lat = [4.0, 1.0, 2.0, 3.0]
+    m = stats.latency_metrics(lat, batch_size=8, duration_s=2.0)
+    assert m["requests_per_s"] == 2.0 and m["throughput_infer_per_s"] == 16.0
+    assert m["latency_p50_ms"] == pytest.approx(np.percentile(lat, 50)) and m["latency_max_ms"] == 4.0
+    assert m["latency_mean_ms"] == 2.5 and m["latency_std_ms"] == pytest.approx(np.std(lat))
+    assert set(m) <= set(BY_NAME)

@@ -255,7 +255,7 @@ def test_reset_peak_measures_from_sampling_start(limited: type[LimitedCgroup]) -
 
 
 def test_summaries_use_registry_metric_names(limited: type[LimitedCgroup]) -> None:
-    from farm.metrics import BY_NAME
+    from schemas.metrics import BY_NAME
 
     with limited(cpus=1.0, memory_bytes=512 * MIB) as lc:
         assert lc.cgroups is not None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.metrics import BY_NAME
+from schemas.metrics import BY_NAME
 from workers.samplers.host import PROC_STAT, STEAL_NOTE_PCT, HostSampler, read_steal, steal_note, steal_pct
 
 

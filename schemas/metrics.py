@@ -1,9 +1,11 @@
 """Every metric farm reports, declared once: name, unit, higher-is-better, and how it aggregates.
 
-Results, the results table columns, the CLI and reports all read this registry.
+Results (``schemas.result.JobResult`` accepts only these names), the results table columns, the CLI and
+reports all read this registry; :func:`merge_repeats` applies each metric's declared aggregation.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -81,3 +83,37 @@ def metric(name: str) -> Metric:
         return BY_NAME[name]
     except KeyError:
         raise KeyError(f"unknown metric {name!r}; known: {', '.join(BY_NAME)}") from None
+
+
+MetricValue = float | int | bool | None
+
+
+def aggregate(name: str, values: Iterable[MetricValue]) -> MetricValue:
+    """Combine one metric's values from repeated runs of a job by its declared aggregation.
+
+    Missing values (None) are skipped; None when no run measured it. ``mean`` of an ``int`` metric
+    stays a float; ``all`` is true only when every run's value is.
+    """
+    m = metric(name)
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    if m.aggregation == "all":
+        return all(bool(v) for v in present)
+    if m.aggregation == "last":
+        return present[-1]
+    if m.aggregation == "max":
+        return max(present)
+    if m.aggregation == "min":
+        return min(present)
+    if m.aggregation == "sum":
+        return sum(present)
+    return sum(float(v) for v in present) / len(present)
+
+
+def merge_repeats(runs: Iterable[Mapping[str, MetricValue]]) -> dict[str, MetricValue]:
+    """One metrics dict from the metrics of repeated runs of the same job config (in run order):
+    each metric present in any run is combined by its declared aggregation (see :func:`aggregate`)."""
+    runs = list(runs)
+    names = list(dict.fromkeys(name for run in runs for name in run))
+    return {name: aggregate(name, (run.get(name) for run in runs)) for name in names}

@@ -1,4 +1,5 @@
-"""Which engine can serve which model format on which device class."""
+"""The engine/format rules: which engine serves which model format on which device class, and which
+engine loads each format in-process (edge runs, the built-in server)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,8 +19,11 @@ RULES: dict[str, EngineRule] = {
     "triton": EngineRule(frozenset({"onnx", "torchscript"}), frozenset({"cpu", "gpu"})),
 }
 
-#: the engine an edge run uses in-process, per model format
-EDGE_ENGINE: dict[str, str] = {"onnx": "onnxruntime", "torchscript": "torchscript"}
+#: the engine that loads each model format in-process: edge runs, farm's built-in server, ``farm serve``
+FORMAT_ENGINE: dict[str, str] = {"onnx": "onnxruntime", "torchscript": "torchscript"}
+
+MODEL_FORMATS: tuple[str, ...] = tuple(FORMAT_ENGINE)
+ENGINES: tuple[str, ...] = tuple(RULES)
 
 
 def incompatibility(engine: str, model_format: str, device: str) -> str | None:

@@ -1,0 +1,27 @@
+"""farm.results.merge_repeats: result rows of repeated runs merged per job config."""
+from __future__ import annotations
+
+from typing import Any
+
+from farm.results import JOB_COLUMNS, METRIC_NAMES, merge_repeats
+
+
+def _row(job_id: str, batch: int, status: str = "succeeded", **metrics: Any) -> dict[str, Any]:
+    row: dict[str, Any] = dict.fromkeys(JOB_COLUMNS + METRIC_NAMES)
+    row.update(job_id=job_id, device="cpu", engine="onnxruntime", batch_size=batch, concurrency=1,
+               edge_profile=None, status=status, attempts=1, rpc="unary", **metrics)
+    return row
+
+
+def test_rows_of_one_config_merge_by_declared_aggregation() -> None:
+    rows = [_row("a1", 1, throughput_infer_per_s=10.0, latency_max_ms=5.0, error_count=1, stable=True),
+            _row("b1", 2, throughput_infer_per_s=99.0),
+            _row("a2", 1, throughput_infer_per_s=30.0, latency_max_ms=7.0, error_count=2, stable=False),
+            _row("a3", 1, "failed", throughput_infer_per_s=1000.0, error="boom")]
+    merged = merge_repeats(rows)
+    assert [r["job_id"] for r in merged] == ["a1", "b1"]
+    a, b = merged
+    assert a["repeats"] == 2 and a["status"] == "mixed" and a["attempts"] == 3 and a["error"] == "boom"
+    assert a["throughput_infer_per_s"] == 20.0 and a["latency_max_ms"] == 7.0  # mean, max; failed run left out
+    assert a["error_count"] == 3 and a["stable"] is False and a["latency_p50_ms"] is None  # sum, all, unmeasured
+    assert b["repeats"] == 1 and b["status"] == "succeeded" and b["throughput_infer_per_s"] == 99.0
