@@ -250,7 +250,7 @@ class Broker:
         if RUN_JOB_TASK in self.app.tasks:
             self.app.tasks.unregister(RUN_JOB_TASK)
 
-        @self.app.task(name=RUN_JOB_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+        @self.app.task(name=RUN_JOB_TASK, shared=False, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
         def _run_job(job_id: str) -> str:
             return handle(job_id)
 

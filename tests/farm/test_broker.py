@@ -144,3 +144,19 @@ def test_a_celery_worker_runs_farms_messages_with_the_registered_handler(redis_b
         while len(ran) < 3 and time.monotonic() < deadline:
             time.sleep(0.1)
     assert sorted(ran) == ["j1", "j2", "x"]
+
+
+def test_a_registration_stays_on_its_own_app(redis_broker: Any) -> None:
+    """Registering is per app (``shared=False``): a new app starts without ``farm.run_job`` and with no
+    handler left over from an earlier app (Celery's shared tasks would install the FIRST one ever
+    registered, with a DuplicateTaskNameWarning, and route every call there)."""
+    import warnings
+
+    Broker().register(lambda job_id: "old")
+    get_app.cache_clear()
+    fresh = Broker()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert RUN_JOB_TASK not in fresh.app.tasks
+        fresh.register(lambda job_id: "new")
+        assert fresh.app.tasks[RUN_JOB_TASK]("x") == "new"
