@@ -219,3 +219,31 @@ def test_an_unknown_gpu_is_a_usage_error(cluster_env: dict[str, str], fake_nvml_
                 env=farm_env(**cluster_env, LD_LIBRARY_PATH=str(fake_nvml_dir), FAKE_NVML_STATE=str(state)))
     assert proc.returncode == 2, proc.stderr
     assert "no GPU '7'" in proc.stderr and "internal error" not in proc.stderr
+
+
+def test_a_burst_worker_drains_every_slots_queue_and_exits(cluster_env: dict[str, str], example_onnx: Path,
+                                                           fake_nvml_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+    from farm.db.models import utcnow
+    from scheduler.enqueue import submit
+    from schemas import ProfileRequest
+
+    gpus = [{"name": "NVIDIA A100-SXM4-40GB"}, {"name": "Tesla T4"}]
+    with session_scope() as s:  # a GPU worker seen online, so the request's GPU jobs are planned and queued
+        s.add(Worker(id="planner", hostname="elsewhere", hardware={"gpus": gpus}, queues=[], status="online",
+                     last_heartbeat=utcnow()))
+    sub = submit(ProfileRequest(model=str(example_onnx), devices=[f"gpu:{A100}", f"gpu:{T4}"], batch_sizes=[1, 2]))
+    with session_scope() as s:
+        s.delete(s.get(Worker, "planner"))
+    state = tmp_path / "nvml.state"
+    write_state(state, TWO_PRODUCTS)
+    proc = farm("worker", "--burst", "--gpus", "1,2", "--worker-id", "burst", timeout=240,
+                env=farm_env(**cluster_env, FARM_NOOP_JOBS="1", FARM_NOOP_SLEEP_S="1",
+                             LD_LIBRARY_PATH=str(fake_nvml_dir), FAKE_NVML_STATE=str(state)))
+    assert "2 slots" in proc.stderr and proc.stderr.count("burst: handled 2 message(s)") == 2, proc.stderr[-3000:]
+    with session_scope() as s:
+        jobs = list(s.execute(select(Job).where(Job.request_id == sub.request_id)).scalars())
+        placement = {r.job_id: r.details["placement"] for r in s.execute(select(Result)).scalars()}
+    assert len(jobs) == 4 and all(j.status == "succeeded" for j in jobs)
+    for j in jobs:  # --gpus 1,2: slot 0 is GPU 1 (an A100), slot 1 is GPU 2 (the T4)
+        want = (0, UUIDS[1], "burst-s0") if j.device == f"gpu:{A100}" else (1, UUIDS[2], "burst-s1")
+        assert (placement[j.id]["slot"], placement[j.id]["gpu_uuid"], j.worker_id) == want
