@@ -54,9 +54,8 @@ def worker(
             f"{s.index}: GPU {s.gpu_index} {s.gpu_uuid} ({', '.join(s.queues)})" for s in slots))
         passed = [a for opt, v in (("--runner", runner), ("-Q", queues), ("--gpus", gpus),
                                    ("--loglevel", loglevel)) if v for a in (opt, v)] + (["--burst"] if burst else [])
-        code = SlotSupervisor(slots, lambda s: self_argv([*passed, "--slot", str(s.index),
-                                                          "--worker-id", slot_worker_id(wid, s)]), burst).run()
-        raise typer.Exit(code)
+        raise typer.Exit(SlotSupervisor(slots, lambda s: self_argv(
+            [*passed, "--slot", str(s.index), "--worker-id", slot_worker_id(wid, s)]), burst).run())
     if slot is not None and not 0 <= slot < len(slots):
         raise typer.BadParameter(f"this host has slots 0-{len(slots) - 1}", param_hint="'--slot'")
     mine = slots[slot or 0]
