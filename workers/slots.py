@@ -136,7 +136,8 @@ class SlotSupervisor:
     ``argv(slot)`` is a child's command line. SIGTERM and SIGINT are passed on to every child once (the
     children run in their own sessions, so a terminal's Ctrl-C reaches them only through here). When a
     child exits while the others serve (not in burst mode), the others are stopped too: one exit code for
-    whoever restarts the worker. Returns the highest exit code of the children (128 + N: killed by signal N).
+    whoever restarts the worker: that child's. Otherwise returns the highest exit code of the children
+    (128 + N: killed by signal N).
     """
 
     slots: list[Slot]
@@ -176,6 +177,7 @@ class SlotSupervisor:
 
     def _wait(self) -> int:
         codes: dict[int, int] = {}
+        first: int | None = None  # the code of the child whose exit stopped the others
         while len(codes) < len(self.procs):
             for i, p in enumerate(self.procs):
                 if i in codes:
@@ -187,8 +189,9 @@ class SlotSupervisor:
                 codes[i] = rc if rc >= 0 else 128 - rc  # killed by a signal: 128 + its number, as a shell says
                 if not self.burst and not self.stopping:
                     log.error("slot %d's worker exited with code %d; stopping the other slots", i, codes[i])
+                    first = codes[i]
                     self.stop()
-        return max(codes.values(), default=0)
+        return first if first is not None else max(codes.values(), default=0)
 
 
 def self_argv(args: Sequence[str]) -> list[str]:

@@ -247,3 +247,27 @@ def test_a_burst_worker_drains_every_slots_queue_and_exits(cluster_env: dict[str
     for j in jobs:  # --gpus 1,2: slot 0 is GPU 1 (an A100), slot 1 is GPU 2 (the T4)
         want = (0, UUIDS[1], "burst-s0") if j.device == f"gpu:{A100}" else (1, UUIDS[2], "burst-s1")
         assert (placement[j.id]["slot"], placement[j.id]["gpu_uuid"], j.worker_id) == want
+
+
+def test_a_slot_process_that_dies_stops_its_worker(cluster_env: dict[str, str], fake_nvml_dir: Path,  # noqa: F811
+                                                   tmp_path: Path) -> None:
+    state = tmp_path / "nvml.state"
+    write_state(state, TWO_PRODUCTS)
+    env = farm_env(**cluster_env, LD_LIBRARY_PATH=str(fake_nvml_dir), FAKE_NVML_STATE=str(state))
+    log = tmp_path / "worker.log"
+    with open(log, "w") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "farm", "worker", "--gpus", "0,2", "--worker-id", "dies"],
+                                  env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait("2 slots consuming", lambda: len(_online_slots()) == 2 and log.read_text().count(" ready.") >= 2)
+        first, second = sorted(psutil.Process(worker.pid).children(), key=lambda p: p.pid)
+        first.kill()
+        code = worker.wait(timeout=120)  # the supervisor stops the other slot and exits with the dead one's code
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert code == 128 + signal.SIGKILL, log.read_text()[-3000:]
+    assert not second.is_running() or second.status() == psutil.STATUS_ZOMBIE
+    with session_scope() as s:
+        rows = {w.id: w.status for w in s.execute(select(Worker)).scalars()}
+    assert rows["dies-s1"] == "offline"  # the surviving slot shut down cleanly and said so
