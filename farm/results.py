@@ -106,12 +106,14 @@ def recent_requests(limit: int = 20) -> list[dict[str, Any]]:
 
 
 def workers_table() -> list[dict[str, Any]]:
-    """All registered workers, newest heartbeat first."""
+    """All registered workers, newest heartbeat first; a GPU host's worker has one row per slot (``slot``: its
+    index, GPU UUID and product; None for a worker of one slot without GPUs)."""
     with session_scope() as s:
         rows = s.execute(select(Worker).order_by(Worker.last_heartbeat.desc())).scalars().all()
         return [{"worker_id": w.id, "hostname": w.hostname, "runner": w.runner, "status": w.status,
                  "queues": w.queues, "last_heartbeat": w.last_heartbeat, "current_job_id": w.current_job_id,
                  "gpus": [g.get("name") for g in (w.hardware or {}).get("gpus", [])],
+                 "slot": (w.hardware or {}).get("slot"),
                  "cpu": (w.hardware or {}).get("cpu", {})} for w in rows]
 
 

@@ -81,14 +81,15 @@ GpuLookup = Callable[[str], list[str]]
 
 
 def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | GpuLookup | None = None,
-            watch: JobWatch | None = None, spool: Spool | None = None) -> str:
+            watch: JobWatch | None = None, spool: Spool | None = None, slot: int = 0) -> str:
     """Claim and run one job; returns its final status, ``skipped`` when it was not ours to run, or
     ``released`` when it was handed back (worker shutting down).
 
     A second delivery of a job already claimed does nothing. Any failure ends the job ``failed`` with a
     one-line reason (and a result row holding it); the worker goes on with the next job. ``watch`` stops
     the job on ``farm cancel``, on its time limit and on shutdown; ``spool`` keeps results through a
-    database outage.
+    database outage. Every result records where it ran: ``details["placement"]`` = the worker's ``slot`` index
+    and the job's GPU UUID (None for CPU jobs).
     """
     settings = get_settings()
     spec = retry_db(lambda: ledger.claim(job_id, worker_id), settings.db_retry_s, what=f"claim of job {job_id}")
@@ -100,6 +101,7 @@ def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | 
         log.info("job %s was cancelled or requeued before it started", job_id)
         return "skipped"
     uuids = gpu_uuids(spec.device) if callable(gpu_uuids) else (gpu_uuids or [])
+    placement = {"slot": slot, "gpu_uuid": uuids[0] if uuids else None}
     guard = watch.job(job_id, spec.measurement.timeout_s) if watch is not None else nullcontext()
     try:
         with guard:
@@ -112,20 +114,27 @@ def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | 
     except FarmError as exc:
         log.warning("job %s failed: %s", job_id, exc)
         msg = str(exc)
-        record(spec, worker_id, failure_result(spec.job_id, msg), JobStatus.failed, msg, spool)
+        record(spec, worker_id, _placed(failure_result(spec.job_id, msg), placement), JobStatus.failed, msg, spool)
         return JobStatus.failed
     except Exception as exc:  # a bug or an unexpected library error: record it, keep the worker alive
         log.error("job %s crashed: %s: %s", job_id, type(exc).__name__, exc,
                   exc_info=log.isEnabledFor(logging.DEBUG))
         msg = f"internal error: {type(exc).__name__}: {exc}"
-        record(spec, worker_id, failure_result(spec.job_id, msg), JobStatus.failed, msg, spool)
+        record(spec, worker_id, _placed(failure_result(spec.job_id, msg), placement), JobStatus.failed, msg, spool)
         return JobStatus.failed
+    _placed(result, placement)
     error = result.details.get("error")
     status = JobStatus.failed if error else JobStatus.succeeded
     if not record(spec, worker_id, result, status, error, spool):
         log.info("job %s was cancelled or requeued while it ran; its result is dropped", job_id)
         return "skipped"
     return status
+
+
+def _placed(result: JobResult, placement: dict[str, Any]) -> JobResult:
+    """``result`` with where its job ran in its details (``placement``)."""
+    result.details["placement"] = placement
+    return result
 
 
 def _interrupted(spec: JobSpec, worker_id: str, reason: str, spool: Spool | None) -> str:

@@ -133,6 +133,18 @@ def queues_for(cpu: CpuInfo, gpus: list[GpuInfo]) -> list[str]:
     return queues
 
 
+def gpu_uuids_for(gpus: list[GpuInfo], device: str) -> list[str]:
+    """The UUID of the GPU among ``gpus`` that serves a job on ``device``: the first whose slug matches
+    ``gpu:<slug>`` (or starts with it), the first GPU for a bare ``gpu``; empty for ``cpu`` or no match."""
+    if not device.startswith("gpu"):
+        return []
+    slug = device[4:] if device.startswith("gpu:") else ""
+    for g in gpus:
+        if not slug or g.slug == slug or g.slug.startswith(slug):
+            return [g.uuid]
+    return []
+
+
 def detect_hardware(docker: bool) -> WorkerHardware:
     """This node's hardware JSON for registration; ``docker`` says whether a Docker daemon is usable."""
     cpu = detect_cpu()

@@ -1,6 +1,7 @@
 """A worker node: registers its hardware, heartbeats, and consumes only the queues it can serve.
 
-``WorkerNode`` is a context manager (registration + heartbeat thread). ``serve_forever`` runs a real
+A node runs one slot (``workers.slots``): on a GPU host each GPU's slot is its own node process, bound to
+that GPU. ``WorkerNode`` is a context manager (registration + heartbeat thread). ``serve_forever`` runs a real
 Celery worker (late ack, prefetch 1); ``drain`` is the burst mode: it takes messages from the broker
 until the queues are empty, runs them, acks them, and returns (used by tests and one-shot hosts).
 """
@@ -22,11 +23,13 @@ from farm.broker import Broker
 from farm.db.models import Worker, utcnow
 from farm.db.session import session_scope
 from farm.settings import get_settings
-from schemas import WorkerHardware
+from schemas import GpuInfo, WorkerHardware
 from workers.cancel import SHUTDOWN, JobWatch
 from workers.execute import replay_spool, run_job
+from workers.hardware import gpu_uuids_for
 from workers.ledger import job_status
 from workers.runners.base import Runner
+from workers.slots import Slot
 from workers.spool import Spool
 
 log = logging.getLogger("farm.worker")
@@ -39,10 +42,12 @@ def new_worker_id() -> str:
 
 @dataclass
 class WorkerNode:
-    """One worker process: its id, hardware, runner and the heartbeat that says it is alive."""
+    """One worker process: its id, hardware, runner and the heartbeat that says it is alive. ``slot``: the
+    slot it runs (its GPU and queues; None: one slot with all of ``hardware``, as embedded mode runs)."""
 
     runner: Runner
     hardware: WorkerHardware
+    slot: Slot | None = None
     worker_id: str = field(default_factory=new_worker_id)
     heartbeat_s: float = field(default_factory=lambda: get_settings().heartbeat_s)
 
@@ -57,21 +62,29 @@ class WorkerNode:
 
     @property
     def queues(self) -> list[str]:
-        return list(self.hardware.queues)
+        return list(self.slot.queues) if self.slot is not None else list(self.hardware.queues)
+
+    @property
+    def gpus(self) -> list[GpuInfo]:
+        """The GPUs this node's jobs may use: its slot's one GPU, else the host's."""
+        return self.slot.gpus if self.slot is not None else list(self.hardware.gpus)
 
     def gpu_uuids_for(self, device: str) -> list[str]:
-        """UUIDs of this host's GPUs matching ``gpu:<slug>`` (empty for cpu)."""
-        if not device.startswith("gpu:"):
-            return []
-        slug = device.split(":", 1)[1]
-        return [g.uuid for g in self.hardware.gpus if g.slug == slug][:1]
+        """The UUID of the GPU that serves a job on ``device`` (this node's, by product; empty for cpu)."""
+        return gpu_uuids_for(self.gpus, device)
+
+    def registered_hardware(self) -> dict[str, Any]:
+        """The hardware JSON of this node's worker row: its slot's GPU and queues, and the slot itself."""
+        if self.slot is None:
+            return self.hardware.model_dump(mode="json")
+        return {**self.slot.hardware(self.hardware).model_dump(mode="json"), "slot": self.slot.describe()}
 
     def register(self) -> None:
         """Insert or refresh this worker's row: hardware JSON, queues, runner, status online."""
         with session_scope() as s:
             row = s.get(Worker, self.worker_id)
             values: dict[str, Any] = dict(hostname=self.hardware.hostname,
-                                          hardware=self.hardware.model_dump(mode="json"), queues=self.queues,
+                                          hardware=self.registered_hardware(), queues=self.queues,
                                           runner=self.runner.name, status="online", last_heartbeat=utcnow())
             if row is None:
                 s.add(Worker(id=self.worker_id, started_at=utcnow(), **values))
@@ -149,7 +162,7 @@ class WorkerNode:
         self.current_job = job_id
         try:
             return run_job(job_id, self.worker_id, self.runner, self.gpu_uuids_for, watch=self.watch,
-                           spool=self.spool)
+                           spool=self.spool, slot=self.slot.index if self.slot is not None else 0)
         finally:
             self.current_job = None
 

@@ -221,9 +221,7 @@ def status(request_id: str | None = typer.Argument(None, help="Request id; omit 
 
 @app.command()
 def workers(as_json: bool = typer.Option(False, "--json")) -> None:
-    """Registered workers: hardware, queues, runner and heartbeat."""
-    from rich.table import Table
-
+    """Registered workers, one line per slot: hardware, GPU, queues, runner, heartbeat and the job in hand."""
     from farm.results import workers_table
 
     _prepare_db()
@@ -231,15 +229,7 @@ def workers(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         print(views.to_json(rows))
         return
-    table = Table(title="workers")
-    for col in ("worker", "host", "runner", "status", "heartbeat", "cpu", "gpus", "queues", "job"):
-        table.add_column(col)
-    for w in rows:
-        cpu = w["cpu"]
-        table.add_row(w["worker_id"], w["hostname"], w["runner"], w["status"], views.age(w["last_heartbeat"]),
-                      f"{cpu.get('logical_cores', '?')}x {cpu.get('model', '')}"[:40], ", ".join(w["gpus"]) or "-",
-                      ", ".join(w["queues"]), (w["current_job_id"] or "-")[:8])
-    console.print(table)
+    console.print(views.workers_table(rows))
 
 
 from farm.cli import ops  # noqa: E402  (registers worker, serve, db, example-model, analyze)

@@ -18,22 +18,26 @@ def worker(
     burst: bool = typer.Option(False, "--burst", help="Drain the queues, then exit."),
     queues: str | None = typer.Option(None, "--queues", "-Q", help="Comma-separated subset of the queues this "
                                          "host can serve (default: all of them)."),
+    gpus: str | None = typer.Option(None, "--gpus", help="Comma-separated GPUs to run slots on, by NVML index "
+                                    "or UUID (default: every GPU; one slot per GPU)."),
+    slot: int | None = typer.Option(None, "--slot", hidden=True, help="Run only this slot (set by the worker "
+                                    "for its slot processes)."),
     worker_id: str | None = typer.Option(None, "--worker-id", envvar="FARM_WORKER_ID"),
     loglevel: str = typer.Option("INFO", "--loglevel", envvar="FARM_LOGLEVEL"),
 ) -> None:
-    """Run a worker: register hardware, heartbeat, consume the queues this host can serve."""
+    """Run a worker: register hardware, heartbeat, consume the queues this host can serve (one slot per GPU)."""
     from farm.errors import ConfigError
-    from workers.hardware import detect_gpus, detect_hardware
+    from workers.hardware import detect_hardware
     from workers.node import WorkerNode, new_worker_id
     from workers.runners.select import make_runner
+    from workers.slots import SlotSupervisor, build_slots, self_argv, slot_worker_id
 
     settings = get_settings()
     if settings.embedded:
         raise ConfigError("farm worker needs a broker: set FARM_BROKER_URL (e.g. redis://127.0.0.1:6379/0)")
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     wid = worker_id or new_worker_id()
-    run, why = make_runner(runner or settings.runner, wid, detect_gpus())
-    hardware = detect_hardware(docker=run.name == "docker")
+    hardware = detect_hardware(docker=False)
     if queues:
         wanted = [q.strip() for q in queues.split(",") if q.strip()]
         unknown = [q for q in wanted if q not in hardware.queues]
@@ -41,9 +45,26 @@ def worker(
             raise ConfigError(f"this host cannot serve queue(s) {', '.join(unknown)}; it serves: "
                               f"{', '.join(hardware.queues)}")
         hardware = hardware.model_copy(update={"queues": wanted})
-    err_console.print(f"worker {wid}: {why}; queues {', '.join(hardware.queues)}; "
-                      f"database {mask_url(settings.db_url)}; broker {mask_url(settings.broker_url)}")
-    with WorkerNode(runner=run, hardware=hardware, worker_id=wid) as node:
+    try:
+        slots = build_slots(hardware, gpus)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--gpus'") from None
+    if slot is None and len(slots) > 1:
+        err_console.print(f"worker {wid}: {len(slots)} slots: " + "; ".join(
+            f"{s.index}: GPU {s.gpu_index} {s.gpu_uuid} ({', '.join(s.queues)})" for s in slots))
+        passed = [a for opt, v in (("--runner", runner), ("-Q", queues), ("--gpus", gpus),
+                                   ("--loglevel", loglevel)) if v for a in (opt, v)] + (["--burst"] if burst else [])
+        raise typer.Exit(SlotSupervisor(slots, lambda s: self_argv(
+            [*passed, "--slot", str(s.index), "--worker-id", slot_worker_id(wid, s)]), burst).run())
+    if slot is not None and not 0 <= slot < len(slots):
+        raise typer.BadParameter(f"this host has slots 0-{len(slots) - 1}", param_hint="'--slot'")
+    mine = slots[slot or 0]
+    run, why = make_runner(runner or settings.runner, wid, mine.gpus if mine.gpu is not None else hardware.gpus)
+    hardware = hardware.model_copy(update={"docker": run.name == "docker"})
+    err_console.print(f"worker {wid}: {why}; slot {mine.index} (GPU {mine.gpu_uuid or 'none'}); queues "
+                      f"{', '.join(mine.queues)}; database {mask_url(settings.db_url)}; broker "
+                      f"{mask_url(settings.broker_url)}")
+    with WorkerNode(runner=run, hardware=hardware, worker_id=wid, slot=mine) as node:
         if burst:
             n = node.drain()
             err_console.print(f"burst: handled {n} message(s)")

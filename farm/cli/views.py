@@ -83,6 +83,29 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
+def slot_text(slot: dict[str, Any] | None) -> str:
+    """A worker row's slot for humans: ``<index> GPU <nvml index> <uuid>`` (``-`` for a worker without slots)."""
+    if not slot:
+        return "-"
+    if slot.get("gpu_uuid") is None:
+        return f"{slot.get('index', 0)} cpu"
+    return f"{slot.get('index', 0)} GPU {slot.get('gpu_index')} {slot.get('gpu_uuid')}"
+
+
+def workers_table(rows: list[dict[str, Any]]) -> Table:
+    """The workers as a Rich table, one line per slot: what it has, consumes and is doing (job or idle)."""
+    table = Table(title="workers")
+    for col in ("worker", "host", "slot", "runner", "status", "heartbeat", "cpu", "gpus", "queues", "job"):
+        table.add_column(col)
+    for w in rows:
+        cpu = w["cpu"]
+        job = (w["current_job_id"] or "")[:8] or ("idle" if w["status"] == "online" else "-")
+        table.add_row(w["worker_id"], w["hostname"], slot_text(w.get("slot")), w["runner"], w["status"],
+                      age(w["last_heartbeat"]), f"{cpu.get('logical_cores', '?')}x {cpu.get('model', '')}"[:40],
+                      ", ".join(w["gpus"]) or "-", ", ".join(w["queues"]), job)
+    return table
+
+
 def age(ts: datetime | None) -> str:
     if ts is None:
         return "-"

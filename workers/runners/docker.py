@@ -27,6 +27,7 @@ from typing import Any
 from farm.errors import ContainerError, ServerError
 from farm.settings import get_settings
 from schemas import GpuInfo, JobResult, JobSpec
+from workers.hardware import gpu_uuids_for
 from workers.runners import hardening as hd
 from workers.runners.base import Runner, ServingTarget
 from workers.runners.common import input_args
@@ -125,12 +126,10 @@ class DockerRunner(Runner):
     # -- serving ----------------------------------------------------------------------------------
 
     def _gpu_uuids(self, device: str) -> list[str]:
-        if not device.startswith("gpu"):
-            return []
-        slug = device[4:] if device.startswith("gpu:") else ""
-        for g in self.gpus:
-            if not slug or g.slug == slug or g.slug.startswith(slug):
-                return [g.uuid]
+        """The UUID a job on ``device`` gets as its container's device request (this worker's or slot's GPU)."""
+        uuids = gpu_uuids_for(self.gpus, device)
+        if uuids or not device.startswith("gpu"):
+            return uuids
         raise ContainerError(
             f"job wants device {device!r} but this worker has no such GPU "
             f"(has: {', '.join(g.slug for g in self.gpus) or 'none'}); it was routed to the wrong queue")

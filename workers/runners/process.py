@@ -7,13 +7,14 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from farm.errors import ServerError, UnsupportedError
 from farm.settings import get_settings
-from schemas import JobResult, JobSpec
+from schemas import GpuInfo, JobResult, JobSpec
+from workers.hardware import gpu_uuids_for
 from workers.runners.base import Runner, ServingTarget
 from workers.runners.common import input_args
 
@@ -132,10 +133,28 @@ def server_argv(spec: JobSpec, model_path: Path, host: str = "127.0.0.1", port: 
     return argv + input_args(spec)
 
 
+def server_env(spec: JobSpec, gpus: Sequence[GpuInfo] | None) -> dict[str, str] | None:
+    """The server's environment: this one, with ``CUDA_VISIBLE_DEVICES`` set to the UUID of the GPU among
+    ``gpus`` (the worker's or its slot's) that serves a GPU job; None (inherit) when ``gpus`` is None."""
+    if gpus is None or not spec.device.startswith("gpu"):
+        return None
+    uuids = gpu_uuids_for(list(gpus), spec.device)
+    if not uuids:
+        raise ServerError(f"job wants device {spec.device!r} but this worker has no such GPU "
+                          f"(has: {', '.join(g.slug for g in gpus) or 'none'}); it was routed to the wrong queue")
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(uuids)}
+
+
 class ProcessRunner(Runner):
-    """Runs the built-in server as a subprocess on 127.0.0.1, and edge runs in a limited cgroup where permitted."""
+    """Runs the built-in server as a subprocess on 127.0.0.1, and edge runs in a limited cgroup where permitted.
+
+    ``gpus``: the GPUs a GPU job may use (a slot's one GPU), bound by ``CUDA_VISIBLE_DEVICES``; None leaves
+    the environment as it is."""
 
     name = "process"
+
+    def __init__(self, gpus: Sequence[GpuInfo] | None = None) -> None:
+        self.gpus = list(gpus) if gpus is not None else None
 
     @contextmanager
     def serve(self, spec: JobSpec, model_path: Path) -> Iterator[ServingTarget]:
@@ -151,7 +170,7 @@ class ProcessRunner(Runner):
         from workers.engines.ready import wait_ready
 
         timeout = get_settings().server_ready_timeout_s
-        with ServerProcess(server_argv(spec, model_path)) as server:
+        with ServerProcess(server_argv(spec, model_path), env=server_env(spec, self.gpus)) as server:
             port = server.wait_port(timeout)
             url = f"127.0.0.1:{port}"
             try:

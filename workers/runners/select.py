@@ -22,8 +22,9 @@ def docker_available() -> tuple[bool, str]:
 
 
 def make_runner(name: str, worker_id: str, gpus: list[GpuInfo] | None = None) -> tuple[Runner, str]:
-    """Build the runner called ``name`` (``gpus``: this host's GPUs, for Docker device requests); returns it
-    with a sentence saying why it was chosen."""
+    """Build the runner called ``name``; returns it with a sentence saying why it was chosen. ``gpus``: the
+    GPUs its jobs may use (a slot's one GPU), bound by a container's device request or a server process's
+    ``CUDA_VISIBLE_DEVICES``."""
     if name not in RUNNERS:
         raise ConfigError(f"runner {name!r} is unknown; use one of: {', '.join(RUNNERS)} (FARM_RUNNER)")
     if name == "auto":
@@ -40,4 +41,4 @@ def make_runner(name: str, worker_id: str, gpus: list[GpuInfo] | None = None) ->
         return DockerRunner(worker_id=worker_id, gpus=gpus or []), reason
     from workers.runners.process import ProcessRunner
 
-    return ProcessRunner(), reason
+    return ProcessRunner(gpus=gpus), reason
