@@ -150,5 +150,5 @@ def test_ctrl_c_exits_130_with_one_line(example_onnx: Path, tmp_path: Path) -> N
                 proc.wait()
     err = err_path.read_text()
     assert code == 130, err
-    assert err.strip().splitlines()[-1] == "error: interrupted", err
+    assert err.strip().splitlines()[-1].startswith("error: interrupted by SIGINT; `farm resume "), err
     assert "Traceback" not in err
