@@ -51,3 +51,24 @@ def wait_done(request_id: str, env: dict[str, str], timeout: float = 240) -> dic
 
 def results_json(request_id: str, env: dict[str, str]) -> list[dict[str, Any]]:
     return json.loads(farm("results", request_id, "--format", "json", env=env).stdout)
+
+
+def start_submit(model: Path, err_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start a real ``farm submit MODEL ARGS`` (embedded when no broker is set), stderr to ``err_path``."""
+    with open(err_path, "w") as err:
+        return subprocess.Popen([sys.executable, "-m", "farm", "submit", str(model), *args], env=env or farm_env(),
+                                stdout=subprocess.DEVNULL, stderr=err, text=True)
+
+
+def running_job(db_path: Path) -> str | None:
+    """The id of a job ``running`` in the SQLite file ``db_path`` (read-only; None when none, or not yet)."""
+    import sqlite3
+
+    if not db_path.exists():
+        return None
+    try:
+        with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=1) as conn:
+            row = conn.execute("SELECT id FROM jobs WHERE status = 'running' LIMIT 1").fetchone()
+    except sqlite3.OperationalError:  # not migrated yet, or locked by the writer
+        return None
+    return None if row is None else str(row[0])

@@ -105,6 +105,6 @@ def _interrupted(request_id: str, worker_id: str, job_id: str | None, signum: in
     if job is not None:
         err_console.print(f"{name}: job {job.id[:8]} ({job.device} {job.engine} b={job.batch_size} "
                           f"c={job.concurrency}{' edge=' + job.edge_profile if job.edge_profile else ''}) "
-                          "cancelled, its server stopped", highlight=False)
+                          "cancelled, its server stopped", highlight=False, soft_wrap=True)
     raise RunInterrupted(f"interrupted by {name}; `farm resume {request_id}` runs the request's {left} remaining "
                          "job(s)", signum)

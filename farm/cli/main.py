@@ -118,7 +118,7 @@ def resume(request_id: str = typer.Argument(..., help="Request id (or a unique p
     if not as_json:
         err_console.print(f"request [bold]{rid}[/]: {len(jobs)} job(s) to run"
                           + (f", {len(reopened)} of them interrupted before" if reopened else ""))
-    if settings.embedded:
+    if settings.embedded and jobs:
         run_embedded(rid, [j for j, _ in jobs], quiet=as_json)
     elif jobs:
         enqueue_jobs(jobs, request_id=rid)
