@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from farm.settings import get_settings
-from tests.helpers import farm, farm_env, running_job, start_submit
+from tests.helpers import farm, farm_env, running_job, signal_when, start_submit
 
 SHORT = ["--duration", "5", "--warmup", "0.5"]  # long enough to be interrupted, short enough to resume
 
@@ -38,25 +38,23 @@ def _server_of(proc: subprocess.Popen[str]) -> psutil.Process | None:
 
 
 def _interrupt_while_serving(proc: subprocess.Popen[str], err_path: Path, signum: int,
-                             timeout: float = 120) -> tuple[int, str, str, psutil.Process]:
-    """Wait for a running job and its server, send ``signum``; (exit code, stderr, job id, server)."""
+                             settle_s: float = 0.0) -> tuple[int, str, str, list[psutil.Process]]:
+    """Wait for a running job and its server (then ``settle_s`` more, to reach the load), send ``signum``;
+    (exit code, stderr, job id, the processes farm had started when it got the signal: the server and any
+    load generator)."""
     db_path = get_settings().home / "farm.db"
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            assert proc.poll() is None, err_path.read_text()
-            assert time.monotonic() < deadline, f"no running job with a server: {err_path.read_text()}"
-            job_id, server = running_job(db_path), _server_of(proc)
-            if job_id and server:
-                break
-            time.sleep(0.1)
-        proc.send_signal(signum)
-        code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return code, err_path.read_text(), job_id, server
+
+    def serving() -> tuple[str, list[psutil.Process]] | None:
+        job_id, server = running_job(db_path), _server_of(proc)
+        if not (job_id and server):
+            return None
+        time.sleep(settle_s)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert server in children
+        return job_id, children
+
+    code, (job_id, children) = signal_when(proc, err_path, serving, signum)
+    return code, err_path.read_text(), job_id, children
 
 
 def _request_id(err: str) -> str:
@@ -70,24 +68,29 @@ def _jobs(request_id: str, env: dict[str, str]) -> dict[str, dict[str, object]]:
     return {r["job_id"]: r for r in rows}
 
 
-def _server_gone(server: psutil.Process) -> bool:
-    try:
-        return server.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+def _left(processes: list[psutil.Process]) -> list[str]:
+    """The command lines of those of ``processes`` still alive (zombies count as gone)."""
+    alive = []
+    for p in processes:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(" ".join(p.cmdline()))
+        except psutil.NoSuchProcess:
+            continue
+    return alive
 
 
 def test_sigint_cancels_the_running_job_and_resume_finishes_the_request(example_onnx: Path, tmp_path: Path) -> None:
     env = farm_env()
     proc = start_submit(example_onnx, tmp_path / "stderr", "--batch-sizes", "1,2", *SHORT, env=env)
-    code, err, job_id, server = _interrupt_while_serving(proc, tmp_path / "stderr", signal.SIGINT)
+    code, err, job_id, children = _interrupt_while_serving(proc, tmp_path / "stderr", signal.SIGINT)
     assert code == 130, err
     assert "Traceback" not in err
     rid = _request_id(err)
     lines = err.strip().splitlines()
     assert lines[-1] == f"error: interrupted by SIGINT; `farm resume {rid}` runs the request's 2 remaining job(s)"
     assert f"SIGINT: job {job_id[:8]} (cpu onnxruntime b=" in lines[-2] and "cancelled" in lines[-2]
-    assert _server_gone(server)
+    assert _left(children) == []
     jobs = _jobs(rid, env)
     assert jobs[job_id]["status"] == "cancelled"
     assert jobs[job_id]["error"].startswith("interrupted: farm submit stopped by SIGINT")
@@ -102,13 +105,14 @@ def test_sigint_cancels_the_running_job_and_resume_finishes_the_request(example_
 
 def test_sigterm_stops_the_server_and_exits_143(example_onnx: Path, tmp_path: Path) -> None:
     env = farm_env()
-    proc = start_submit(example_onnx, tmp_path / "stderr", *SHORT, env=env)
-    code, err, job_id, server = _interrupt_while_serving(proc, tmp_path / "stderr", signal.SIGTERM)
+    proc = start_submit(example_onnx, tmp_path / "stderr", "--duration", "10", "--warmup", "0.5", env=env)
+    # into the measurement: the load generator is driving the server when the signal comes
+    code, err, job_id, children = _interrupt_while_serving(proc, tmp_path / "stderr", signal.SIGTERM, settle_s=3)
     assert code == 143, err
     assert "Traceback" not in err
     rid = _request_id(err)
     assert err.strip().splitlines()[-1].startswith("error: interrupted by SIGTERM; `farm resume ")
-    assert _server_gone(server)
+    assert _left(children) == []
     job = _jobs(rid, env)[job_id]
     assert job["status"] == "cancelled" and job["error"].startswith("interrupted: farm submit stopped by SIGTERM")
 

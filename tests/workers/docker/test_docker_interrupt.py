@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from farm.settings import get_settings
-from tests.helpers import farm, farm_env, running_job, start_submit
+from tests.helpers import farm, farm_env, running_job, signal_when, start_submit
 
 pytestmark = pytest.mark.docker
 
@@ -26,21 +25,13 @@ def test_sigterm_during_a_container_job_leaves_no_container(docker_client: Any, 
     err_path = tmp_path / "stderr"
     proc = start_submit(models["mlp"], err_path, "--duration", "20", "--warmup", "0.5", env=env)
     db_path = get_settings().home / "farm.db"
-    deadline = time.monotonic() + 180
-    try:
-        while True:
-            assert proc.poll() is None, err_path.read_text()
-            assert time.monotonic() < deadline, f"no running container: {err_path.read_text()}"
-            job_id = running_job(db_path)
-            if job_id and any(c.status == "running" for c in _containers(docker_client, job_id)):
-                break
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+
+    def serving() -> str | None:  # the running job, once its container runs
+        job_id = running_job(db_path)
+        running = job_id and any(c.status == "running" for c in _containers(docker_client, job_id))
+        return job_id if running else None
+
+    code, job_id = signal_when(proc, err_path, serving, signal.SIGTERM)
     err = err_path.read_text()
     assert code == 143, err
     assert _containers(docker_client, job_id) == []
