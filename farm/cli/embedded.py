@@ -55,9 +55,10 @@ def stop_signals() -> Iterator[None]:
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
-def run_embedded(request_id: str, job_ids: list[str], quiet: bool) -> None:
+def run_embedded(request_id: str, job_ids: list[str], quiet: bool, command: str = "farm submit") -> None:
     """Run the jobs in this process with the same job runner a worker uses; on SIGINT/SIGTERM stop, cancel
-    the job in hand with the reason and raise RunInterrupted naming ``farm resume``."""
+    the job in hand with the reason (``command`` stopped by the signal) and raise RunInterrupted naming
+    ``farm resume``."""
     from workers.hardware import detect_gpus
     from workers.node import new_worker_id
     from workers.runners.select import make_runner
@@ -72,7 +73,7 @@ def run_embedded(request_id: str, job_ids: list[str], quiet: bool) -> None:
             _run_jobs(runner, worker_id, job_ids, current, quiet)
         except (Signalled, KeyboardInterrupt) as exc:  # the server/container is stopped by now
             signum = exc.signum if isinstance(exc, Signalled) else int(signal.SIGINT)
-            _interrupted(request_id, worker_id, current[-1] if current else None, signum)
+            _interrupted(request_id, worker_id, current[-1] if current else None, f"{command} stopped", signum)
 
 
 def _run_jobs(runner: Any, worker_id: str, job_ids: list[str], current: list[str], quiet: bool) -> None:
@@ -91,7 +92,7 @@ def _run_jobs(runner: Any, worker_id: str, job_ids: list[str], current: list[str
             progress.update(task, advance=1, description=f"profiling (last: {status})")
 
 
-def _interrupted(request_id: str, worker_id: str, job_id: str | None, signum: int) -> None:
+def _interrupted(request_id: str, worker_id: str, job_id: str | None, what: str, signum: int) -> None:
     """Cancel the job in hand (if it was still active) with the signal as its reason; raise RunInterrupted."""
     from farm import lifecycle
     from farm.db.models import Job
@@ -99,7 +100,7 @@ def _interrupted(request_id: str, worker_id: str, job_id: str | None, signum: in
 
     name = signal.Signals(signum).name
     with session_scope() as s:
-        stopped = job_id is not None and lifecycle.interrupt(s, job_id, worker_id, f"farm submit stopped by {name}")
+        stopped = job_id is not None and lifecycle.interrupt(s, job_id, worker_id, f"{what} by {name}")
         job = s.get(Job, job_id) if stopped else None
         left = len(lifecycle.resumable(s, request_id))
     if job is not None:

@@ -105,13 +105,17 @@ def resume(request_id: str = typer.Argument(..., help="Request id (or a unique p
     """Finish a request: run its jobs not run yet and those cancelled by an interrupt (embedded), or re-send
     them to the workers (cluster). Jobs cancelled with `farm cancel` stay cancelled."""
     from farm import lifecycle
+    from farm.db.models import utcnow
     from farm.db.session import session_scope
     from farm.results import find_request
     from scheduler.enqueue import enqueue_jobs
+    from scheduler.reconcile import ReconcileReport, requeue_orphans
 
     _prepare_db()
     settings = get_settings()
     rid = find_request(request_id).id
+    if settings.embedded:  # a `farm submit` killed outright (SIGKILL) left its job active: `farm scheduler`'s rule
+        requeue_orphans(settings, utcnow(), ReconcileReport())
     with session_scope() as s:
         reopened = lifecycle.resume(s, rid)
         jobs = lifecycle.resumable(s, rid)
@@ -119,7 +123,7 @@ def resume(request_id: str = typer.Argument(..., help="Request id (or a unique p
         err_console.print(f"request [bold]{rid}[/]: {len(jobs)} job(s) to run"
                           + (f", {len(reopened)} of them interrupted before" if reopened else ""))
     if settings.embedded and jobs:
-        run_embedded(rid, [j for j, _ in jobs], quiet=as_json)
+        run_embedded(rid, [j for j, _ in jobs], quiet=as_json, command="farm resume")
     elif jobs:
         enqueue_jobs(jobs, request_id=rid)
     if settings.embedded or wait:

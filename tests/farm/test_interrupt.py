@@ -123,6 +123,23 @@ def test_sigterm_stops_the_server_and_exits_143(example_onnx: Path, tmp_path: Pa
     assert _jobs(rid, env)[job_id]["error"] == "cancelled by `farm cancel`"
 
 
+def test_resume_after_sigkill_runs_the_job_left_running(example_onnx: Path, tmp_path: Path) -> None:
+    """SIGKILL leaves no chance to clean up: the server dies with its parent (PDEATHSIG) and `farm resume`
+    takes the job back from the dead embedded worker, as `farm scheduler` does on a cluster."""
+    env = farm_env(FARM_WORKER_DEAD_AFTER_S="1")
+    proc = start_submit(example_onnx, tmp_path / "stderr", *SHORT, env=env)
+    code, _, job_id, children = _interrupt_while_serving(proc, tmp_path / "stderr", signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    psutil.wait_procs(children, timeout=30)
+    assert _left(children) == []
+    rid = json.loads(farm("status", "--json", env=env).stdout)[0]["request_id"]
+    assert _jobs(rid, env)[job_id]["status"] == "running"
+    time.sleep(1.5)  # its last heartbeat is now older than FARM_WORKER_DEAD_AFTER_S
+    farm("resume", rid, env=env, timeout=300)
+    job = _jobs(rid, env)[job_id]
+    assert (job["status"], job["attempts"]) == ("succeeded", 2)
+
+
 def test_resume_of_an_unknown_request_is_one_line(tmp_path: Path) -> None:
     proc = farm("resume", "no-such-request", check=False)
     assert proc.returncode == 3
