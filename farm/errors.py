@@ -30,6 +30,15 @@ class SchedulerError(FarmError):
     """Expansion, enqueueing or reconciliation failed."""
 
 
+class RunInterrupted(FarmError):
+    """An embedded run was stopped by SIGINT or SIGTERM; the exit code is 128 + the signal number (130, 143),
+    as shells report it, and the message says how to finish the request (``farm resume``)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
 class NotFoundError(FarmError):
     """A request, job or worker id does not exist, or a model server was asked for a model it does not serve
     (farm's server answers gRPC NOT_FOUND)."""

@@ -2,6 +2,7 @@
 
     queued -> claimed -> running -> succeeded | failed | cancelled
     claimed | running -> queued   (released by its worker, or requeued by reconciliation)
+    claimed | running -> cancelled (interrupted: ``farm submit`` stopped by a signal) -> queued (``farm resume``)
 
 Each change is one guarded UPDATE (``WHERE status IN ... AND worker_id = ...``) in SQLAlchemy Core, run on
 the caller's ``Session`` or ``Connection`` (the caller owns the transaction): a worker and reconciliation
@@ -15,7 +16,7 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Connection, Table, and_, case, literal, select, update
+from sqlalchemy import ColumnElement, Connection, Table, and_, case, delete, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from farm.db.models import Job, Result, utcnow
@@ -27,6 +28,9 @@ Bind = Session | Connection
 JOBS = cast(Table, Job.__table__)
 RESULTS = cast(Table, Result.__table__)
 ERROR_CHARS = 4000  # longest error message kept on the job row
+INTERRUPTED = "interrupted: "
+"""How the reason of a job cancelled by an interrupt begins (``interrupt``): ``farm resume`` runs those jobs
+again, never the ones cancelled by ``farm cancel``."""
 
 
 def _held(job_id: str, worker_id: str | None, statuses: Collection[str] = ACTIVE) -> ColumnElement[bool]:
@@ -145,15 +149,65 @@ def _dialect(bind: Bind) -> str:
 
 def cancel(bind: Bind, request_id: str, reason: str, now: datetime | None = None) -> tuple[list[str], list[str]]:
     """Cancel every job of a request not final yet, each with a result row holding ``reason``; returns the
-    ids of the (queued, active) jobs cancelled. Workers stop the active ones when they see the status."""
+    ids of the (waiting, active) jobs cancelled. Workers stop the active ones when they see the status.
+    Waiting jobs include those cancelled by an interrupt: they take ``reason``, so ``resume`` leaves them."""
     now = now or utcnow()
     values = {"status": JobStatus.cancelled, "finished_at": now, "error": reason}
+    waiting_now = and_(JOBS.c.request_id == request_id, JOBS.c.status == JobStatus.queued)
+    interrupted = list(bind.execute(update(JOBS).where(_interrupted(request_id)).values(**values)
+                                    .returning(JOBS.c.id)).scalars().all())
+    if interrupted:
+        bind.execute(delete(RESULTS).where(RESULTS.c.job_id.in_(interrupted)))
     ids: list[list[str]] = []
-    for statuses in ((JobStatus.queued,), ACTIVE):
-        stmt = (update(JOBS).where(JOBS.c.request_id == request_id, JOBS.c.status.in_(list(statuses)))
-                .values(**values).returning(JOBS.c.id))
-        ids.append(list(bind.execute(stmt).scalars().all()))
+    for guard in (waiting_now, and_(JOBS.c.request_id == request_id, JOBS.c.status.in_(list(ACTIVE)))):
+        ids.append(list(bind.execute(update(JOBS).where(guard).values(**values).returning(JOBS.c.id))
+                        .scalars().all()))
+    ids[0] += interrupted
     rows = [result_row(failure_result(j, reason), request_id, None, now) for j in [*ids[0], *ids[1]]]
     if rows:
         bind.execute(dialect_insert(bind, RESULTS).values(rows).on_conflict_do_nothing(index_elements=["job_id"]))
     return ids[0], ids[1]
+
+
+def interrupt(bind: Bind, job_id: str, worker_id: str, why: str, now: datetime | None = None) -> bool:
+    """The job held by ``worker_id`` (claimed or running) ends ``cancelled`` because the process running it
+    was stopped (``why``, e.g. "SIGINT"), with a result row holding the reason; ``resume`` can run it again.
+    False when the job was no longer active and held by that worker (it ended before the signal)."""
+    reason = f"{INTERRUPTED}{why}; `farm resume` runs it again"
+    row = result_row(failure_result(job_id, reason), _request_of(bind, job_id), worker_id, now)
+    return _settle(bind, _held(job_id, worker_id), JobStatus.cancelled, reason, row, now)
+
+
+def _request_of(bind: Bind, job_id: str) -> str:
+    return str(bind.execute(select(JOBS.c.request_id).where(JOBS.c.id == job_id)).scalar_one())
+
+
+def _interrupted(request_id: str) -> ColumnElement[bool]:
+    """The request's jobs cancelled by an interrupt (their reason starts with ``INTERRUPTED``)."""
+    return and_(JOBS.c.request_id == request_id, JOBS.c.status == JobStatus.cancelled,
+                JOBS.c.error.startswith(INTERRUPTED, autoescape=True))
+
+
+def resumable(bind: Bind, request_id: str) -> list[tuple[str, str]]:
+    """(job id, queue) of the request's jobs ``resume`` would run: queued ones and those cancelled by an
+    interrupt, in matrix order (as ``farm results`` lists them)."""
+    queued = and_(JOBS.c.request_id == request_id, JOBS.c.status == JobStatus.queued)
+    stmt = (select(JOBS.c.id, JOBS.c.queue).where(or_(queued, _interrupted(request_id)))
+            .order_by(JOBS.c.edge_profile.is_not(None), JOBS.c.edge_profile, JOBS.c.device, JOBS.c.engine,
+                      JOBS.c.batch_size, JOBS.c.concurrency))
+    return [(str(i), str(q)) for i, q in bind.execute(stmt).all()]
+
+
+def resume(bind: Bind, request_id: str, now: datetime | None = None) -> list[str]:
+    """Put the request's jobs cancelled by an interrupt (reason starting with ``INTERRUPTED``) back to
+    ``queued``, their result rows deleted and the interrupted attempt not counted; returns their ids.
+    Jobs cancelled by ``farm cancel`` stay cancelled."""
+    ids = list(bind.execute(
+        update(JOBS).where(_interrupted(request_id))
+        .values(status=JobStatus.queued, worker_id=None, claimed_at=None, started_at=None, finished_at=None,
+                enqueued_at=now or utcnow(), error=None,
+                attempts=case((JOBS.c.attempts > 0, JOBS.c.attempts - 1), else_=0))
+        .returning(JOBS.c.id)).scalars().all())
+    if ids:
+        bind.execute(delete(RESULTS).where(RESULTS.c.job_id.in_(ids)))
+    return ids

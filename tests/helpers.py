@@ -6,8 +6,11 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 FAST = ["--windows", "3", "--window", "0.3", "--warmup", "0.2"]
 
@@ -51,3 +54,43 @@ def wait_done(request_id: str, env: dict[str, str], timeout: float = 240) -> dic
 
 def results_json(request_id: str, env: dict[str, str]) -> list[dict[str, Any]]:
     return json.loads(farm("results", request_id, "--format", "json", env=env).stdout)
+
+
+def start_submit(model: Path, err_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start a real ``farm submit MODEL ARGS`` (embedded when no broker is set), stderr to ``err_path``."""
+    with open(err_path, "w") as err:
+        return subprocess.Popen([sys.executable, "-m", "farm", "submit", str(model), *args], env=env or farm_env(),
+                                stdout=subprocess.DEVNULL, stderr=err, text=True)
+
+
+def running_job(db_path: Path) -> str | None:
+    """The id of a job ``running`` in the SQLite file ``db_path`` (read-only; None when none, or not yet)."""
+    import sqlite3
+
+    if not db_path.exists():
+        return None
+    try:
+        with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=1) as conn:
+            row = conn.execute("SELECT id FROM jobs WHERE status = 'running' LIMIT 1").fetchone()
+    except sqlite3.OperationalError:  # not migrated yet, or locked by the writer
+        return None
+    return None if row is None else str(row[0])
+
+
+def signal_when(proc: subprocess.Popen[str], err_path: Path, ready: Callable[[], T | None], signum: int,
+                timeout: float = 180) -> tuple[int, T]:
+    """Poll ``ready()`` until it returns something, then send ``signum`` to ``proc`` and wait for it to exit;
+    (exit code, what ``ready`` returned). Fails when ``proc`` exits first or nothing is ready in time
+    (its stderr, in ``err_path``, in the message); ``proc`` is killed if it does not exit."""
+    deadline = time.monotonic() + timeout
+    try:
+        while (found := ready()) is None:
+            assert proc.poll() is None, f"exited {proc.returncode} before the signal: {err_path.read_text()}"
+            assert time.monotonic() < deadline, f"not ready after {timeout} s: {err_path.read_text()}"
+            time.sleep(0.1)
+        proc.send_signal(signum)
+        return proc.wait(timeout=90), found
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

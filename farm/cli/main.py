@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from farm.cli import views
+from farm.cli.embedded import run_embedded
 from farm.cli.errors import run_app, run_cli
 from farm.cli.views import console, err_console
 from farm.errors import RequestError
@@ -84,7 +85,7 @@ def submit(
             coords = ", ".join(f"{k}={v}" for k, v in ex.items() if k != "reason")
             err_console.print(f"  left out {coords}: {ex['reason']}")
     if settings.embedded:
-        _run_embedded(rid, [j.job_id for j in sub.expansion.jobs], quiet=as_json)
+        run_embedded(rid, [j.job_id for j in sub.expansion.jobs], quiet=as_json)
         _show_results(rid, "json" if as_json else "table", with_id=as_json)
     elif wait:
         _wait(rid, quiet=as_json)
@@ -96,25 +97,43 @@ def submit(
                       f"`farm results {rid}` when done")
 
 
-def _run_embedded(request_id: str, job_ids: list[str], quiet: bool) -> None:
-    """Run the jobs in this process with the same job runner a worker uses."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+@app.command()
+def resume(request_id: str = typer.Argument(..., help="Request id (or a unique prefix)."),
+           wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
+           as_json: bool = typer.Option(False, "--json", help="Print the results (or the re-sent count) as JSON."),
+           ) -> None:
+    """Finish a request: run its jobs not run yet and those cancelled by an interrupt (embedded), or re-send
+    them to the workers (cluster). Jobs cancelled with `farm cancel` stay cancelled."""
+    from farm import lifecycle
+    from farm.db.models import utcnow
+    from farm.db.session import session_scope
+    from farm.results import find_request
+    from scheduler.enqueue import enqueue_jobs
+    from scheduler.reconcile import ReconcileReport, requeue_orphans
 
-    from workers.hardware import detect_gpus, detect_hardware
-    from workers.node import WorkerNode, new_worker_id
-    from workers.runners.select import make_runner
-
-    worker_id = f"embedded-{new_worker_id()}"
-    runner, why = make_runner(get_settings().runner, worker_id, detect_gpus())
-    if not quiet:
-        err_console.print(f"embedded mode (no FARM_BROKER_URL): jobs run in this process; {why}")
-    node = WorkerNode(runner=runner, hardware=detect_hardware(docker=runner.name == "docker"), worker_id=worker_id)
-    with node, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err_console, disable=quiet, transient=False) as progress:
-        task = progress.add_task("profiling", total=len(job_ids))
-        for job_id in job_ids:
-            status = node.run(job_id)
-            progress.update(task, advance=1, description=f"profiling (last: {status})")
+    _prepare_db()
+    settings = get_settings()
+    rid = find_request(request_id).id
+    if settings.embedded:  # a `farm submit` killed outright (SIGKILL) left its job active: `farm scheduler`'s rule
+        requeue_orphans(settings, utcnow(), ReconcileReport())
+    with session_scope() as s:
+        reopened = lifecycle.resume(s, rid)
+        jobs = lifecycle.resumable(s, rid)
+    if not as_json:
+        err_console.print(f"request [bold]{rid}[/]: {len(jobs)} job(s) to run"
+                          + (f", {len(reopened)} of them interrupted before" if reopened else ""))
+    if settings.embedded and jobs:
+        run_embedded(rid, [j for j, _ in jobs], quiet=as_json, command="farm resume")
+    elif jobs:
+        enqueue_jobs(jobs, request_id=rid)
+    if settings.embedded or wait:
+        if not settings.embedded:
+            _wait(rid, quiet=as_json)
+        _show_results(rid, "json" if as_json else "table", with_id=as_json)
+    elif as_json:
+        print(json.dumps({"request_id": rid, "resent": len(jobs)}))
+    else:
+        console.print(f"re-sent {len(jobs)} job(s) to {mask_url(settings.broker_url)}; `farm status {rid}` to follow")
 
 
 def _wait(request_id: str, quiet: bool, poll_s: float = 1.0) -> None:

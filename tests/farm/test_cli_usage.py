@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import inspect
 import signal
-import subprocess
-import sys
 import time
 import typing
 from pathlib import Path
@@ -18,7 +16,7 @@ import pytest
 import typer.main
 
 from farm.cli.main import app, main
-from tests.helpers import farm, farm_env
+from tests.helpers import farm, signal_when, start_submit
 
 NUMBERS = (int, float, int | None, float | None)
 
@@ -133,22 +131,16 @@ def test_usage_error_through_the_real_entry_point() -> None:
 def test_ctrl_c_exits_130_with_one_line(example_onnx: Path, tmp_path: Path) -> None:
     """A real SIGINT to ``python -m farm submit`` while it measures (embedded: the job runs in-process)."""
     err_path = tmp_path / "stderr"
-    with open(err_path, "w") as err_file:
-        proc = subprocess.Popen([sys.executable, "-m", "farm", "submit", str(example_onnx), "--duration", "60"],
-                                stdout=subprocess.DEVNULL, stderr=err_file, env=farm_env())
-        try:
-            deadline = time.monotonic() + 120
-            while "embedded mode" not in err_path.read_text() and time.monotonic() < deadline:
-                assert proc.poll() is None, err_path.read_text()
-                time.sleep(0.2)
-            time.sleep(1.5)  # into the job: server starting or load running
-            proc.send_signal(signal.SIGINT)
-            code = proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    proc = start_submit(example_onnx, err_path, "--duration", "60")
+
+    def measuring() -> bool | None:
+        if "embedded mode" not in err_path.read_text():
+            return None
+        time.sleep(1.5)  # into the job: server starting or load running
+        return True
+
+    code, _ = signal_when(proc, err_path, measuring, signal.SIGINT)
     err = err_path.read_text()
     assert code == 130, err
-    assert err.strip().splitlines()[-1] == "error: interrupted", err
+    assert err.strip().splitlines()[-1].startswith("error: interrupted by SIGINT; `farm resume "), err
     assert "Traceback" not in err

@@ -185,6 +185,38 @@ def test_cancel_ends_queued_and_active_jobs_only(db: str, example_onnx: Path) ->
         assert not lifecycle.start(s, active, "w2")  # the worker learns it lost the job
 
 
+def test_interrupt_then_resume_requeues_interrupted_jobs_not_user_cancelled_ones(db: str, example_onnx: Path) -> None:
+    a, b, c = _submit(example_onnx, 3)  # batch sizes 1, 2, 3: matrix order
+    done = _claim(c, "w1")
+    assert done
+    with session_scope() as s:
+        assert lifecycle.finish(s, done, "w1", JobResult(job_id=c))
+    assert _claim(a, "embedded")
+    with session_scope() as s:
+        assert lifecycle.start(s, a, "embedded")
+        assert lifecycle.interrupt(s, a, "embedded", "farm submit stopped by SIGINT")
+        assert not lifecycle.interrupt(s, a, "embedded", "again")  # no longer active: nothing changes
+        assert not lifecycle.interrupt(s, c, "w1", "too late")  # finished before the signal
+    job = _job(a)
+    assert job.status == JobStatus.cancelled and job.error.startswith(lifecycle.INTERRUPTED) and "SIGINT" in job.error
+    assert _result(a).details == {"error": job.error}
+    with session_scope() as s:
+        assert [j for j, _ in lifecycle.resumable(s, done.request_id)] == [a, b]
+        assert lifecycle.resume(s, done.request_id) == [a]
+    job = _job(a)
+    assert (job.status, job.attempts, job.error, job.worker_id) == (JobStatus.queued, 0, None, None)
+    assert _result(a) is None and _job(c).status == JobStatus.succeeded
+    assert _claim(a, "embedded")  # runnable again
+    with session_scope() as s:
+        assert lifecycle.interrupt(s, a, "embedded", "farm submit stopped by SIGTERM")
+    with session_scope() as s:  # `farm cancel` after an interrupt: the user does not want it run again
+        assert lifecycle.cancel(s, done.request_id, "cancelled by test") == ([b, a], [])
+    with session_scope() as s:
+        assert lifecycle.resume(s, done.request_id) == []
+        assert lifecycle.resumable(s, done.request_id) == []
+    assert _job(a).error == "cancelled by test" and _result(a).details == {"error": "cancelled by test"}
+
+
 def test_timestamps_are_aware_utc(db: str) -> None:
     naive = datetime(2026, 1, 2, 3, 4, 5)
     with session_scope() as s:

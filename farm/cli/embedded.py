@@ -1,0 +1,111 @@
+"""The embedded default: ``farm submit`` and ``farm resume`` run a request's jobs in this process.
+
+SIGINT (Ctrl-C) and SIGTERM raise ``Signalled`` in the main thread while the jobs run (``stop_signals``), so
+the job's context managers unwind as on any failure: the model server or container is stopped and removed,
+the worker row goes offline. Then the job that was running ends ``cancelled`` with the signal as its reason
+(``farm.lifecycle.interrupt``) and the command exits 128 + the signal number with a ``farm resume`` hint.
+A second signal while that cleanup runs is ignored (SIGKILL still ends the process).
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+from farm.cli.views import err_console
+from farm.errors import RunInterrupted
+from farm.settings import get_settings
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Signalled(BaseException):
+    """Raised in the main thread by SIGINT or SIGTERM during an embedded run (a BaseException, so code
+    catching ``Exception`` lets it through)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def stop_signals() -> Iterator[None]:
+    """While the body runs, the first SIGINT or SIGTERM raises ``Signalled``; later ones are ignored, so
+    they cannot cut the cleanup short. The previous handlers come back on exit. Outside the main thread
+    (where Python delivers no signals) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise Signalled(signum)
+
+    previous: dict[int, Any] = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def run_embedded(request_id: str, job_ids: list[str], quiet: bool, command: str = "farm submit") -> None:
+    """Run the jobs in this process with the same job runner a worker uses; on SIGINT/SIGTERM stop, cancel
+    the job in hand with the reason (``command`` stopped by the signal) and raise RunInterrupted naming
+    ``farm resume``."""
+    from workers.hardware import detect_gpus
+    from workers.node import new_worker_id
+    from workers.runners.select import make_runner
+
+    worker_id = f"embedded-{new_worker_id()}"
+    current: list[str] = []  # the job in hand (a list, so the interrupt handler below sees the last one)
+    with stop_signals():
+        try:
+            runner, why = make_runner(get_settings().runner, worker_id, detect_gpus())
+            if not quiet:
+                err_console.print(f"embedded mode (no FARM_BROKER_URL): jobs run in this process; {why}")
+            _run_jobs(runner, worker_id, job_ids, current, quiet)
+        except (Signalled, KeyboardInterrupt) as exc:  # the server/container is stopped by now
+            signum = exc.signum if isinstance(exc, Signalled) else int(signal.SIGINT)
+            _interrupted(request_id, worker_id, current[-1] if current else None, f"{command} stopped", signum)
+
+
+def _run_jobs(runner: Any, worker_id: str, job_ids: list[str], current: list[str], quiet: bool) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from workers.hardware import detect_hardware
+    from workers.node import WorkerNode
+
+    node = WorkerNode(runner=runner, hardware=detect_hardware(docker=runner.name == "docker"), worker_id=worker_id)
+    with node, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err_console, disable=quiet, transient=False) as progress:
+        task = progress.add_task("profiling", total=len(job_ids))
+        for job_id in job_ids:
+            current.append(job_id)
+            status = node.run(job_id)
+            progress.update(task, advance=1, description=f"profiling (last: {status})")
+
+
+def _interrupted(request_id: str, worker_id: str, job_id: str | None, what: str, signum: int) -> None:
+    """Cancel the job in hand (if it was still active) with the signal as its reason; raise RunInterrupted."""
+    from farm import lifecycle
+    from farm.db.models import Job
+    from farm.db.session import session_scope
+
+    name = signal.Signals(signum).name
+    with session_scope() as s:
+        stopped = job_id is not None and lifecycle.interrupt(s, job_id, worker_id, f"{what} by {name}")
+        job = s.get(Job, job_id) if stopped else None
+        left = len(lifecycle.resumable(s, request_id))
+    if job is not None:
+        err_console.print(f"{name}: job {job.id[:8]} ({job.device} {job.engine} b={job.batch_size} "
+                          f"c={job.concurrency}{' edge=' + job.edge_profile if job.edge_profile else ''}) "
+                          "cancelled, its server stopped", highlight=False, soft_wrap=True)
+    raise RunInterrupted(f"interrupted by {name}; `farm resume {request_id}` runs the request's {left} remaining "
+                         "job(s)", signum)
