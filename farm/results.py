@@ -72,7 +72,7 @@ def merge_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault(tuple(r[c] for c in CONFIG_COLUMNS), []).append(r)
     merged = []
     for group in groups.values():
-        done = [r for r in group if r["status"] == "succeeded"]
+        done = [r for r in group if r["status"] == JobStatus.succeeded]
         metrics = merge_metrics([{n: r[n] for n in METRIC_NAMES if r[n] is not None} for r in done])
         statuses = {r["status"] for r in group}
         merged.append({**group[0], **{n: metrics.get(n) for n in METRIC_NAMES}, "repeats": len(done),
