@@ -11,8 +11,9 @@ from farm.artifacts import ensure_in_store, fetch_model
 from farm.errors import FarmError
 from farm.lifecycle import failure_result
 from farm.settings import get_settings
-from schemas import JobResult, JobSpec
+from schemas import JobResult, JobSpec, Placement
 from schemas.job import JobStatus
+from schemas.result import SHARED_NOTE, shared_unisolated
 from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
 from workers.measure import Measurement, Served
@@ -23,9 +24,11 @@ from workers.spool import Spool, SpooledResult, is_transient, retry_db
 log = logging.getLogger("farm.worker")
 
 
-def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None) -> JobResult:
+def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, slots: int = 1) -> JobResult:
     """Measure one serving job (or run one edge job) and return its result; raises FarmError on failure.
 
+    The job first waits for its cores on this host (``workers.cores``; ``slots``: the worker's slots, which
+    share the host's cores); the server runs on the lease's server cores, the load generator on its own.
     The GPU's idle baseline is read before the server starts, so the server's own memory is what remains.
     """
     from workers.loadgen import run_load
@@ -35,17 +38,30 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None) -
     if spec.is_edge:
         return runner.run_edge(spec, model_path)
     started = time.monotonic()
-    with Measurement(spec, gpu_uuids or []) as m, runner.serve(spec, model_path) as target:
+    with Measurement(spec, gpu_uuids or [], slots) as m, runner.serve(spec, model_path, m.server_cpus) as target:
         with m.watch(Served(pid=target.pid, cgroup=target.cgroup_path, reused=target.reused)):
             load = run_load(target.url, target.model_name, spec.inputs, spec.batch_size, spec.concurrency,
                             spec.measurement)
     metrics: dict[str, Any] = {**load.metrics, **m.metrics()}
     details: dict[str, Any] = {"load": load.details, "runner": runner.name, "notes": [*target.notes, *m.notes],
                                "wall_s": round(time.monotonic() - started, 3), **m.details()}
-    note = steal_note(metrics.get("cpu_steal_pct"))
-    if note is not None:
-        details["notes"].append(note)
-    return JobResult(job_id=spec.job_id, metrics=metrics, details=details)
+    for note in (steal_note(metrics.get("cpu_steal_pct")), SHARED_NOTE if shared_unisolated(dict(m.placement))
+                 else None):
+        if note is not None:
+            details["notes"].append(note)
+    return JobResult(job_id=spec.job_id, metrics=metrics, details=details, placement=m.placement)
+
+
+def placed(result: JobResult) -> JobResult:
+    """``result`` with a slot's ``details["placement"]`` (``slot``, ``gpu_uuid``) moved into its typed
+    ``placement`` (where a slot-aware worker put it); unchanged otherwise."""
+    extra = result.details.get("placement")
+    if not isinstance(extra, dict):
+        return result
+    base = result.placement.model_dump() if result.placement is not None else {}
+    keep = {k: v for k, v in extra.items() if k in ("slot", "gpu_uuid") and v is not None}
+    details = {k: v for k, v in result.details.items() if k != "placement"}
+    return result.model_copy(update={"placement": Placement(**{**base, **keep}), "details": details})
 
 
 def noop_result(spec: JobSpec, sleep_s: float = 0.0) -> JobResult:
@@ -120,6 +136,7 @@ def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | 
         msg = f"internal error: {type(exc).__name__}: {exc}"
         record(spec, worker_id, failure_result(spec.job_id, msg), JobStatus.failed, msg, spool)
         return JobStatus.failed
+    result = placed(result)
     error = result.details.get("error")
     status = JobStatus.failed if error else JobStatus.succeeded
     if not record(spec, worker_id, result, status, error, spool):

@@ -138,7 +138,7 @@ class ProcessRunner(Runner):
     name = "process"
 
     @contextmanager
-    def serve(self, spec: JobSpec, model_path: Path) -> Iterator[ServingTarget]:
+    def serve(self, spec: JobSpec, model_path: Path, cpus: set[int] | None = None) -> Iterator[ServingTarget]:
         if spec.engine == "triton":
             if not get_settings().triton_url:
                 raise UnsupportedError("the triton engine needs the Docker runner (farm worker --runner docker) "
@@ -151,7 +151,7 @@ class ProcessRunner(Runner):
         from workers.engines.ready import wait_ready
 
         timeout = get_settings().server_ready_timeout_s
-        with ServerProcess(server_argv(spec, model_path)) as server:
+        with ServerProcess(server_argv(spec, model_path), cpu_set=cpus) as server:
             port = server.wait_port(timeout)
             url = f"127.0.0.1:{port}"
             try:
