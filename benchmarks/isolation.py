@@ -7,6 +7,7 @@ Services: Postgres and Redis on 127.0.0.1 (as in CI)."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import tempfile
 import time
@@ -20,9 +21,10 @@ CONFIGS = ([1, 8], [1, 4])  # batch sizes x concurrency: four jobs
 
 
 def run_request(model: Path, workers: int, tmp: Path, measurement: dict[str, Any],
-                **settings: str) -> tuple[dict[tuple[int, int], dict[str, Any]], float, float]:
+                **settings: str) -> tuple[dict[tuple[int, int], dict[str, Any]], float, float, float]:
     """Submit the four jobs to ``workers`` fresh `farm worker` processes on this host; returns each job's
-    result row by (batch, concurrency), the request's wall time (submit to last result) in s, and steal %."""
+    result row by (batch, concurrency), the request's wall time (submit to last result) in s, steal % and
+    the host's 1-minute load average at the end (other work on the host shows there)."""
     lock_dir = tmp / f"host-{workers}-{settings.get('FARM_ISOLATION', 'on')}"
     with scratch_cluster(FARM_HEARTBEAT_S="1", FARM_HOST_LOCK_DIR=str(lock_dir), PYTHONPATH=str(ROOT),
                          **settings) as env:
@@ -58,7 +60,7 @@ def run_request(model: Path, workers: int, tmp: Path, measurement: dict[str, Any
     bad = [r for r in rows if r["status"] != "succeeded"]
     if bad:
         raise RuntimeError(f"jobs failed: {[(r['batch_size'], r['concurrency'], r['error']) for r in bad]}")
-    return {(r["batch_size"], r["concurrency"]): r for r in rows}, wall, steal.pct
+    return {(r["batch_size"], r["concurrency"]): r for r in rows}, wall, steal.pct, os.getloadavg()[0]
 
 
 def main() -> None:
@@ -73,12 +75,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         model = build_example("compute", tmp / "compute.onnx", ms=args.ms)
-        alone, wall_alone, st_alone = run_request(model, 1, tmp, measurement)
-        iso, wall_iso, st_iso = run_request(model, 2, tmp, measurement)
-        off, wall_off, st_off = run_request(model, 2, tmp, measurement, FARM_ISOLATION="off")
+        alone, wall_alone, st_alone, load_alone = run_request(model, 1, tmp, measurement)
+        iso, wall_iso, st_iso, load_iso = run_request(model, 2, tmp, measurement)
+        off, wall_off, st_off, load_off = run_request(model, 2, tmp, measurement, FARM_ISOLATION="off")
     print(f"isolation: compute model ({args.ms:g} ms/sample), 4 jobs, warm-up {measurement['warmup_s']:g} s + "
-          f"{measurement['duration_s']:g} s each, process runner, {len(__import__('os').sched_getaffinity(0))} "
-          "cores")
+          f"{measurement['duration_s']:g} s each, process runner, {len(os.sched_getaffinity(0))} cores")
     print(f"{'b x c':>6} {'alone/s':>9} {'2 workers, isolated':>24} {'2 workers, FARM_ISOLATION=off':>32}")
     worst = 1.0
     for key, a in alone.items():
@@ -95,7 +96,9 @@ def main() -> None:
     print(f"request wall time: alone {wall_alone:.1f} s, 2 workers isolated {wall_iso:.1f} s, "
           f"2 workers without isolation {wall_off:.1f} s")
     print(f"worst isolated job: {worst:.2f}x of alone (target >= 0.90)")
-    print(f"steal: {st_alone:.1f} / {st_iso:.1f} / {st_off:.1f} %{steal_flag(max(st_alone, st_iso, st_off))}")
+    print(f"steal: {st_alone:.1f} / {st_iso:.1f} / {st_off:.1f} %{steal_flag(max(st_alone, st_iso, st_off))}; "
+          f"load average after each run: {load_alone:.1f} / {load_iso:.1f} / {load_off:.1f} (farm's own jobs "
+          "add 1-2; more means other work shared the host and the ratios measure it too)")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,8 +193,8 @@ class CoreLease:
     """The cores of one job, held from ``__enter__`` (which waits for them) to ``__exit__``.
 
     ``want``: a number of cores (any free ones of ``allowed``) or the exact cores. ``isolation`` False:
-    no core is locked (``cores`` are then all of ``allowed``). ``stop``: called while waiting; raise from
-    it to give up (the worker's cancel/shutdown arrives as an exception from a signal handler anyway).
+    no core is locked (``cores`` are then all of ``allowed``). The wait ends early only by an exception
+    (the worker's cancel, time limit and shutdown arrive as one, from a signal handler).
     """
 
     job_id: str
@@ -202,7 +202,6 @@ class CoreLease:
     directory: Path
     allowed: list[int] = field(default_factory=host_cores)
     isolation: bool = True
-    stop: Callable[[], None] | None = None
     cores: list[int] = field(default_factory=list)
     waited_s: float = 0.0
     start: float = 0.0
@@ -210,6 +209,7 @@ class CoreLease:
     _stack: ExitStack = field(default_factory=ExitStack)
     _entry: Path | None = None
     _entry_file: IO[str] | None = None
+    _ticket: Path | None = None  # our place in the wait queue while we wait
 
     def __post_init__(self) -> None:
         if isinstance(self.want, list) and not set(self.want) <= set(self.allowed):
@@ -253,20 +253,20 @@ class CoreLease:
     # -- taking the cores --------------------------------------------------------------------------------
     def _wait_for_cores(self) -> None:
         pause = POLL_MIN_S
-        with ExitStack() as ticket_stack:
-            ticket: Path | None = None
-            while True:
-                if self._attempt(ticket):
-                    return
-                if ticket is None:  # queue up: from now on older waiters go first
-                    ticket = self.directory / "wait" / f"{time.time_ns():020d}-{os.getpid()}-{id(self):x}"
-                    f = ticket_stack.enter_context(_open_shared(ticket))
-                    fcntl.flock(f, fcntl.LOCK_EX)
-                    ticket_stack.callback(ticket.unlink, missing_ok=True)
-                if self.stop is not None:
-                    self.stop()
+        with ExitStack() as ticket_stack:  # our place in the queue, from the first failed attempt on
+            while not self._attempt(ticket_stack):
                 time.sleep(pause)
                 pause = min(POLL_MAX_S, pause * 1.5)
+        self._ticket = None
+
+    def _queue(self, ticket_stack: ExitStack) -> Path:
+        """A ticket in the wait queue, locked while we wait (made under the allocation lock, so no one
+        sees it unlocked and takes it for a dead waiter's)."""
+        ticket = self.directory / "wait" / f"{time.time_ns():020d}-{os.getpid()}-{id(self):x}"
+        f = ticket_stack.enter_context(_open_shared(ticket))
+        fcntl.flock(f, fcntl.LOCK_EX)
+        ticket_stack.callback(ticket.unlink, missing_ok=True)
+        return ticket
 
     def _older_waiters(self, ticket: Path | None) -> bool:
         """True when a live waiter queued before ``ticket`` (None: before anyone now); dead tickets go."""
@@ -282,28 +282,35 @@ class CoreLease:
                 continue
         return False
 
-    def _attempt(self, ticket: Path | None) -> bool:
-        """Under the allocation lock: take the wanted cores if all are free and no older waiter is queued."""
+    def _attempt(self, ticket_stack: ExitStack) -> bool:
+        """Under the allocation lock: take the wanted cores if all are free and no older waiter is queued;
+        else queue up (once) and return False."""
         with _open_shared(self.directory / "alloc.lock") as alloc:
             fcntl.flock(alloc, fcntl.LOCK_EX)
-            if self._older_waiters(ticket):
-                return False
-            got = ExitStack()
-            taken: list[int] = []
-            candidates = self.want if isinstance(self.want, list) else self.allowed
-            need = len(self.want) if isinstance(self.want, list) else self.want
-            for core in candidates:
-                f = got.enter_context(_open_shared(self.directory / f"cpu{core}.lock"))
-                if _try_lock(f):
-                    taken.append(core)
-                    if len(taken) == need:
-                        break
-            if len(taken) < need:
-                got.close()
-                return False
-            self.cores = sorted(taken)
-            self._stack.enter_context(got)
-            return True
+            if not self._older_waiters(self._ticket) and self._grab():
+                return True
+            if self._ticket is None:
+                self._ticket = self._queue(ticket_stack)
+            return False
+
+    def _grab(self) -> bool:
+        """Lock the wanted cores (the allocation lock is held); False, holding none, when too few are free."""
+        got = ExitStack()
+        taken: list[int] = []
+        candidates = self.want if isinstance(self.want, list) else self.allowed
+        need = len(candidates) if isinstance(self.want, list) else self.want
+        for core in candidates:
+            f = got.enter_context(_open_shared(self.directory / f"cpu{core}.lock"))
+            if _try_lock(f):
+                taken.append(core)
+                if len(taken) == need:
+                    break
+        if len(taken) < need:
+            got.close()
+            return False
+        self.cores = sorted(taken)
+        self._stack.enter_context(got)
+        return True
 
     # -- the journal -------------------------------------------------------------------------------------
     def _write_entry(self) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schemas import JobSpec, Placement
-from workers.cores import CoreLease, cores_for, cpu_list, lock_dir, pinned
+from workers.cores import CoreLease, cores_for, cpu_list, pinned
 from workers.limits import Limits
 from workers.samplers.base import Sampler
 
@@ -119,7 +119,7 @@ def lease_for(spec: JobSpec, slots: int = 1) -> CoreLease:
     settings = get_settings()
     allowed = host_cores()
     return CoreLease(job_id=spec.job_id, want=cores_for(spec, allowed, slots, settings.job_cores),
-                     directory=lock_dir(settings.host_lock_dir), allowed=allowed, isolation=settings.isolation)
+                     directory=settings.host_lock_dir, allowed=allowed, isolation=settings.isolation)
 
 
 class Measurement(AbstractContextManager["Measurement"]):
