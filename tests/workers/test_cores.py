@@ -19,11 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 CORES = sorted(os.sched_getaffinity(0))
 
 #: a lease holder in its own process: takes all of this host's cores, writes when it got them, waits for
-#: the file ``go`` (or forever), writes when it lets go, then prints its placement
+#: the file ``go`` (or forever), writes when it lets go, then prints its placement; SIGUSR2 stops it with
+#: exit code 3 (as a worker's cancel stops a job: an exception raised by a signal handler)
 HOLDER = textwrap.dedent("""
-    import json, os, sys, time
+    import json, os, signal, sys, time
     from pathlib import Path
     from workers.cores import CoreLease
+    signal.signal(signal.SIGUSR2, lambda *a: sys.exit(3))
     d, name, allowed = Path(sys.argv[1]), sys.argv[2], [int(c) for c in sys.argv[3].split(",")]
     with CoreLease(job_id=name, want=len(allowed), directory=d, allowed=allowed) as lease:
         (d / f"{name}.acquired").write_text(str(time.monotonic_ns()))
@@ -155,3 +157,36 @@ def test_the_server_and_the_load_generator_run_on_the_leased_cores(example_onnx:
     placement = m.placement
     assert placement.server_cpus == cpu_list(m.server_cpus) and placement.host_shared is False
     assert placement.isolated is True and placement.slot == 0 and placement.host
+
+
+def test_waiters_are_served_in_arrival_order(tmp_path: Path) -> None:
+    """A job arriving while another waits queues behind it, even when it polls at the right moment."""
+    first = _holder(tmp_path, "first")
+    _wait_for(lambda: (tmp_path / "first.acquired").exists(), "the first holder's lease")
+    second = _holder(tmp_path, "second")
+    _wait_for(lambda: len(list((tmp_path / "wait").iterdir())) == 1, "the second holder's ticket")
+    third = _holder(tmp_path, "third")
+    _wait_for(lambda: len(list((tmp_path / "wait").iterdir())) == 2, "the third holder's ticket")
+    (tmp_path / "first.go").write_text("")
+    _wait_for(lambda: (tmp_path / "second.acquired").exists(), "the second holder's lease")
+    assert not (tmp_path / "third.acquired").exists()
+    (tmp_path / "second.go").write_text("")
+    (tmp_path / "third.go").write_text("")
+    for p in (first, second, third):
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+    assert int((tmp_path / "third.acquired").read_text()) > int((tmp_path / "second.releasing").read_text())
+
+
+def test_a_job_stopped_while_it_waits_leaves_the_queue(tmp_path: Path) -> None:
+    first = _holder(tmp_path, "first")
+    _wait_for(lambda: (tmp_path / "first.acquired").exists(), "the first holder's lease")
+    second = _holder(tmp_path, "second")
+    _wait_for(lambda: any((tmp_path / "wait").iterdir()), "the second holder's ticket")
+    second.send_signal(signal.SIGUSR2)
+    second.communicate(timeout=60)
+    assert second.returncode == 3 and not (tmp_path / "second.acquired").exists()
+    assert list((tmp_path / "wait").iterdir()) == []  # its place in the queue went with it
+    (tmp_path / "first.go").write_text("")
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
