@@ -45,8 +45,8 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     metrics: dict[str, Any] = {**load.metrics, **m.metrics()}
     details: dict[str, Any] = {"load": load.details, "runner": runner.name, "notes": [*target.notes, *m.notes],
                                "wall_s": round(time.monotonic() - started, 3), **m.details()}
-    for note in (steal_note(metrics.get("cpu_steal_pct")), SHARED_NOTE if shared_unisolated(dict(m.placement))
-                 else None):
+    shared = shared_unisolated(m.placement.model_dump())
+    for note in (steal_note(metrics.get("cpu_steal_pct")), SHARED_NOTE if shared else None):
         if note is not None:
             details["notes"].append(note)
     return JobResult(job_id=spec.job_id, metrics=metrics, details=details, placement=m.placement)
@@ -97,14 +97,14 @@ GpuLookup = Callable[[str], list[str]]
 
 
 def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | GpuLookup | None = None,
-            watch: JobWatch | None = None, spool: Spool | None = None) -> str:
+            watch: JobWatch | None = None, spool: Spool | None = None, slots: int = 1) -> str:
     """Claim and run one job; returns its final status, ``skipped`` when it was not ours to run, or
     ``released`` when it was handed back (worker shutting down).
 
     A second delivery of a job already claimed does nothing. Any failure ends the job ``failed`` with a
     one-line reason (and a result row holding it); the worker goes on with the next job. ``watch`` stops
     the job on ``farm cancel``, on its time limit and on shutdown; ``spool`` keeps results through a
-    database outage.
+    database outage; ``slots``: how many jobs this worker runs at once (they share the host's cores).
     """
     settings = get_settings()
     spec = retry_db(lambda: ledger.claim(job_id, worker_id), settings.db_retry_s, what=f"claim of job {job_id}")
@@ -122,7 +122,7 @@ def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | 
             if settings.noop_jobs:
                 result = noop_result(spec, settings.noop_sleep_s)
             else:
-                result = measure(spec, runner, uuids)
+                result = measure(spec, runner, uuids, slots)
     except JobInterrupt as exc:
         return _interrupted(spec, worker_id, exc.reason, spool)
     except FarmError as exc:

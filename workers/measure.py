@@ -22,8 +22,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from farm.settings import get_settings
 from schemas import JobSpec, Placement
-from workers.cores import CoreLease, cores_for, cpu_list, pinned
+from workers.cores import CoreLease, cores_for, cpu_list, host_cores, pinned
 from workers.limits import Limits
 from workers.samplers.base import Sampler
 
@@ -113,9 +114,6 @@ def stored(sampler: Sampler) -> dict[str, Any]:
 def lease_for(spec: JobSpec, slots: int = 1) -> CoreLease:
     """The core lease of job ``spec`` on this host, from the settings (``host_lock_dir``, ``isolation``,
     ``job_cores``) and the worker's ``slots``."""
-    from farm.settings import get_settings
-    from workers.cores import host_cores
-
     settings = get_settings()
     allowed = host_cores()
     return CoreLease(job_id=spec.job_id, want=cores_for(spec, allowed, slots, settings.job_cores),
