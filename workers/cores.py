@@ -6,8 +6,9 @@ Every farm process on a host shares one directory (``FARM_HOST_LOCK_DIR``, defau
 - ``cpu<N>.lock``: one advisory ``flock`` per core. A job holds the locks of its cores for its whole
   measurement; the kernel drops them when the process dies (even by SIGKILL), so no lease goes stale.
 - ``alloc.lock``: held for a moment while a job takes its cores, so two jobs never grab half each.
-- ``wait/<ns>-<pid>``: a waiting job's ticket (flocked while it waits); the oldest live ticket goes first,
-  so two workers on one host take turns instead of one starving the other.
+- ``wait/<ns>-<pid>``: a waiting job's ticket (flocked while it waits); the oldest live ticket goes first
+  (strictly: a later job waits behind it even when its own cores are free), so two workers on one host
+  take turns instead of one starving the other.
 - ``journal/<job>-<pid>.json``: one entry per lease (job, pid, cores, start and end wall time, whether
   its cores were leased), kept a day; ``CoreLease.shared_with()`` lists the other jobs that overlapped.
 
