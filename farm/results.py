@@ -15,6 +15,7 @@ from farm.settings import get_settings
 from schemas.job import JobStatus
 from schemas.metrics import JOB_METRICS
 from schemas.metrics import merge_repeats as merge_metrics
+from schemas.result import PLACEMENT_COLUMNS, shared_unisolated
 
 JOB_COLUMNS = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "status",
                "attempts", "worker_id", "error")
@@ -37,9 +38,10 @@ def find_request(request_id: str) -> Request:
 
 
 def result_rows(request_id: str) -> list[dict[str, Any]]:
-    """Every job of the request with its result metrics (None where not measured), in matrix order."""
+    """Every job of the request with where it was measured (``schemas.Placement`` fields) and its result
+    metrics (None where not measured), in matrix order."""
     req = find_request(request_id)
-    metric_cols = [getattr(Result, n) for n in METRIC_NAMES]
+    metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + METRIC_NAMES]
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
                    Job.status, Job.attempts, Job.worker_id, Job.error, *metric_cols)
             .outerjoin(Result, Result.job_id == Job.id)
@@ -48,7 +50,7 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
                       Job.concurrency))
     with session_scope() as s:
         rows = s.execute(stmt).all()
-    names = JOB_COLUMNS + METRIC_NAMES
+    names = JOB_COLUMNS + PLACEMENT_COLUMNS + METRIC_NAMES
     rpc = (req.spec.get("measurement") or {}).get("rpc", "unary")  # how every job of it was driven
     return [{**dict(zip(names, row, strict=True)), "rpc": rpc} for row in rows]
 
@@ -66,7 +68,8 @@ def merge_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per job config (:data:`CONFIG_COLUMNS`) from result rows of repeated runs (e.g. of several
     requests of the same matrix), in first-seen order. Metrics of the succeeded repeats combine by each
     metric's declared aggregation (``schemas.metrics``); ``repeats`` counts them. ``status`` is the
-    shared status or ``mixed``; ``job_id`` is the first repeat's; ``error`` the first error."""
+    shared status or ``mixed``; ``job_id`` is the first repeat's; ``error`` the first error; a repeat measured
+    beside another farm job without isolation marks the merged row the same way."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault(tuple(r[c] for c in CONFIG_COLUMNS), []).append(r)
@@ -78,7 +81,9 @@ def merge_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         merged.append({**group[0], **{n: metrics.get(n) for n in METRIC_NAMES}, "repeats": len(done),
                        "status": statuses.pop() if len(statuses) == 1 else "mixed",
                        "attempts": sum(r["attempts"] or 0 for r in group),
-                       "error": next((r["error"] for r in group if r["error"]), None)})
+                       "error": next((r["error"] for r in group if r["error"]), None),
+                       **({"host_shared": True, "isolated": False} if any(shared_unisolated(r) for r in done)
+                          else {})})
     return merged
 
 

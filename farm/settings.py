@@ -43,6 +43,12 @@ class Settings(BaseSettings):
     cancel_poll_s: float = Field(default=1.0, gt=0)
     #: a running job this far past its timeout_s is failed by `farm scheduler` (its worker did not stop it), s
     timeout_grace_s: float = Field(default=60.0, ge=0)
+    #: the host-wide directory of core locks and the lease journal, shared by every farm process on a host
+    host_lock_dir: Path = Path("/tmp/farm-host")
+    #: concurrent jobs on one host measure on disjoint cores (off: no core locks; results say they shared)
+    isolation: bool = True
+    #: cores per serving job (0: all the cores allowed to the worker, divided among its slots, at least 2)
+    job_cores: int = Field(default=0, ge=0)
     #: TEST/BENCHMARK HARNESS ONLY: workers complete jobs without serving or measuring anything (dispatch
     #: tests and the dispatch benchmark); results carry no metrics and details.noop = true
     noop_jobs: bool = False

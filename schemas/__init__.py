@@ -13,7 +13,7 @@ from schemas.request import (
     ProfileRequest,
     TensorSpec,
 )
-from schemas.result import JobResult
+from schemas.result import JobResult, Placement
 
 __all__ = [
     "ENGINES",
@@ -25,6 +25,7 @@ __all__ = [
     "JobSpec",
     "JobStatus",
     "MeasurementSettings",
+    "Placement",
     "ProfileRequest",
     "TensorSpec",
     "WorkerHardware",

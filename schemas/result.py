@@ -10,18 +10,47 @@ from schemas.metrics import JOB_METRICS
 _JOB_METRIC_NAMES = frozenset(m.name for m in JOB_METRICS)
 
 
+class Placement(BaseModel):
+    """Where a job was measured: ``host`` (hostname), ``slot`` (the worker's slot, 0 for one slot), ``gpu_uuid``
+    (the slot's GPU), ``server_cpus`` and ``loadgen_cpus`` (CPU lists such as ``0-1``), ``host_shared`` (another
+    farm job's lease on the same host overlapped the measurement) and ``isolated`` (the job's cores were its
+    own: locked by it, and every overlapping job held other cores). A result that shared its host without
+    isolation (``shared_unisolated``) may be perturbed by that other job."""
+
+    host: str | None = None
+    slot: int | None = None
+    gpu_uuid: str | None = None
+    server_cpus: str | None = None
+    loadgen_cpus: str | None = None
+    host_shared: bool | None = None
+    isolated: bool | None = None
+
+
+#: the results-table columns a Placement fills (one column per field)
+PLACEMENT_COLUMNS: tuple[str, ...] = tuple(Placement.model_fields)
+SHARED_NOTE = ("another farm job ran on this host during the measurement without core isolation "
+               "(FARM_ISOLATION=off or an older worker): rerun it before comparing")
+
+
+def shared_unisolated(row: dict[str, Any]) -> bool:
+    """True for a results row (or Placement fields) measured beside another farm job without isolation."""
+    return bool(row.get("host_shared")) and row.get("isolated") is False
+
+
 class JobResult(BaseModel):
     """One job's measured result.
 
     ``metrics`` maps job metric names (see ``schemas.metrics``) to values in the registry's units; a metric
     that was not measured is absent (reported as null), never 0. An unregistered name fails validation
     here, when the result is built. ``details`` holds the rest: latency histogram, per-window series,
-    error counts by gRPC status, sampler series, notes on unenforced limits.
+    error counts by gRPC status, sampler series, notes on unenforced limits. ``placement``: where it was
+    measured (None: it never ran, e.g. a failure recorded by the scheduler).
     """
 
     job_id: str
     metrics: dict[str, float | int | bool | None] = Field(default_factory=dict)
     details: dict[str, Any] = Field(default_factory=dict)
+    placement: Placement | None = None
 
     @field_validator("metrics")
     @classmethod

@@ -11,8 +11,9 @@ from farm.artifacts import ensure_in_store, fetch_model
 from farm.errors import FarmError
 from farm.lifecycle import failure_result
 from farm.settings import get_settings
-from schemas import JobResult, JobSpec
+from schemas import JobResult, JobSpec, Placement
 from schemas.job import JobStatus
+from schemas.result import SHARED_NOTE, shared_unisolated
 from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
 from workers.measure import Measurement, Served
@@ -23,9 +24,11 @@ from workers.spool import Spool, SpooledResult, is_transient, retry_db
 log = logging.getLogger("farm.worker")
 
 
-def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None) -> JobResult:
+def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, slots: int = 1) -> JobResult:
     """Measure one serving job (or run one edge job) and return its result; raises FarmError on failure.
 
+    The job first waits for its cores on this host (``workers.cores``; ``slots``: the worker's slots, which
+    share the host's cores); the server runs on the lease's server cores, the load generator on its own.
     The GPU's idle baseline is read before the server starts, so the server's own memory is what remains.
     """
     from workers.loadgen import run_load
@@ -35,17 +38,25 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None) -
     if spec.is_edge:
         return runner.run_edge(spec, model_path)
     started = time.monotonic()
-    with Measurement(spec, gpu_uuids or []) as m, runner.serve(spec, model_path) as target:
+    with Measurement(spec, gpu_uuids or [], slots) as m, runner.serve(spec, model_path, m.server_cpus) as target:
         with m.watch(Served(pid=target.pid, cgroup=target.cgroup_path, reused=target.reused)):
             load = run_load(target.url, target.model_name, spec.inputs, spec.batch_size, spec.concurrency,
                             spec.measurement)
     metrics: dict[str, Any] = {**load.metrics, **m.metrics()}
     details: dict[str, Any] = {"load": load.details, "runner": runner.name, "notes": [*target.notes, *m.notes],
                                "wall_s": round(time.monotonic() - started, 3), **m.details()}
-    note = steal_note(metrics.get("cpu_steal_pct"))
-    if note is not None:
-        details["notes"].append(note)
-    return JobResult(job_id=spec.job_id, metrics=metrics, details=details)
+    shared = shared_unisolated(m.placement.model_dump())
+    for note in (steal_note(metrics.get("cpu_steal_pct")), SHARED_NOTE if shared else None):
+        if note is not None:
+            details["notes"].append(note)
+    return JobResult(job_id=spec.job_id, metrics=metrics, details=details, placement=m.placement)
+
+
+def placed(result: JobResult, slot: int, gpu_uuid: str | None) -> JobResult:
+    """``result`` with the worker's ``slot`` and the job's ``gpu_uuid`` in its typed ``placement`` (kept
+    beside what the measurement recorded there: host, CPU sets, sharing)."""
+    base = result.placement.model_dump() if result.placement is not None else {}
+    return result.model_copy(update={"placement": Placement(**{**base, "slot": slot, "gpu_uuid": gpu_uuid})})
 
 
 def noop_result(spec: JobSpec, sleep_s: float = 0.0) -> JobResult:
@@ -81,15 +92,15 @@ GpuLookup = Callable[[str], list[str]]
 
 
 def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | GpuLookup | None = None,
-            watch: JobWatch | None = None, spool: Spool | None = None, slot: int = 0) -> str:
+            watch: JobWatch | None = None, spool: Spool | None = None, slot: int = 0, slots: int = 1) -> str:
     """Claim and run one job; returns its final status, ``skipped`` when it was not ours to run, or
     ``released`` when it was handed back (worker shutting down).
 
     A second delivery of a job already claimed does nothing. Any failure ends the job ``failed`` with a
     one-line reason (and a result row holding it); the worker goes on with the next job. ``watch`` stops
     the job on ``farm cancel``, on its time limit and on shutdown; ``spool`` keeps results through a
-    database outage. Every result records where it ran: ``details["placement"]`` = the worker's ``slot`` index
-    and the job's GPU UUID (None for CPU jobs).
+    database outage. ``slot``: this worker's slot; ``slots``: how many jobs this worker runs at once (they
+    share the host's cores). Every result records where it ran (``JobResult.placement``).
     """
     settings = get_settings()
     spec = retry_db(lambda: ledger.claim(job_id, worker_id), settings.db_retry_s, what=f"claim of job {job_id}")
@@ -101,40 +112,34 @@ def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | 
         log.info("job %s was cancelled or requeued before it started", job_id)
         return "skipped"
     uuids = gpu_uuids(spec.device) if callable(gpu_uuids) else (gpu_uuids or [])
-    placement = {"slot": slot, "gpu_uuid": uuids[0] if uuids else None}
+    gpu_uuid = uuids[0] if uuids else None
     guard = watch.job(job_id, spec.measurement.timeout_s) if watch is not None else nullcontext()
     try:
         with guard:
             if settings.noop_jobs:
                 result = noop_result(spec, settings.noop_sleep_s)
             else:
-                result = measure(spec, runner, uuids)
+                result = measure(spec, runner, uuids, slots)
     except JobInterrupt as exc:
         return _interrupted(spec, worker_id, exc.reason, spool)
     except FarmError as exc:
         log.warning("job %s failed: %s", job_id, exc)
         msg = str(exc)
-        record(spec, worker_id, _placed(failure_result(spec.job_id, msg), placement), JobStatus.failed, msg, spool)
+        record(spec, worker_id, placed(failure_result(spec.job_id, msg), slot, gpu_uuid), JobStatus.failed, msg, spool)
         return JobStatus.failed
     except Exception as exc:  # a bug or an unexpected library error: record it, keep the worker alive
         log.error("job %s crashed: %s: %s", job_id, type(exc).__name__, exc,
                   exc_info=log.isEnabledFor(logging.DEBUG))
         msg = f"internal error: {type(exc).__name__}: {exc}"
-        record(spec, worker_id, _placed(failure_result(spec.job_id, msg), placement), JobStatus.failed, msg, spool)
+        record(spec, worker_id, placed(failure_result(spec.job_id, msg), slot, gpu_uuid), JobStatus.failed, msg, spool)
         return JobStatus.failed
-    _placed(result, placement)
+    result = placed(result, slot, gpu_uuid)
     error = result.details.get("error")
     status = JobStatus.failed if error else JobStatus.succeeded
     if not record(spec, worker_id, result, status, error, spool):
         log.info("job %s was cancelled or requeued while it ran; its result is dropped", job_id)
         return "skipped"
     return status
-
-
-def _placed(result: JobResult, placement: dict[str, Any]) -> JobResult:
-    """``result`` with where its job ran in its details (``placement``)."""
-    result.details["placement"] = placement
-    return result
 
 
 def _interrupted(spec: JobSpec, worker_id: str, reason: str, spool: Spool | None) -> str:

@@ -1,27 +1,30 @@
-"""How every job is measured, whatever its runner: the limits its run gets, the samplers that watch it
-(chosen in one place, ``choose``) and the one way a sampler's series is stored in the result.
+"""How every job is measured, whatever its runner: the cores it gets (a ``workers.cores.CoreLease``, waited
+for on entering), the limits its run gets, the samplers that watch it (chosen in one place, ``choose``), the
+one way a sampler's series is stored in the result, and where it was measured (``placement``).
 
 Serving jobs: NVML on the job's GPUs (idle baseline read before the server starts), the server's cgroup
 (a container) or else its process tree, and the host's CPU (steal). Edge jobs: the run's cgroup, else its
 container through the Docker stats API (~1 Hz, noted), else its process tree; limits are the edge
 profile's (``workers.limits.Limits``). Use::
 
-    with Measurement(spec, gpu_uuids) as m:      # GPU baseline now; apply m.limits when starting the run
-        ... start the server, container or process ...
-        with m.watch(Served(pid=..., cgroup=..., container=...)):
+    with Measurement(spec, gpu_uuids) as m:      # cores leased, GPU baseline now; apply m.limits (edge) or
+        ... start the server, container or process ...  # m.server_cpus (serving) when starting the run
+        with m.watch(Served(pid=..., cgroup=..., container=...)):   # this thread on m.loadgen_cpus
             ... drive it, or wait for it ...
-    m.metrics(), m.details(), m.notes
+    m.metrics(), m.details(), m.notes, m.placement
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schemas import JobSpec
+from farm.settings import get_settings
+from schemas import JobSpec, Placement
+from workers.cores import CoreLease, cores_for, cpu_list, host_cores, pinned
 from workers.limits import Limits
 from workers.samplers.base import Sampler
 
@@ -108,34 +111,81 @@ def stored(sampler: Sampler) -> dict[str, Any]:
     return out
 
 
-class Measurement(AbstractContextManager["Measurement"]):
-    """The measurement of one job: ``limits`` to apply (None: serving, unlimited), the samplers watching
-    its run (``watch``), and what they found (``metrics``, ``details``, ``notes``). Entering reads the GPUs'
-    idle baseline (serving jobs with ``gpu_uuids``); leaving releases NVML even when the run never started."""
+def lease_for(spec: JobSpec, slots: int = 1) -> CoreLease:
+    """The core lease of job ``spec`` on this host, from the settings (``host_lock_dir``, ``isolation``,
+    ``job_cores``) and the worker's ``slots``."""
+    settings = get_settings()
+    allowed = host_cores()
+    return CoreLease(job_id=spec.job_id, want=cores_for(spec, allowed, slots, settings.job_cores),
+                     directory=settings.host_lock_dir, allowed=allowed, isolation=settings.isolation)
 
-    def __init__(self, spec: JobSpec, gpu_uuids: Sequence[str] = ()) -> None:
+
+class Measurement(AbstractContextManager["Measurement"]):
+    """The measurement of one job: the ``lease`` of its cores (``server_cpus``, ``loadgen_cpus``), ``limits``
+    to apply (None: serving, unlimited; an edge run is also pinned to its leased cores), the samplers
+    watching its run (``watch``), what they found (``metrics``, ``details``, ``notes``) and where it ran
+    (``placement``). Entering waits for the cores, then reads the GPUs' idle baseline (serving jobs with
+    ``gpu_uuids``); leaving releases NVML and the cores even when the run never started."""
+
+    def __init__(self, spec: JobSpec, gpu_uuids: Sequence[str] = (), slots: int = 1) -> None:
         self.spec = spec
         self.limits = Limits.of(spec)
         self.gpu_uuids = list(gpu_uuids)
+        self.lease = lease_for(spec, slots)
         self.gpu: NvmlSampler | None = None
         self.samplers: list[Sampler] = []
         self.notes: list[str] = []
+        self._placement: Placement | None = None
+
+    @property
+    def server_cpus(self) -> set[int]:
+        """The cores the job's server (or edge run) runs on."""
+        return set(self.lease.server_cores)
+
+    @property
+    def loadgen_cpus(self) -> set[int]:
+        """The cores the load generator runs on (``watch`` pins the calling thread to them)."""
+        return set(self.lease.loadgen_cores)
 
     def __enter__(self) -> Measurement:
-        if self.gpu_uuids and not self.spec.is_edge:
-            from workers.samplers.nvml import NvmlSampler
+        self.lease.__enter__()
+        try:
+            if self.lease.waited_s >= 1.0:
+                self.notes.append(f"waited {self.lease.waited_s:.0f} s for cores {cpu_list(self.lease.cores)} "
+                                  "(another farm job on this host held them)")
+            if self.limits is not None and self.lease.isolation and not self.limits.cpuset:
+                self.limits = replace(self.limits, cpuset=cpu_list(self.lease.cores))
+            if self.gpu_uuids and not self.spec.is_edge:
+                from workers.samplers.nvml import NvmlSampler
 
-            self.gpu = NvmlSampler(self.gpu_uuids)
-            try:
-                self.gpu.take_baseline()
-            except BaseException:
-                self.gpu.close()
-                raise
+                self.gpu = NvmlSampler(self.gpu_uuids)
+                try:
+                    self.gpu.take_baseline()
+                except BaseException:
+                    self.gpu.close()
+                    raise
+        except BaseException:
+            self.lease.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.gpu is not None:
-            self.gpu.close()
+        try:
+            if self.gpu is not None:
+                self.gpu.close()
+        finally:
+            self.lease.__exit__(*exc)
+            self._placement = self._where()
+
+    def _where(self) -> Placement:
+        gpu_uuid = self.gpu_uuids[0] if len(self.gpu_uuids) == 1 else None
+        return Placement(slot=0, gpu_uuid=gpu_uuid, **self.lease.placement())
+
+    @property
+    def placement(self) -> Placement:
+        """Where the job was measured and whether another farm job shared the host (after the with-block;
+        during it: so far)."""
+        return self._placement if self._placement is not None else self._where()
 
     @contextmanager
     def watch(self, served: Served) -> Iterator[Measurement]:
@@ -144,6 +194,8 @@ class Measurement(AbstractContextManager["Measurement"]):
         samplers, notes = choose(self.spec, served, self.gpu)
         self.notes += notes
         with ExitStack() as stack:
+            if not self.spec.is_edge:  # the load generator: this thread and what it starts
+                stack.enter_context(pinned(self.loadgen_cpus))
             for sampler in samplers:
                 try:
                     stack.enter_context(sampler)

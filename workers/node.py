@@ -43,11 +43,13 @@ def new_worker_id() -> str:
 @dataclass
 class WorkerNode:
     """One worker process: its id, hardware, runner and the heartbeat that says it is alive. ``slot``: the
-    slot it runs (its GPU and queues; None: one slot with all of ``hardware``, as embedded mode runs)."""
+    slot it runs (its GPU and queues; None: one slot with all of ``hardware``, as embedded mode runs);
+    ``slot_count``: how many slots this worker runs on the host (its jobs divide the host's cores by it)."""
 
     runner: Runner
     hardware: WorkerHardware
     slot: Slot | None = None
+    slot_count: int = 1
     worker_id: str = field(default_factory=new_worker_id)
     heartbeat_s: float = field(default_factory=lambda: get_settings().heartbeat_s)
 
@@ -162,7 +164,8 @@ class WorkerNode:
         self.current_job = job_id
         try:
             return run_job(job_id, self.worker_id, self.runner, self.gpu_uuids_for, watch=self.watch,
-                           spool=self.spool, slot=self.slot.index if self.slot is not None else 0)
+                           spool=self.spool, slot=self.slot.index if self.slot is not None else 0,
+                           slots=self.slot_count)
         finally:
             self.current_job = None
 

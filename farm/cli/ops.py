@@ -64,7 +64,7 @@ def worker(
     err_console.print(f"worker {wid}: {why}; slot {mine.index} (GPU {mine.gpu_uuid or 'none'}); queues "
                       f"{', '.join(mine.queues)}; database {mask_url(settings.db_url)}; broker "
                       f"{mask_url(settings.broker_url)}")
-    with WorkerNode(runner=run, hardware=hardware, worker_id=wid, slot=mine) as node:
+    with WorkerNode(runner=run, hardware=hardware, worker_id=wid, slot=mine, slot_count=len(slots)) as node:
         if burst:
             n = node.drain()
             err_console.print(f"burst: handled {n} message(s)")

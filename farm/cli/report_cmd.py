@@ -8,7 +8,8 @@ import typer
 from rich import box
 from rich.table import Table
 
-from farm.cli.views import console, fmt_value
+from farm.cli.views import console, fmt_value, job_label, shared_lines
+from schemas.result import shared_unisolated
 
 if TYPE_CHECKING:
     from farm.report import Constraint, Report
@@ -56,8 +57,9 @@ def _constraints(texts: list[str], p99: float | None) -> list[Constraint]:
 
 
 def _short(r: dict[str, Any], objective: str) -> dict[str, Any]:
-    return {k: r.get(k) for k in ("job_id", "device", "engine", "batch_size", "concurrency", objective,
-                                  "latency_p99_ms", "throughput_infer_per_s", "stable")}
+    return {**{k: r.get(k) for k in ("job_id", "device", "engine", "batch_size", "concurrency", objective,
+                                     "latency_p99_ms", "throughput_infer_per_s", "stable")},
+            "shared_unisolated": shared_unisolated(r)}
 
 
 def _as_json(request_id: str, rep: Report, top: int, static: dict[str, Any]) -> dict[str, Any]:
@@ -84,14 +86,16 @@ def _print_ranked(request_id: str, rep: Report, top: int) -> None:
     table = Table(title=title, box=box.SIMPLE_HEAD)
     cols = [objective] + [m for m in ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms",
                                       "server_compute_p50_ms", "stable") if m != objective]
-    for c in ("rank", "device", "engine", "b x c", *cols):
+    for c in ("rank", "job", "device", "engine", "b x c", *cols):
         table.add_column(c, justify="right" if c in cols or c == "rank" else "left")
     for i, r in enumerate(rep.ranked[:top], 1):
-        table.add_row(str(i), r["device"], r["engine"], f"{r['batch_size']}x{r['concurrency']}",
+        table.add_row(str(i), job_label(r), r["device"], r["engine"], f"{r['batch_size']}x{r['concurrency']}",
                       *(fmt_value(c, r.get(c)) for c in cols))
     console.print(table)
     if not rep.ranked:
         console.print("[yellow]no configuration meets the constraints[/]")
+    for line in shared_lines(rep.ranked[:top]):
+        console.print(f"[yellow]{line}[/]", highlight=False)
 
 
 def _print_verdicts(rep: Report) -> None:

@@ -13,6 +13,9 @@ from rich.console import Console
 from rich.table import Table
 
 from schemas.metrics import BY_NAME
+from schemas.result import SHARED_NOTE, shared_unisolated
+
+SHARED_MARK = "!"  # after a job id: measured beside another farm job without core isolation
 
 #: the CLI's consoles; piped output is not squeezed to 80 columns (a terminal keeps its own width)
 console = Console() if sys.stdout.isatty() else Console(width=140)
@@ -48,9 +51,20 @@ def results_table(rows: list[dict[str, Any]], title: str = "") -> Table:
     for _, head in TABLE_METRICS:
         table.add_column(head, justify="right")
     for r in rows:
-        table.add_row(r["job_id"][:6], r["device"], r["engine"], f"{r['batch_size']}x{r['concurrency']}",
+        table.add_row(job_label(r), r["device"], r["engine"], f"{r['batch_size']}x{r['concurrency']}",
                       r["edge_profile"] or "-", r["status"], *(fmt_value(n, r.get(n)) for n, _ in TABLE_METRICS))
     return table
+
+
+def job_label(row: dict[str, Any]) -> str:
+    """The short job id, marked when the job shared its host without isolation (see ``shared_lines``)."""
+    return row["job_id"][:6] + (SHARED_MARK if shared_unisolated(row) else "")
+
+
+def shared_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The footnote for the jobs marked by ``job_label``: one line naming them (empty when none)."""
+    marked = [r["job_id"][:6] for r in rows if shared_unisolated(r)]
+    return [f"{SHARED_MARK} {', '.join(marked)}: {SHARED_NOTE}"] if marked else []
 
 
 def error_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -24,6 +24,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from schemas.job import JobStatus
 from schemas.metrics import JOB_METRICS
+from schemas.result import PLACEMENT_COLUMNS
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -144,13 +145,21 @@ _SQL_TYPES = {"float": Float, "int": BigInteger, "bool": Boolean}
 
 class Result(Base):
     """One row per job (the primary key makes the write idempotent). Metric columns come from the registry;
-    ``details`` holds the latency histogram, windows, error counts and sampler series."""
+    the placement columns (``schemas.Placement``) say where it was measured; ``details`` holds the latency
+    histogram, windows, error counts and sampler series."""
 
     __tablename__ = "results"
 
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     request_id: Mapped[str] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"), index=True)
     worker_id: Mapped[str | None] = mapped_column(String(120), nullable=True)
+    host: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    slot: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    gpu_uuid: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    server_cpus: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    loadgen_cpus: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    host_shared: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    isolated: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -158,3 +167,4 @@ class Result(Base):
 for _m in JOB_METRICS:
     setattr(Result, _m.name, mapped_column(_m.name, _SQL_TYPES[_m.kind], nullable=True))
 del _m
+assert all(hasattr(Result, c) for c in PLACEMENT_COLUMNS), "a Placement field without its results column"

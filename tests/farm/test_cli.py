@@ -49,6 +49,8 @@ def test_stream_rpc_request_runs_and_says_so(tmp_path: Path) -> None:
     assert row["server_compute_p50_ms"] is not None and row["server_compute_p50_ms"] <= row["latency_p50_ms"]
     assert row["gpu_mem_peak_bytes"] is None  # not measured on a CPU job: null, never 0
     assert 0 <= row["cpu_steal_pct"] <= 100  # what the hypervisor took meanwhile (Linux reports it)
+    assert row["host"] and row["server_cpus"] and row["loadgen_cpus"] and row["slot"] == 0  # where it ran
+    assert row["isolated"] is True  # its cores were its own (other jobs on this host may have run beside it)
     assert "ModelStreamInfer" in farm("results", rid).stdout
 
 

@@ -32,8 +32,8 @@ def test_migrations_create_tables_without_drift(backend: str, tmp_path, request:
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_a_database_at_the_first_revision_upgrades_and_keeps_its_rows(
         backend: str, tmp_path, request: pytest.FixtureRequest) -> None:
-    """An existing farm database (revision 0001, with a request in it) gains the steal column on
-    upgrade, keeps its rows, and the step back works too."""
+    """An existing farm database (revision 0001, with a request in it) gains the steal column and the
+    placement columns on upgrade, keeps its rows, and the step back works too."""
     from alembic import command
     from sqlalchemy import text
 
@@ -59,8 +59,12 @@ def test_a_database_at_the_first_revision_upgrades_and_keeps_its_rows(
                           "VALUES ('r1', 'ab', '{}', '[]', CURRENT_TIMESTAMP)"))
     upgrade(url)
     assert is_current(url) and _diff(url) == []
-    assert "cpu_steal_pct" in {c["name"] for c in inspect(get_engine(url)).get_columns("results")}
+    columns = {c["name"] for c in inspect(get_engine(url)).get_columns("results")}
+    assert {"cpu_steal_pct", "host", "slot", "gpu_uuid", "server_cpus", "loadgen_cpus", "host_shared",
+            "isolated"} <= columns
     with get_engine(url).connect() as conn:
         assert conn.execute(text("SELECT id FROM requests")).scalars().all() == ["r1"]
+    downgrade("0002")
+    assert "host_shared" not in {c["name"] for c in inspect(get_engine(url)).get_columns("results")}
     downgrade("0001")
     assert "cpu_steal_pct" not in {c["name"] for c in inspect(get_engine(url)).get_columns("results")}

@@ -25,3 +25,16 @@ def test_rows_of_one_config_merge_by_declared_aggregation() -> None:
     assert a["throughput_infer_per_s"] == 20.0 and a["latency_max_ms"] == 7.0  # mean, max; failed run left out
     assert a["error_count"] == 3 and a["stable"] is False and a["latency_p50_ms"] is None  # sum, all, unmeasured
     assert b["repeats"] == 1 and b["status"] == "succeeded" and b["throughput_infer_per_s"] == 99.0
+
+
+def test_a_repeat_that_shared_its_host_without_isolation_marks_the_merged_row_and_the_table() -> None:
+    from farm.cli.views import SHARED_MARK, job_label, shared_lines
+
+    rows = [_row("a1", 1, throughput_infer_per_s=10.0, host_shared=True, isolated=True),
+            _row("a2", 1, throughput_infer_per_s=30.0, host_shared=True, isolated=False),
+            _row("b1", 2, throughput_infer_per_s=99.0, host_shared=False, isolated=True)]
+    assert [job_label(r) for r in rows] == ["a1", "a2" + SHARED_MARK, "b1"]  # shared on own cores: fine
+    assert len(shared_lines(rows)) == 1 and "a2" in shared_lines(rows)[0] and "a1" not in shared_lines(rows)[0]
+    a, b = merge_repeats(rows)
+    assert job_label(a) == "a1" + SHARED_MARK and job_label(b) == "b1"
+    assert shared_lines([b]) == []

@@ -188,7 +188,7 @@ def test_a_worker_runs_one_slot_process_per_gpu_and_they_measure_at_once(
     assert code == 0, log.read_text()[-3000:]
     with session_scope() as s:
         jobs = {j.id: j for j in s.execute(select(Job).where(Job.id.in_(ids))).scalars()}
-        placement = {r.job_id: r.details["placement"] for r in s.execute(select(Result)).scalars()}
+        placement = {r.job_id: {"slot": r.slot, "gpu_uuid": r.gpu_uuid} for r in s.execute(select(Result)).scalars()}
         rows = {w.id: w for w in s.execute(select(Worker)).scalars()}
     assert set(rows) == {"gpuhost-s0", "gpuhost-s1", "gpuhost-s2"}
     assert all(w.status == "offline" for w in rows.values())
@@ -242,7 +242,7 @@ def test_a_burst_worker_drains_every_slots_queue_and_exits(cluster_env: dict[str
     assert "2 slots" in proc.stderr and proc.stderr.count("burst: handled 2 message(s)") == 2, proc.stderr[-3000:]
     with session_scope() as s:
         jobs = list(s.execute(select(Job).where(Job.request_id == sub.request_id)).scalars())
-        placement = {r.job_id: r.details["placement"] for r in s.execute(select(Result)).scalars()}
+        placement = {r.job_id: {"slot": r.slot, "gpu_uuid": r.gpu_uuid} for r in s.execute(select(Result)).scalars()}
     assert len(jobs) == 4 and all(j.status == "succeeded" for j in jobs)
     for j in jobs:  # --gpus 1,2: slot 0 is GPU 1 (an A100), slot 1 is GPU 2 (the T4)
         want = (0, UUIDS[1], "burst-s0") if j.device == f"gpu:{A100}" else (1, UUIDS[2], "burst-s1")

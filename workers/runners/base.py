@@ -39,9 +39,11 @@ class Runner(ABC):
     name: str = "base"
 
     @abstractmethod
-    def serve(self, spec: JobSpec, model_path: Path) -> AbstractContextManager[ServingTarget]:
-        """Start the job's engine serving ``model_path``, wait until ServerReady/ModelReady, yield the
-        target, and stop the server (freeing its port) on exit, also when the body raised."""
+    def serve(self, spec: JobSpec, model_path: Path,
+              cpus: set[int] | None = None) -> AbstractContextManager[ServingTarget]:
+        """Start the job's engine serving ``model_path`` on cores ``cpus`` (None: anywhere), wait until
+        ServerReady/ModelReady, yield the target, and stop the server (freeing its port) on exit, also
+        when the body raised."""
 
     @abstractmethod
     def run_edge(self, spec: JobSpec, model_path: Path) -> JobResult:

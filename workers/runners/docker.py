@@ -27,6 +27,7 @@ from typing import Any
 from farm.errors import ContainerError, ServerError
 from farm.settings import get_settings
 from schemas import GpuInfo, JobResult, JobSpec
+from workers.cores import cpu_list
 from workers.hardware import gpu_uuids_for
 from workers.runners import hardening as hd
 from workers.runners.base import Runner, ServingTarget
@@ -135,11 +136,11 @@ class DockerRunner(Runner):
             f"(has: {', '.join(g.slug for g in self.gpus) or 'none'}); it was routed to the wrong queue")
 
     @staticmethod
-    def reuse_key(spec: JobSpec, model_path: Path, image: str) -> str:
-        """What must match for a job to reuse a serving container."""
+    def reuse_key(spec: JobSpec, model_path: Path, image: str, cpus: set[int] | None = None) -> str:
+        """What must match for a job to reuse a serving container (its cores too: ``cpus``)."""
         m = spec.measurement
         parts = [image, spec.model_sha256, spec.model_format, spec.engine, spec.device,
-                 str(m.threads), str(m.instances), str(Path(model_path).resolve())]
+                 str(m.threads), str(m.instances), str(Path(model_path).resolve()), cpu_list(cpus or ())]
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
     def _require_image(self, image: str) -> None:
@@ -174,7 +175,8 @@ class DockerRunner(Runner):
                 self._torch_image = tag
             return self._torch_image
 
-    def _start_server(self, spec: JobSpec, model_path: Path, key: str) -> tuple[Any, ServingTarget]:
+    def _start_server(self, spec: JobSpec, model_path: Path, key: str,
+                      cpus: set[int] | None) -> tuple[Any, ServingTarget]:
         uuids = self._gpu_uuids(spec.device)
         image, port_inside = self.image_for(spec), SERVER_PORT
         extra: dict[str, Any] = {}
@@ -200,6 +202,8 @@ class DockerRunner(Runner):
             **hd.hardening(self.pids_limit),
             **extra,
         )
+        if cpus:
+            kwargs["cpuset_cpus"] = cpu_list(cpus)
         if uuids:
             import docker
 
@@ -291,10 +295,10 @@ class DockerRunner(Runner):
         hd.remove(kept.container)
 
     @contextmanager
-    def serve(self, spec: JobSpec, model_path: Path) -> Iterator[ServingTarget]:
-        """Serve ``model_path`` for ``spec`` from a container (new or reused); yields the ready target
-        on 127.0.0.1. The container is removed on exit unless kept for reuse; after an error in the body
-        it is always removed."""
+    def serve(self, spec: JobSpec, model_path: Path, cpus: set[int] | None = None) -> Iterator[ServingTarget]:
+        """Serve ``model_path`` for ``spec`` from a container (new or reused) limited to cores ``cpus``
+        (``cpuset_cpus``); yields the ready target on 127.0.0.1. The container is removed on exit unless
+        kept for reuse; after an error in the body it is always removed."""
         if spec.is_edge:
             raise ContainerError(f"job {spec.job_id} is an edge job; call run_edge(), not serve()")
         if spec.engine == "triton" and get_settings().triton_url:
@@ -303,14 +307,14 @@ class DockerRunner(Runner):
             with attached(spec) as target:
                 yield target
             return
-        key = self.reuse_key(spec, model_path, self.image_for(spec))
+        key = self.reuse_key(spec, model_path, self.image_for(spec), cpus)
         kept = self._take_kept(key) if self.reuse else None
         if kept is not None:
             container, target = kept.container, kept.target
             target.reused = True
             target.notes = ["served by a reused container (model already loaded); memory peak reset for this job"]
         else:
-            container, target = self._start_server(spec, model_path, key)
+            container, target = self._start_server(spec, model_path, key, cpus)
         ok = False
         try:
             yield target

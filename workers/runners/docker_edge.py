@@ -166,4 +166,4 @@ def _result(spec: JobSpec, prof: EdgeProfile, m: Measurement, ended: _Ended, *, 
         exit_code=ended.state.get("ExitCode"), oom=oom, custom=custom, summary=summary, total_s=ended.total_s,
         limits=m.limits.metrics(ended.enforced),
         details={"runner": "docker", "image": image, "command": argv, "notes": [*ended.notes, *m.notes],
-                 **m.details()})
+                 **m.details()}, placement=m.placement)

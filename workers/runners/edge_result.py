@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from farm.errors import WorkerError
-from schemas import JobResult, JobSpec
+from schemas import JobResult, JobSpec, Placement
 from schemas.metrics import BY_NAME
 from workers.edge_bench import parse_report
 
@@ -13,12 +13,12 @@ RESOURCE_METRICS = ("cpu_pct_avg", "cpu_pct_peak", "mem_avg_bytes", "mem_peak_by
 
 def edge_result(spec: JobSpec, *, where: str, error: type[WorkerError], stdout: str, tail: str,
                 exit_code: int | None, oom: bool, custom: bool, summary: dict[str, Any], limits: dict[str, Any],
-                total_s: float, details: dict[str, Any]) -> JobResult:
+                total_s: float, details: dict[str, Any], placement: Placement | None = None) -> JobResult:
     """The JobResult of a finished edge run, or ``error`` when it failed for any reason but an OOM kill.
 
     ``summary``: the sampler's metrics; ``limits``: ``mem_limit_bytes``, ``cpu_limit``, ``limits_enforced``;
     ``custom``: a user's command ran instead of farm's edge bench (its JSON line is used when printed);
-    ``details``: runner-specific facts, completed here. Times in seconds.
+    ``details``: runner-specific facts, completed here; ``placement``: where it ran. Times in seconds.
     """
     prof = spec.edge_profile
     assert prof is not None
@@ -48,4 +48,4 @@ def edge_result(spec: JobSpec, *, where: str, error: type[WorkerError], stdout: 
     elif custom:
         details["stdout_tail"] = "\n".join(stdout.splitlines()[-20:])
     job_metrics = {k: v for k, v in metrics.items() if k in BY_NAME and BY_NAME[k].scope == "job"}
-    return JobResult(job_id=spec.job_id, metrics=job_metrics, details=details)
+    return JobResult(job_id=spec.job_id, metrics=job_metrics, details=details, placement=placement)

@@ -157,7 +157,7 @@ class ProcessRunner(Runner):
         self.gpus = list(gpus) if gpus is not None else None
 
     @contextmanager
-    def serve(self, spec: JobSpec, model_path: Path) -> Iterator[ServingTarget]:
+    def serve(self, spec: JobSpec, model_path: Path, cpus: set[int] | None = None) -> Iterator[ServingTarget]:
         if spec.engine == "triton":
             if not get_settings().triton_url:
                 raise UnsupportedError("the triton engine needs the Docker runner (farm worker --runner docker) "
@@ -170,7 +170,7 @@ class ProcessRunner(Runner):
         from workers.engines.ready import wait_ready
 
         timeout = get_settings().server_ready_timeout_s
-        with ServerProcess(server_argv(spec, model_path), env=server_env(spec, self.gpus)) as server:
+        with ServerProcess(server_argv(spec, model_path), env=server_env(spec, self.gpus), cpu_set=cpus) as server:
             port = server.wait_port(timeout)
             url = f"127.0.0.1:{port}"
             try:

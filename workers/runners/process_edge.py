@@ -43,8 +43,9 @@ def run_edge_process(spec: JobSpec, model_path: Path) -> JobResult:
         notes = list(cg.notes)
         if not cg.enforced:
             notes.append(f"limits NOT enforced: {cg.reason}")
+        cores = m.server_cpus  # pinned also where the cgroup's cpuset could not be set
         proc = subprocess.Popen(cg.command(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, cores))
         with m.watch(Served(pid=proc.pid, cgroup=cg.cgroups if cg.created else None)):
             try:
                 out, err = proc.communicate(timeout=spec.measurement.timeout_s)
@@ -61,4 +62,4 @@ def run_edge_process(spec: JobSpec, model_path: Path) -> JobResult:
     return edge_result(spec, where=f"edge run {prof.name}", error=WorkerError, stdout=out, tail=tail,
                        exit_code=proc.returncode, oom=oom, custom=custom, summary=summary, limits=limits,
                        total_s=total_s, details={"runner": "process", "command": argv, "notes": [*notes, *m.notes],
-                                                 **m.details()})
+                                                 **m.details()}, placement=m.placement)
