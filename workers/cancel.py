@@ -95,6 +95,14 @@ class JobWatch:
                 self._deadline = None
                 self._target = None
 
+    def start_clock(self, timeout_s: float | None) -> None:
+        """Start the job's time limit now: ``timeout_s`` from this moment (None: no limit). The worker calls
+        it when the job starts running, after it waited for its cores."""
+        with self._lock:
+            if self._job is not None:
+                self._deadline = time.monotonic() + timeout_s if timeout_s else None
+        self._wake.set()
+
     @property
     def reason(self) -> str | None:
         """Why the current job is being stopped (None while it may go on)."""
@@ -138,6 +146,7 @@ class JobWatch:
             with self._lock:
                 if self._job != job or self._reason is not None:
                     continue
+                deadline = self._deadline  # start_clock may have moved it meanwhile
             if deadline is not None and time.monotonic() >= deadline:
                 self.interrupt(TIMEOUT)
                 continue

@@ -189,6 +189,16 @@ def reap_dead(directory: Path) -> int:
     return closed
 
 
+#: the leases this process holds, by job id: the worker takes a job's lease before the job starts running
+#: and the job's measurement enters the same lease again (``held_lease``) instead of waiting a second time
+_HELD: dict[str, CoreLease] = {}
+
+
+def held_lease(job_id: str) -> CoreLease | None:
+    """The lease this process holds for ``job_id``, if any."""
+    return _HELD.get(job_id)
+
+
 @dataclass
 class CoreLease:
     """The cores of one job, held from ``__enter__`` (which waits for them) to ``__exit__``.
@@ -211,6 +221,7 @@ class CoreLease:
     _entry: Path | None = None
     _entry_file: IO[str] | None = None
     _ticket: Path | None = None  # our place in the wait queue while we wait
+    _depth: int = 0  # entries of this lease in this process (the worker's, then the measurement's)
 
     def __post_init__(self) -> None:
         if isinstance(self.want, list) and not set(self.want) <= set(self.allowed):
@@ -227,6 +238,9 @@ class CoreLease:
         return split(self.cores)[1]
 
     def __enter__(self) -> CoreLease:
+        if self._depth:  # re-entered (``held_lease``): the cores are ours already
+            self._depth += 1
+            return self
         lock_dir(self.directory)
         t0 = time.monotonic()
         try:
@@ -241,9 +255,15 @@ class CoreLease:
         except BaseException:
             self._stack.close()
             raise
+        self._depth = 1
+        _HELD[self.job_id] = self
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth > 0:
+            return
+        _HELD.pop(self.job_id, None)
         self.end = time.time()
         try:
             self._write_entry()

@@ -16,7 +16,7 @@ from schemas.job import JobStatus
 from schemas.result import SHARED_NOTE, shared_unisolated
 from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
-from workers.measure import Measurement, Served
+from workers.measure import Measurement, Served, lease_for
 from workers.runners.base import Runner
 from workers.samplers.host import steal_note
 from workers.spool import Spool, SpooledResult, is_transient, retry_db
@@ -101,21 +101,26 @@ def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | 
     the job on ``farm cancel``, on its time limit and on shutdown; ``spool`` keeps results through a
     database outage. ``slot``: this worker's slot; ``slots``: how many jobs this worker runs at once (they
     share the host's cores). Every result records where it ran (``JobResult.placement``).
+
+    The job stays ``claimed`` while it waits for its cores on this host (``workers.cores``; cancel and
+    shutdown stop the wait), and turns ``running`` once they are leased: its time limit counts from then.
     """
     settings = get_settings()
     spec = retry_db(lambda: ledger.claim(job_id, worker_id), settings.db_retry_s, what=f"claim of job {job_id}")
     if spec is None:
         log.info("job %s already claimed or finished; skipping this delivery", job_id)
         return "skipped"
-    if not retry_db(lambda: ledger.start(job_id, worker_id), settings.db_retry_s,
-                    what=f"start of job {job_id}"):
-        log.info("job %s was cancelled or requeued before it started", job_id)
-        return "skipped"
     uuids = gpu_uuids(spec.device) if callable(gpu_uuids) else (gpu_uuids or [])
     gpu_uuid = uuids[0] if uuids else None
-    guard = watch.job(job_id, spec.measurement.timeout_s) if watch is not None else nullcontext()
-    try:
-        with guard:
+    guard = watch.job(job_id, None) if watch is not None else nullcontext()
+    try:  # a no-op job measures nothing, so it takes no cores
+        with guard, (nullcontext() if settings.noop_jobs else lease_for(spec, slots)):
+            if not retry_db(lambda: ledger.start(job_id, worker_id), settings.db_retry_s,
+                            what=f"start of job {job_id}"):
+                log.info("job %s was cancelled or requeued before it started", job_id)
+                return "skipped"
+            if watch is not None:
+                watch.start_clock(spec.measurement.timeout_s)
             if settings.noop_jobs:
                 result = noop_result(spec, settings.noop_sleep_s)
             else:

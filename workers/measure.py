@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from farm.settings import get_settings
 from schemas import JobSpec, Placement
-from workers.cores import CoreLease, cores_for, cpu_list, host_cores, pinned
+from workers.cores import CoreLease, cores_for, cpu_list, held_lease, host_cores, pinned
 from workers.limits import Limits
 from workers.samplers.base import Sampler
 
@@ -113,7 +113,11 @@ def stored(sampler: Sampler) -> dict[str, Any]:
 
 def lease_for(spec: JobSpec, slots: int = 1) -> CoreLease:
     """The core lease of job ``spec`` on this host, from the settings (``host_lock_dir``, ``isolation``,
-    ``job_cores``) and the worker's ``slots``."""
+    ``job_cores``) and the worker's ``slots``; the one this process already holds for the job, if any (the
+    worker waits for the cores before the job starts running; the measurement re-enters that lease)."""
+    held = held_lease(spec.job_id)
+    if held is not None:
+        return held
     settings = get_settings()
     allowed = host_cores()
     return CoreLease(job_id=spec.job_id, want=cores_for(spec, allowed, slots, settings.job_cores),

@@ -190,3 +190,62 @@ def test_a_job_stopped_while_it_waits_leaves_the_queue(tmp_path: Path) -> None:
     (tmp_path / "first.go").write_text("")
     _, err = first.communicate(timeout=60)
     assert first.returncode == 0, err
+
+
+def test_a_job_waits_claimed_for_its_cores_and_its_time_limit_starts_when_it_runs(
+        sqlite_url: str, example_onnx: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's real path (``run_job``: ledger, JobWatch, core lease) with another process holding every
+    core for longer than the job's time limit: the job waits ``claimed``, runs once the cores are free, and
+    its 1 s limit counts from then (the measurement itself is replaced: it only records what it saw)."""
+    from farm.db.models import Job
+    from farm.db.session import session_scope
+    from farm.settings import reset_settings
+    from scheduler.enqueue import submit
+    from schemas import JobResult, ProfileRequest
+    from schemas.job import JobStatus
+    from workers import execute
+    from workers.cancel import JobWatch
+    from workers.ledger import job_status
+    from workers.runners.process import ProcessRunner
+
+    locks = tmp_path / "locks"
+    monkeypatch.setenv("FARM_HOST_LOCK_DIR", str(locks))
+    reset_settings()
+    sub = submit(ProfileRequest(model=str(example_onnx), measurement=MeasurementSettings(timeout_s=1.0)), send=False)
+    job_id = sub.expansion.jobs[0].job_id
+    holder = _holder(locks, "other")
+    _wait_for(lambda: (locks / "other.acquired").exists(), "the other job's lease")
+    seen: list[str] = []
+
+    def status() -> str:
+        with session_scope() as s:
+            job = s.get(Job, job_id)
+            assert job is not None
+            return job.status
+
+    def fake_measure(spec: JobSpec, runner: object, uuids: list[str], slots: int) -> JobResult:
+        seen.append(status())
+        time.sleep(0.5)  # half of the time limit
+        return JobResult(job_id=spec.job_id)
+
+    monkeypatch.setattr(execute, "measure", fake_measure)
+
+    def release_later() -> None:  # hold the cores 2 s after the job is seen waiting: twice its time limit
+        _wait_for(lambda: status() == JobStatus.claimed, "the job to wait claimed")
+        seen.append("waiting: " + status())
+        time.sleep(2.0)
+        (locks / "other.go").write_text("")
+
+    import threading
+
+    t = threading.Thread(target=release_later)
+    t.start()
+    try:
+        with JobWatch(job_status, poll_s=0.05) as watch:
+            final = execute.run_job(job_id, "w1", ProcessRunner(), watch=watch)
+    finally:
+        (locks / "other.go").write_text("")
+        t.join(timeout=30)
+        holder.wait(timeout=30)
+    assert seen == ["waiting: claimed", JobStatus.running]
+    assert final == JobStatus.succeeded and status() == JobStatus.succeeded
