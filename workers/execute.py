@@ -27,8 +27,9 @@ log = logging.getLogger("farm.worker")
 def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, slots: int = 1) -> JobResult:
     """Measure one serving job (or run one edge job) and return its result; raises FarmError on failure.
 
-    The job first waits for its cores on this host (``workers.cores``; ``slots``: the worker's slots, which
-    share the host's cores); the server runs on the lease's server cores, the load generator on its own.
+    The job's cores on this host (``workers.cores``) are the lease ``run_job`` already holds for it, else
+    one waited for here (``slots``: the worker's slots, which share the host's cores); the server runs on
+    the lease's server cores, the load generator on its own.
     The GPU's idle baseline is read before the server starts, so the server's own memory is what remains.
     """
     from workers.loadgen import run_load

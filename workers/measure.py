@@ -1,6 +1,7 @@
-"""How every job is measured, whatever its runner: the cores it gets (a ``workers.cores.CoreLease``, waited
-for on entering), the limits its run gets, the samplers that watch it (chosen in one place, ``choose``), the
-one way a sampler's series is stored in the result, and where it was measured (``placement``).
+"""How every job is measured, whatever its runner: the cores it gets (a ``workers.cores.CoreLease``: the one
+the worker already holds for the job, else waited for on entering), the limits its run gets, the samplers
+that watch it (chosen in one place, ``choose``), the one way a sampler's series is stored in the result, and
+where it was measured (``placement``).
 
 Serving jobs: NVML on the job's GPUs (idle baseline read before the server starts), the server's cgroup
 (a container) or else its process tree, and the host's CPU (steal). Edge jobs: the run's cgroup, else its
