@@ -104,6 +104,30 @@ def db_upgrade(revision: str = typer.Argument("head")) -> None:
     console.print(f"database {mask_url(get_settings().db_url)} is at revision {revision}")
 
 
+def db_check(wait: float = typer.Option(0.0, "--wait", help="Seconds to wait for the newest schema (pods' "
+                                         "init containers wait for the migration job).")) -> None:
+    """Exit 0 when the database (FARM_DATABASE_URL) is at farm's newest schema revision, else 1."""
+    import time
+
+    from farm.db.migrate import is_current
+    from farm.errors import ConfigError
+
+    url = get_settings().db_url
+    deadline = time.monotonic() + max(0.0, wait)
+    why = "not at the newest revision"
+    while True:
+        try:
+            if is_current(url):
+                console.print(f"database {mask_url(url)} is at farm's newest schema")
+                return
+            why = "not at the newest revision"
+        except Exception as exc:  # not reachable yet (a starting Postgres): waited for like an old schema
+            why = f"unreachable ({type(exc).__name__})"
+        if time.monotonic() >= deadline:
+            raise ConfigError(f"database {mask_url(url)} is {why}; run `farm db upgrade` (the chart's migration job)")
+        time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
+
+
 def example_model(out: Path = typer.Argument(..., help="Output file."),
                   kind: str = typer.Option("convnet", "--kind", help="mlp | convnet | identity | compute | memory "
                                            "(| torchscript-mlp | torchscript-convnet with farm[torch])")) -> None:
@@ -160,3 +184,4 @@ def register(app: typer.Typer, db_app: typer.Typer) -> None:
     app.command("example-model")(example_model)
     app.command()(analyze)
     db_app.command("upgrade")(db_upgrade)
+    db_app.command("check")(db_check)
