@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -140,13 +141,20 @@ class LedgerCollector(Collector):
                 jobs.add_metric([queue, str(status)], n)
             for queue, first in s.execute(select(Job.queue, func.min(Job.created_at))
                                           .where(Job.status == JobStatus.queued).group_by(Job.queue)):
-                oldest.add_metric([queue], max(0.0, (now - first).total_seconds()))
+                oldest.add_metric([queue], _age_s(now, first))
             for status, n in s.execute(select(Worker.status, func.count()).group_by(Worker.status)):
                 workers.add_metric([status], n)
             for wid, host, beat in s.execute(select(Worker.id, Worker.hostname, Worker.last_heartbeat)
                                              .where(Worker.status == "online")):
-                age.add_metric([wid, host], max(0.0, (now - beat).total_seconds()))
+                age.add_metric([wid, host], _age_s(now, beat))
         return [jobs, oldest, workers, age]
+
+
+def _age_s(now: datetime, then: datetime) -> float:
+    """Seconds from ``then`` to ``now`` (a naive ``then``, as an aggregate may come back, is UTC), at least 0."""
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=UTC)
+    return max(0.0, (now - then).total_seconds())
 
 
 class SchedulerMetrics:

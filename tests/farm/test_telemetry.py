@@ -152,3 +152,16 @@ def test_celery_worker_sends_task_events_and_heartbeats(cluster_env: dict[str, s
     assert {"worker-online", "worker-heartbeat", "task-received", "task-started", "task-succeeded"} <= kinds, kinds
     received = [e for e in events if e["type"] == "task-received"]
     assert received[0]["name"] == "farm.run_job"
+
+
+def test_a_scrape_during_a_database_outage_says_the_ledger_is_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prometheus_client import generate_latest
+
+    from farm.settings import reset_settings
+    from farm.telemetry import SchedulerMetrics
+
+    monkeypatch.setenv("FARM_DATABASE_URL", "postgresql+psycopg2://farm@127.0.0.1:1/farm")  # nothing listens
+    reset_settings()
+    text = generate_latest(SchedulerMetrics().registry).decode()
+    assert "farm_ledger_up 0.0" in text and "farm_jobs{" not in text
+    assert "farm_host_cpu_seconds_total" in text  # the rest of the endpoint still answers
