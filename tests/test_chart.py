@@ -203,3 +203,13 @@ def test_keda_query_counts_queued_claimed_and_running_jobs_of_the_pools_queues(
             got = conn.execute(text(so["spec"]["triggers"][0]["metadata"]["query"])).scalar()
             assert got == expected, (name, got, expected)
     assert expected > 0
+
+
+@pytest.mark.parametrize("which", ["default", "gpu-edge-keda"])
+def test_helm_lint_strict_finds_no_warning_or_error(which: str) -> None:
+    from helm_python import lint
+
+    from tests.chart import CHART
+
+    report = lint(str(CHART), ci_values() if which != "default" else None, strict=True)
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == []
