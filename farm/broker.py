@@ -55,7 +55,9 @@ def get_app() -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
         worker_hijack_root_logger=False,
-        worker_send_task_events=False,
+        # Flower and `celery events` see workers and jobs: task events (sent/received/started/succeeded/...)
+        worker_send_task_events=True,
+        task_send_sent_event=True,
     )
     return app
 
@@ -264,6 +266,6 @@ class Broker:
         if on_shutdown is not None:
             worker_shutting_down.connect(lambda **_: on_shutdown(), weak=False)
         worker = self.app.Worker(queues=queues, concurrency=1, pool="solo", prefetch_multiplier=1,
-                                 hostname=hostname, loglevel=loglevel, without_heartbeat=True, without_mingle=True,
+                                 hostname=hostname, loglevel=loglevel, without_heartbeat=False, without_mingle=True,
                                  without_gossip=True)
         worker.start()

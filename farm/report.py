@@ -72,10 +72,28 @@ def _why_not(row: dict[str, Any], constraints: list[Constraint], require_stable:
     return f"violates {', '.join(failed)}" if failed else None
 
 
+#: the reason an edge run that passed gets no verdict: it ran without its profile's limits
+LIMITS_NOT_ENFORCED = "limits not enforced: verdict unknown"
+
+
+def _edge_verdict(row: dict[str, Any], constraints: list[Constraint]) -> dict[str, Any]:
+    """``row`` plus ``fits`` (True, False, or None when unknown) and ``reason``. A run that failed or missed
+    a constraint does not fit even unlimited (limits only take resources away); a run that passed fits only
+    when its limits were enforced: without them it measured a bigger box than the profile."""
+    reason = _why_not(row, constraints, False)
+    if row.get("oom_killed"):
+        reason = "killed: out of memory"
+    fits: bool | None = reason is None
+    if fits and row.get("limits_enforced") is not True:
+        fits, reason = None, LIMITS_NOT_ENFORCED
+    return {**row, "fits": fits, "reason": reason}
+
+
 def build_report(rows: list[dict[str, Any]], objective: str = "throughput_infer_per_s",
                  constraints: list[Constraint] | None = None, require_stable: bool = False) -> Report:
     """Rank serving jobs that meet every constraint by ``objective`` (its registry direction); judge edge
-    jobs: an edge profile fits when its runs succeeded, were not OOM-killed and meet the constraints."""
+    jobs: an edge profile fits when its runs succeeded, were not OOM-killed, meet the constraints and ran under
+    enforced limits (``fits`` is None, "verdict unknown", when they passed without them)."""
     if objective not in BY_NAME or BY_NAME[objective].scope != "job":
         raise RequestError(f"objective {objective!r} is unknown; use a result metric such as throughput_infer_per_s")
     constraints = constraints or []
@@ -83,10 +101,7 @@ def build_report(rows: list[dict[str, Any]], objective: str = "throughput_infer_
     better = BY_NAME[objective].higher_is_better
     for row in rows:
         if row.get("edge_profile"):
-            reason = _why_not(row, constraints, False)
-            if row.get("oom_killed"):
-                reason = "killed: out of memory"
-            report.edge.append({**row, "fits": reason is None, "reason": reason})
+            report.edge.append(_edge_verdict(row, constraints))
             continue
         reason = _why_not(row, constraints, require_stable)
         if reason is None and row.get(objective) is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -49,6 +50,13 @@ class Settings(BaseSettings):
     isolation: bool = True
     #: cores per serving job (0: all the cores allowed to the worker, divided among its slots, at least 2)
     job_cores: int = Field(default=0, ge=0)
+    #: Prometheus endpoint port of `farm worker` (slot I: port + I) and `farm scheduler`; unset: no endpoint,
+    #: 0: any free port (printed at start)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    #: the address the metrics endpoint listens on
+    metrics_addr: str = "0.0.0.0"
+    #: log lines of `farm worker` / `farm scheduler`: text, or json (one object per line, for log collectors)
+    log_format: Literal["text", "json"] = "text"
     #: TEST/BENCHMARK HARNESS ONLY: workers complete jobs without serving or measuring anything (dispatch
     #: tests and the dispatch benchmark); results carry no metrics and details.noop = true
     noop_jobs: bool = False

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from farm.settings import get_settings
+from farm.telemetry import SchedulerMetrics
 from scheduler.reconcile import ReconcileReport, reconcile
 
 log = logging.getLogger("farm.scheduler")
@@ -28,21 +29,26 @@ class SchedulerService:
     failures: int = 0
     #: monotonic time from which worker heartbeats are trusted again (after a database outage)
     trust_beats_from: float = field(default_factory=time.monotonic)
+    #: its Prometheus series (served by `farm scheduler` when FARM_METRICS_PORT is set)
+    metrics: SchedulerMetrics = field(default_factory=SchedulerMetrics)
 
     def run_once(self) -> ReconcileReport | None:
         """One pass; None when the database or broker was unreachable (logged)."""
         settings = get_settings()
         # heartbeats are missing for an outage: judge workers only once they could beat again
-        judge = time.monotonic() >= self.trust_beats_from
+        started = time.monotonic()
+        judge = started >= self.trust_beats_from
         try:
             report = reconcile(settings, judge_workers=judge)
         except Exception as exc:
             self.failures += 1
+            self.metrics.observe(None, time.monotonic() - started)
             self.trust_beats_from = time.monotonic() + settings.worker_dead_after_s
             log.warning("reconciliation failed (%s: %s); retrying in %.1f s", type(exc).__name__,
                         " ".join(str(exc).split())[:200], self.interval_s)
             return None
         self.passes += 1
+        self.metrics.observe(report, time.monotonic() - started)
         if report.changed:
             log.info("reconciled: %s", report.summary())
         return report

@@ -31,6 +31,7 @@ from workers.samplers.cgroupfs import (
     CgroupMount,
     CgroupSet,
     cgroup_mounts,
+    cgroup_set_of_pid,
     memory_on_v1,
     pid_cgroups,
     read_limits,
@@ -86,6 +87,22 @@ class Limits:
     def metrics(self, enforced: bool) -> dict[str, Any]:
         """``mem_limit_bytes``, ``cpu_limit`` (cores) and ``limits_enforced`` for the result."""
         return {"mem_limit_bytes": self.memory_bytes, "cpu_limit": self.cpus, "limits_enforced": enforced}
+
+    def enforced_around(self, pid: int | None = None) -> str | None:
+        """A note when the cgroup process ``pid`` (default: this one) runs in already has exactly these CPU and
+        memory limits (a Kubernetes edge pool's pod, a container started with them), else None. A run started
+        from it is then held to them, sharing them with the worker: if it fits, the box fits."""
+        if self.cpuset:
+            return None  # a CPU list cannot be checked this way
+        try:
+            lim = read_limits(cgroup_set_of_pid(pid or os.getpid()))
+        except (SamplerError, OSError):
+            return None
+        cpus, mem = lim.get("cpus"), lim.get("memory_bytes")
+        if cpus is None or mem is None or abs(cpus - self.cpus) > 0.01 or mem != self.memory_bytes:
+            return None
+        return (f"limits enforced by the worker's own cgroup ({cpus:g} cores, {mem} B: its pod's or container's "
+                "limits equal the profile); the worker process shares them, so the run had slightly less")
 
     def check_container(self, container: Any, cg: Path | None) -> tuple[bool, list[str]]:
         """True when Docker applied the CPU and memory limits to ``container``: HostConfig says so and, where

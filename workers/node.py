@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -23,6 +24,7 @@ from farm.broker import Broker
 from farm.db.models import Worker, utcnow
 from farm.db.session import session_scope
 from farm.settings import get_settings
+from farm.telemetry import WorkerMetrics
 from schemas import GpuInfo, WorkerHardware
 from workers.cancel import SHUTDOWN, JobWatch
 from workers.execute import replay_spool, run_job
@@ -61,6 +63,8 @@ class WorkerNode:
         self.watch = JobWatch(job_status, poll_s=settings.cancel_poll_s)
         self.spool = Spool(settings.spool_dir)
         self.stopping = False
+        self.metrics = WorkerMetrics(self.worker_id, self.slot.index if self.slot is not None else 0,
+                                     self.runner.name)
 
     @property
     def queues(self) -> list[str]:
@@ -105,8 +109,10 @@ class WorkerNode:
             try:
                 self.beat()
             except Exception as exc:  # the database may blink; the next beat tries again
+                self.metrics.beat(ok=False)
                 log.warning("heartbeat failed: %s", " ".join(str(exc).split())[:200])
                 continue
+            self.metrics.beat(ok=True)
             self.flush_spool()
 
     def flush_spool(self) -> int:
@@ -162,12 +168,16 @@ class WorkerNode:
     def run(self, job_id: str) -> str:
         """Run one delivered job (claiming it first)."""
         self.current_job = job_id
+        self.metrics.busy.set(1)
+        started = time.monotonic()
         try:
             return run_job(job_id, self.worker_id, self.runner, self.gpu_uuids_for, watch=self.watch,
                            spool=self.spool, slot=self.slot.index if self.slot is not None else 0,
                            slots=self.slot_count)
         finally:
             self.current_job = None
+            self.metrics.busy.set(0)
+            self.metrics.job_done(job_id, time.monotonic() - started)
 
     def drain(self, max_jobs: int | None = None) -> int:
         """Burst mode: consume this node's queues until empty; returns the number of messages handled."""

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import time
 
@@ -22,6 +21,8 @@ def scheduler(
     their time limit, and re-send queued jobs missing from the broker."""
     from farm.cli.main import _prepare_db
     from farm.errors import ConfigError
+    from farm.logs import setup_logging
+    from farm.telemetry import serve_metrics
     from scheduler.service import SchedulerService
 
     settings = get_settings()
@@ -29,7 +30,7 @@ def scheduler(
         raise ConfigError("farm scheduler needs a broker: set FARM_BROKER_URL (e.g. redis://127.0.0.1:6379/0)")
     if interval is not None and interval <= 0:
         raise ConfigError(f"--interval must be positive, got {interval:g}")
-    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(loglevel, settings.log_format)
     _prepare_db()
     service = SchedulerService(interval_s=interval or settings.reconcile_interval_s)
     err_console.print(f"scheduler: database {mask_url(settings.db_url)}; broker {mask_url(settings.broker_url)}; "
@@ -43,10 +44,11 @@ def scheduler(
                           "failed": report.failed, "timed_out": report.timed_out, "resent": report.resent}))
         return
     signal.signal(signal.SIGTERM, lambda *_: service.stop.set())
-    try:
-        service.run_forever()
-    except KeyboardInterrupt:
-        pass
+    with serve_metrics(service.metrics.registry, settings.metrics_port, settings.metrics_addr, "scheduler"):
+        try:
+            service.run_forever()
+        except KeyboardInterrupt:
+            pass
     err_console.print(f"scheduler: stopped after {service.passes} pass(es)")
 
 

@@ -17,7 +17,7 @@ from farm.settings import get_settings, mask_url
 from schemas.job import FINAL, JobStatus
 
 app = typer.Typer(name="farm", help="A distributed profiling farm for ML model serving.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import typer
@@ -27,6 +26,8 @@ def worker(
 ) -> None:
     """Run a worker: register hardware, heartbeat, consume the queues this host can serve (one slot per GPU)."""
     from farm.errors import ConfigError
+    from farm.logs import setup_logging
+    from farm.telemetry import serve_metrics, slot_port
     from workers.hardware import detect_hardware
     from workers.node import WorkerNode, new_worker_id
     from workers.runners.select import make_runner
@@ -35,7 +36,7 @@ def worker(
     settings = get_settings()
     if settings.embedded:
         raise ConfigError("farm worker needs a broker: set FARM_BROKER_URL (e.g. redis://127.0.0.1:6379/0)")
-    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(loglevel, settings.log_format)
     wid = worker_id or new_worker_id()
     hardware = detect_hardware(docker=False)
     if queues:
@@ -64,7 +65,9 @@ def worker(
     err_console.print(f"worker {wid}: {why}; slot {mine.index} (GPU {mine.gpu_uuid or 'none'}); queues "
                       f"{', '.join(mine.queues)}; database {mask_url(settings.db_url)}; broker "
                       f"{mask_url(settings.broker_url)}")
-    with WorkerNode(runner=run, hardware=hardware, worker_id=wid, slot=mine, slot_count=len(slots)) as node:
+    with WorkerNode(runner=run, hardware=hardware, worker_id=wid, slot=mine, slot_count=len(slots)) as node, \
+            serve_metrics(node.metrics.registry, slot_port(settings.metrics_port, mine.index), settings.metrics_addr,
+                          f"worker {wid}"):
         if burst:
             n = node.drain()
             err_console.print(f"burst: handled {n} message(s)")
@@ -99,6 +102,30 @@ def db_upgrade(revision: str = typer.Argument("head")) -> None:
 
     upgrade(revision=revision)
     console.print(f"database {mask_url(get_settings().db_url)} is at revision {revision}")
+
+
+def db_check(wait: float = typer.Option(0.0, "--wait", help="Seconds to wait for the newest schema (pods' "
+                                         "init containers wait for the migration job).")) -> None:
+    """Exit 0 when the database (FARM_DATABASE_URL) is at farm's newest schema revision, else 1."""
+    import time
+
+    from farm.db.migrate import is_current
+    from farm.errors import ConfigError
+
+    url = get_settings().db_url
+    deadline = time.monotonic() + max(0.0, wait)
+    why = "not at the newest revision"
+    while True:
+        try:
+            if is_current(url):
+                console.print(f"database {mask_url(url)} is at farm's newest schema")
+                return
+            why = "not at the newest revision"
+        except Exception as exc:  # not reachable yet (a starting Postgres): waited for like an old schema
+            why = f"unreachable ({type(exc).__name__})"
+        if time.monotonic() >= deadline:
+            raise ConfigError(f"database {mask_url(url)} is {why}; run `farm db upgrade` (the chart's migration job)")
+        time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
 
 
 def example_model(out: Path = typer.Argument(..., help="Output file."),
@@ -157,3 +184,4 @@ def register(app: typer.Typer, db_app: typer.Typer) -> None:
     app.command("example-model")(example_model)
     app.command()(analyze)
     db_app.command("upgrade")(db_upgrade)
+    db_app.command("check")(db_check)

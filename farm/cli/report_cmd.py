@@ -73,7 +73,8 @@ def _as_json(request_id: str, rep: Report, top: int, static: dict[str, Any]) -> 
         "edge": [{"edge_profile": e["edge_profile"], "batch_size": e["batch_size"], "fits": e["fits"],
                   "reason": e["reason"], "throughput_infer_per_s": e.get("throughput_infer_per_s"),
                   "latency_p99_ms": e.get("latency_p99_ms"), "mem_peak_bytes": e.get("mem_peak_bytes"),
-                  "mem_limit_bytes": e.get("mem_limit_bytes")} for e in rep.edge],
+                  "mem_limit_bytes": e.get("mem_limit_bytes"), "limits_enforced": e.get("limits_enforced")}
+                 for e in rep.edge],
         "model": static,
     }
 
@@ -109,7 +110,8 @@ def _print_verdicts(rep: Report) -> None:
                       + "; ".join(f"{r['job_id'][:6]} {why}" for r, why in rep.rejected[:5])
                       + (" ..." if len(rep.rejected) > 5 else ""), highlight=False)
     for e in rep.edge:
-        verdict = "fits" if e["fits"] else f"does not fit ({e['reason']})"
+        verdict = ("fits" if e["fits"] else e["reason"] if e["fits"] is None
+                   else f"does not fit ({e['reason']})")
         console.print(f"edge {e['edge_profile']} at batch {e['batch_size']}: {verdict}; "
                       f"{fmt_value('throughput_infer_per_s', e.get('throughput_infer_per_s'))} infer/s, "
                       f"p99 {fmt_value('latency_p99_ms', e.get('latency_p99_ms'))} ms, memory peak "

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from farm.errors import RequestError
-from farm.report import build_report, parse_constraint
+from farm.report import LIMITS_NOT_ENFORCED, build_report, parse_constraint
 
 
 def _row(job: str, device: str = "cpu", status: str = "succeeded", edge: str | None = None, **metrics):  # type: ignore[no-untyped-def]
@@ -18,7 +18,7 @@ ROWS = [
     _row("d", device="gpu:t4", throughput_infer_per_s=900.0, latency_p99_ms=8.0),
     _row("e", status="failed"),
     _row("f", throughput_infer_per_s=300.0, latency_p99_ms=9.0, stable=False),
-    _row("g", edge="pi4", throughput_infer_per_s=40.0, latency_p99_ms=15.0, oom_killed=False),
+    _row("g", edge="pi4", throughput_infer_per_s=40.0, latency_p99_ms=15.0, oom_killed=False, limits_enforced=True),
     _row("h", edge="tiny", status="failed", oom_killed=True),
 ]
 
@@ -41,6 +41,20 @@ def test_edge_profiles_get_a_verdict() -> None:
     rep = build_report(ROWS, constraints=[parse_constraint("latency_p99_ms<=20")])
     verdict = {e["edge_profile"]: (e["fits"], e["reason"]) for e in rep.edge}
     assert verdict == {"pi4": (True, None), "tiny": (False, "killed: out of memory")}
+
+
+def test_an_edge_run_without_enforced_limits_gets_no_fits_verdict() -> None:
+    """A pod's process runner on a read-only cgroup fs: the run passed, but not under the profile's limits."""
+    rows = [_row("u", edge="pi4", throughput_infer_per_s=40.0, latency_p99_ms=15.0, oom_killed=False,
+                 limits_enforced=False),
+            _row("n", edge="pi5", throughput_infer_per_s=40.0, latency_p99_ms=15.0),  # not recorded
+            _row("s", edge="pi3", throughput_infer_per_s=40.0, latency_p99_ms=45.0, limits_enforced=False)]
+    rep = build_report(rows, constraints=[parse_constraint("latency_p99_ms<=20")])
+    verdict = {e["edge_profile"]: (e["fits"], e["reason"]) for e in rep.edge}
+    assert verdict == {"pi4": (None, LIMITS_NOT_ENFORCED), "pi5": (None, LIMITS_NOT_ENFORCED),
+                       # too slow even with the whole host: it cannot fit under tighter limits either
+                       "pi3": (False, "violates latency_p99_ms <= 20")}
+    assert LIMITS_NOT_ENFORCED == "limits not enforced: verdict unknown"
 
 
 @pytest.mark.parametrize("text", ["p99=20", "latency_p99_ms", "latency_p99_ms=fast", "params=3",

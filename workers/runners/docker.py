@@ -192,6 +192,8 @@ class DockerRunner(Runner):
             volumes, inside = hd.model_mount(model_path)
             command = ([a.replace("{model}", inside) for a in self.server_command] if self.server_command
                        else _server_command(spec, inside, spec.device))
+            if not self.server_command:
+                extra.update(hd.NO_ENTRYPOINT)
         kwargs: dict[str, Any] = dict(
             image=image,
             command=command,

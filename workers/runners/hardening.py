@@ -27,6 +27,11 @@ TMPFS = {"/tmp": "size=64m"}
 MODEL_DIR = "/model"
 
 
+#: ``containers.create`` argument for farm's own commands (``python -m workers...``): an image built from
+#: docker/Dockerfile has ``ENTRYPOINT ["farm"]``, which would otherwise prefix them; [""] resets it (Docker API)
+NO_ENTRYPOINT: dict[str, Any] = {"entrypoint": [""]}
+
+
 def hardening(pids_limit: int = PIDS_LIMIT) -> dict[str, Any]:
     """Keyword arguments for ``containers.create`` that lock a container down (network not included)."""
     return {

@@ -1,6 +1,7 @@
 """Edge runs without Docker: the edge benchmark (or the profile's command) as a local process in a cgroup
 limited like the edge box. Where cgroups cannot be created or limited (no permission, controller missing),
-the run still happens and the result says plainly that the limits were not enforced."""
+the run still happens and the result says plainly that the limits were not enforced, unless the worker's own
+cgroup carries exactly the profile's limits (an edge pool's pod): then the run is held to them too."""
 from __future__ import annotations
 
 import os
@@ -41,7 +42,12 @@ def run_edge_process(spec: JobSpec, model_path: Path) -> JobResult:
     started = time.monotonic()
     with m, m.limits.cgroup(name=f"farm-edge-{spec.job_id[:12]}") as cg:
         notes = list(cg.notes)
-        if not cg.enforced:
+        enforced = cg.enforced
+        around = None if enforced else m.limits.enforced_around()
+        if around:  # no cgroup of its own (a pod's read-only cgroupfs), but the pod is sized to the profile
+            enforced = True
+            notes.append(around)
+        elif not enforced:
             notes.append(f"limits NOT enforced: {cg.reason}")
         cores = m.server_cpus  # pinned also where the cgroup's cpuset could not be set
         proc = subprocess.Popen(cg.command(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -56,7 +62,7 @@ def run_edge_process(spec: JobSpec, model_path: Path) -> JobResult:
                                   "raise measurement.timeout_s or shorten the run") from None
         total_s = time.monotonic() - started
         summary = m.metrics()
-        limits = m.limits.metrics(cg.enforced)
+        limits = m.limits.metrics(enforced)
     oom = bool(summary.get("oom_killed"))
     tail = "\n".join(err.strip().splitlines()[-8:])
     return edge_result(spec, where=f"edge run {prof.name}", error=WorkerError, stdout=out, tail=tail,

@@ -1,15 +1,120 @@
-{{- define "farm.env" -}}
-- name: FARM_BROKER_URL
-  value: {{ .Values.brokerUrl | quote }}
-- name: FARM_RUNNER
-  value: {{ .Values.runner | quote }}
-- name: FARM_DATABASE_URL
-  valueFrom:
-    secretKeyRef:
-      name: {{ default (printf "%s-db" .Release.Name) .Values.existingSecret }}
-      key: FARM_DATABASE_URL
+{{/* Names and labels */}}
+{{- define "farm.fullname" -}}{{ printf "%s-farm" .Release.Name | trunc 50 | trimSuffix "-" }}{{- end -}}
+{{- define "farm.labels" -}}
+app.kubernetes.io/name: farm
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+{{- define "farm.selector" -}}
+app.kubernetes.io/name: farm
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+{{- define "farm.serviceAccountName" -}}{{ default (include "farm.fullname" .) .Values.serviceAccount.name }}{{- end -}}
+{{- define "farm.dbSecret" -}}
+{{- if and .Values.database.existingSecret (not .Values.bundled.enabled) }}{{ .Values.database.existingSecret }}{{ else }}{{ include "farm.fullname" . }}{{ end -}}
+{{- end -}}
+{{- define "farm.brokerSecret" -}}
+{{- if and .Values.broker.existingSecret (not .Values.bundled.enabled) }}{{ .Values.broker.existingSecret }}{{ else }}{{ include "farm.fullname" . }}{{ end -}}
+{{- end -}}
+{{/* The URLs the chart's Secret holds (bundled services for trials, else the values) */}}
+{{- define "farm.databaseUrl" -}}
+{{- if .Values.bundled.enabled -}}
+postgresql+psycopg2://farm:{{ .Values.bundled.password }}@{{ include "farm.fullname" . }}-postgres:5432/farm
+{{- else -}}{{ .Values.database.url }}{{- end -}}
+{{- end -}}
+{{- define "farm.brokerUrl" -}}
+{{- if .Values.bundled.enabled -}}redis://{{ include "farm.fullname" . }}-redis:6379/0{{- else -}}{{ .Values.broker.url }}{{- end -}}
+{{- end -}}
+{{/* The Secret's data; its checksum goes into every pod template */}}
+{{- define "farm.secretData" -}}
+{{- if or .Values.bundled.enabled (not .Values.database.existingSecret) }}
+FARM_DATABASE_URL: {{ include "farm.databaseUrl" . | quote }}
+KEDA_POSTGRES_CONNECTION: {{ include "farm.databaseUrl" . | replace "postgresql+psycopg2://" "postgresql://" | quote }}
+{{- end }}
+{{- if or .Values.bundled.enabled (not .Values.broker.existingSecret) }}
+FARM_BROKER_URL: {{ include "farm.brokerUrl" . | quote }}
+{{- end }}
 {{- end -}}
 {{- define "farm.image" -}}
-image: "{{ .Values.image.repository }}:{{ .Values.image.tag }}"
-imagePullPolicy: {{ .Values.image.pullPolicy }}
+{{- $img := ternary .root.Values.gpuImage .root.Values.image (eq .kind "gpu") -}}
+image: "{{ $img.repository }}:{{ $img.tag }}"
+imagePullPolicy: {{ $img.pullPolicy }}
+{{- end -}}
+{{/* Environment of every farm container: URLs from the Secrets, settings, logs, metrics */}}
+{{- define "farm.env" -}}
+- name: FARM_DATABASE_URL
+  valueFrom: {secretKeyRef: {name: {{ include "farm.dbSecret" . }}, key: FARM_DATABASE_URL}}
+- name: FARM_BROKER_URL
+  valueFrom: {secretKeyRef: {name: {{ include "farm.brokerSecret" . }}, key: FARM_BROKER_URL}}
+- name: FARM_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
+- name: FARM_METRICS_PORT
+  value: {{ .Values.metricsPort | quote }}
+{{- range $k, $v := .Values.settings }}
+- name: {{ $k }}
+  value: {{ $v | quote }}
+{{- end }}
+{{- end -}}
+{{/* Restricted Pod Security level */}}
+{{- define "farm.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65534
+runAsGroup: 65534
+fsGroup: 65534
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+{{- define "farm.securityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities: {drop: [ALL]}
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+{{/* Init container: wait until the migration job has brought the schema to this image's newest revision */}}
+{{- define "farm.waitForMigrations" -}}
+{{- if .root.Values.migrations.enabled }}
+initContainers:
+  - name: wait-for-migrations
+    {{- include "farm.image" . | nindent 4 }}
+    args: ["db", "check", "--wait", "{{ .root.Values.migrations.waitSeconds }}"]
+    env:
+      {{- include "farm.env" .root | nindent 6 }}
+    securityContext:
+      {{- include "farm.securityContext" .root | nindent 6 }}
+    resources:
+      {{- toYaml .root.Values.migrations.resources | nindent 6 }}
+    volumeMounts:
+      - {name: tmp, mountPath: /tmp}
+{{- end }}
+{{- end -}}
+{{/* Probes on the metrics endpoint (served by the worker / scheduler process itself) */}}
+{{- define "farm.probes" -}}
+ports:
+  - {name: metrics, containerPort: {{ .Values.metricsPort }}}
+readinessProbe:
+  httpGet: {path: /metrics, port: metrics}
+  periodSeconds: 10
+  timeoutSeconds: 5
+livenessProbe:
+  httpGet: {path: /metrics, port: metrics}
+  initialDelaySeconds: 30
+  periodSeconds: 20
+  timeoutSeconds: 10
+  failureThreshold: 6
+{{- end -}}
+{{- define "farm.podAnnotations" -}}
+checksum/secret: {{ include "farm.secretData" . | sha256sum }}
+checksum/settings: {{ toJson (dict "settings" .Values.settings "log" .Values.logFormat "port" .Values.metricsPort) | sha256sum }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.metricsPort | quote }}
+prometheus.io/path: /metrics
+{{- end -}}
+{{/* KEDA: the jobs a pool has to do, counted in the ledger (queued + claimed + running) */}}
+{{- define "farm.poolQueues" -}}
+{{- $queues := list -}}
+{{- range .queues }}{{ $queues = append $queues . }}{{ end -}}
+{{- if .gpuProduct }}{{ $queues = append $queues (printf "farm.gpu.%s" .gpuProduct) }}{{ end -}}
+{{- toJson ($queues | uniq) -}}
 {{- end -}}
