@@ -119,6 +119,7 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Static metrics: parameters, size, MACs/FLOPs per sample, activation memory."""
     from farm.models.analysis import analyze as run_analysis
+    from farm.models.analysis import headline
     from farm.models.info import inspect_model, tensor_spec
 
     given = [tensor_spec(t) for t in input_spec] if input_spec else None
@@ -135,8 +136,7 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
     for col in ("metric", "value", "unit"):
         table.add_column(col, justify="right" if col == "value" else "left")
     for m in MODEL_METRICS:
-        value = report.get(m.name)
-        table.add_row(m.name, "unknown" if value is None else f"{value:,}", m.unit)
+        table.add_row(m.name, headline(report, m.name), m.unit)
     console.print(table)
     ops_table = Table(title="per operator")
     for col in ("op", "count", "MACs", "FLOPs"):
@@ -147,7 +147,7 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
     console.print(ops_table)
     if not report.get("complete", True):
         err_console.print(f"incomplete: no counting rule or shape for {report.get('unknown_ops')}; "
-                          "totals cover the other operators")
+                          "the MAC/FLOP totals are lower bounds (>=)")
 
 
 def register(app: typer.Typer, db_app: typer.Typer) -> None:
