@@ -102,9 +102,11 @@ def db_upgrade(revision: str = typer.Argument("head")) -> None:
 
 
 def example_model(out: Path = typer.Argument(..., help="Output file."),
-                  kind: str = typer.Option("convnet", "--kind", help="mlp | convnet | identity | compute | memory "
-                                           "(| torchscript-mlp | torchscript-convnet with farm[torch])")) -> None:
-    """Write a small example model (random weights) for demos and tests."""
+                  kind: str = typer.Option("convnet", "--kind", help="mlp | convnet | identity | compute | memory | "
+                                           "bert-tiny | resnet18 (| torchscript-KIND for mlp, convnet, bert-tiny, "
+                                           "resnet18, with farm[torch])")) -> None:
+    """Write an example model (seeded random weights) for demos and tests: small graphs, or real
+    architectures (bert-tiny: 6-layer BERT-style encoder, give --input input_ids:INT64:128; resnet18)."""
     from farm.models.examples import EXAMPLE_KINDS, build_example
 
     if kind not in EXAMPLE_KINDS:

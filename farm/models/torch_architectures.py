@@ -6,8 +6,12 @@ Attention is ``torch.nn.functional.scaled_dot_product_attention``. torch is impo
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+from farm.errors import RequestError
+from farm.models.info import FARM_INPUTS_EXTRA
 from farm.models.torchscript import require_torch
 
 
@@ -149,3 +153,26 @@ def resnet_module(**kw: int) -> Any:
     sizes = {**RESNET_DEFAULTS, **kw}
     module = _classes()["resnet18"](width=sizes["width"], classes=sizes["classes"])
     return load_onnx_weights(module, resnet_model(**sizes))
+
+
+def build_torchscript_architecture(kind: str, out: Path, **kw: int) -> Path:
+    """Script ``bert-tiny`` or ``resnet18`` (sizes ``kw`` as the ONNX builders) and save it to ``out``
+    with its per-sample inputs declared in ``extra/farm_inputs.json``; returns ``out``."""
+    from farm.models.architectures import BERT_DEFAULTS, BERT_SEQ, RESNET_DEFAULTS
+
+    torch = require_torch()
+    try:
+        if kind == "bert-tiny":
+            seq = min(BERT_SEQ, kw.get("max_positions", BERT_DEFAULTS["max_positions"]))
+            module, inputs = bert_module(**kw), [f"input_ids:INT64:{seq}"]
+        elif kind == "resnet18":
+            image = kw.get("image", RESNET_DEFAULTS["image"])
+            module, inputs = resnet_module(**kw), [f"input:FP32:3x{image}x{image}"]
+        else:
+            raise RequestError(f"unknown TorchScript architecture {kind!r}; choose bert-tiny or resnet18")
+    except TypeError as exc:
+        raise RequestError(f"bad option for example model {kind!r}: {exc}") from None
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.jit.save(torch.jit.script(module), str(out), _extra_files={FARM_INPUTS_EXTRA: json.dumps(inputs)})
+    return out

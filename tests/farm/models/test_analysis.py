@@ -138,10 +138,11 @@ def test_convnet_hand_computed(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ONNX_KINDS)
 def test_params_equal_initializer_sizes(kind: str, tmp_path: Path) -> None:
-    opts = {"compute": {"ms": 0.5}, "memory": {"mb": 2}}.get(kind, {})
+    opts = {"compute": {"ms": 0.5}, "memory": {"mb": 2}, "resnet18": {"width": 8, "image": 32},
+            "bert-tiny": {"vocab": 500, "hidden": 32, "layers": 1, "heads": 2, "ffn": 64}}.get(kind, {})
     path = build_example(kind, tmp_path / f"{kind}.onnx", **opts)
     model = onnx.load(str(path))
-    r = analyze(path)
+    r = analyze(path, None, [tensor_spec("input_ids:INT64:16")] if kind == "bert-tiny" else None)
     assert r["params"] == sum(numpy_helper.to_array(i).size for i in model.graph.initializer)
     assert r["param_bytes"] == sum(numpy_helper.to_array(i).nbytes for i in model.graph.initializer)
     assert r["size_bytes"] == path.stat().st_size

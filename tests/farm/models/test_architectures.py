@@ -192,3 +192,23 @@ def test_full_size_examples_match_analytic(tmp_path: Path) -> None:
     r = analyze(resnet)
     assert r["macs_per_sample"] == resnet18_macs(**RESNET_DEFAULTS)
     assert close(r["macs_per_sample"], 1_814_000_000, 0.01)  # torchvision's published 1.81 GMAC (+ BN)
+
+
+@pytest.mark.slow
+def test_cli_example_model_and_analyze(tmp_path: Path) -> None:
+    """``farm example-model --kind bert-tiny`` then ``farm analyze --input ... --json``, as a user runs them."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "bert.onnx"
+    run = [sys.executable, "-m", "farm"]
+    subprocess.run([*run, "example-model", str(path), "--kind", "bert-tiny"], check=True, capture_output=True)
+    out = subprocess.run([*run, "analyze", str(path), "--input", "input_ids:INT64:128", "--json"], check=True,
+                         capture_output=True, text=True).stdout
+    r = json.loads(out)
+    assert r["macs_per_sample"] == bert_macs(128, **BERT_DEFAULTS) and r["complete"] is True
+    assert r["params"] == 12_683_845
+    bad = subprocess.run([*run, "example-model", str(tmp_path / "x.onnx"), "--kind", "bert"], capture_output=True,
+                         text=True)
+    assert bad.returncode != 0 and "bert-tiny" in bad.stderr and "Traceback" not in bad.stderr
