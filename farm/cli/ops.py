@@ -147,6 +147,8 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
         ops_table.add_row(op, str(row["count"]), *("unknown" if row.get(k) is None else f"{row[k]:,}"
                                                     for k in ("macs", "flops")))
     console.print(ops_table)
+    for note in report.get("notes", []):
+        console.print(f"note: {note}", highlight=False)
     if not report.get("complete", True):
         err_console.print(f"incomplete: no counting rule or shape for {report.get('unknown_ops')}; "
                           "the MAC/FLOP totals are lower bounds (>=)")

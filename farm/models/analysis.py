@@ -21,6 +21,8 @@ model's fixed batch size divided by it when its batch dimension is static):
 - ``dtype``: KServe datatype holding most parameter bytes, INT32/INT64 (shape and index tensors)
   ignored; the first input's dtype when there are no such parameters
 - ``complete``: False when some node's cost or size is unknown; ``unknown_ops``: ``{op_type: count}``
+- ``attention_subgraphs``: attention blocks found (ONNX: Softmax between two MatMuls; TorchScript: calls of
+  scaled_dot_product_attention, None when there are none, as written-out attention is not matched there)
 - ``format``, ``sha256``, ``inputs`` (``name:DTYPE:shape`` strings), ``notes`` (one-line strings)
 
 Unknown figures are None, never 0.
@@ -52,6 +54,8 @@ def analyze(path: Path, format: str | None = None, inputs: list[TensorSpec] | No
     else:  # pragma: no cover - inspect_model only returns known formats
         raise ModelError(f"cannot analyze format {info.format!r}")
     notes = list(info.notes)
+    if out.get("attention_subgraphs"):
+        notes.append(f"{out['attention_subgraphs']} attention blocks (Q K^T, softmax, P V), counted in the totals")
     if out["unknown_ops"]:
         notes.append("cost unknown for " + ", ".join(f"{k} x{v}" for k, v in out["unknown_ops"].items())
                      + "; the MAC and FLOP totals are lower bounds")

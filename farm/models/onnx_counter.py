@@ -302,6 +302,35 @@ def _count_ops(
     return ops, unknown, macs_total, flops_total, any_known
 
 
+_BETWEEN = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Dropout", "Identity"})
+
+
+def attention_subgraphs(graph: Any) -> int:
+    """How many Softmax nodes sit between two MatMuls (``MatMul -> [scale/mask ops] -> Softmax -> MatMul``):
+    attention written out, as exporters emit it (its cost is counted op by op)."""
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, list[Any]] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+
+    def reaches(start: Any, step: Callable[[Any], list[Any]]) -> bool:
+        frontier = step(start)
+        for _ in range(4):  # a few scale/mask/cast ops at most
+            if any(n.op_type == "MatMul" for n in frontier):
+                return True
+            frontier = [m for n in frontier if n.op_type in _BETWEEN for m in step(n)]
+        return False
+
+    def up(n: Any) -> list[Any]:
+        return [producer[i] for i in n.input if i in producer]
+
+    def down(n: Any) -> list[Any]:
+        return [c for o in n.output for c in consumers.get(o, [])]
+
+    return sum(1 for n in graph.node if n.op_type == "Softmax" and reaches(n, up) and reaches(n, down))
+
+
 def _parameters(model: Any, inputs: list[TensorSpec]) -> tuple[int, int, str | None]:
     """Parameter count, parameter bytes, and the KServe dtype holding most parameter bytes."""
     params = sum(prod(i.dims) for i in model.graph.initializer)
@@ -342,6 +371,7 @@ def analyze_onnx_model(model: Any, inputs: list[TensorSpec], batch: int = 1) -> 
         "dtype": dtype,
         "complete": not unknown and act_known,
         "unknown_ops": unknown,
+        "attention_subgraphs": attention_subgraphs(inferred.graph),
     }
 
 

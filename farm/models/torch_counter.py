@@ -201,4 +201,5 @@ def analyze_torchscript(path: Path, inputs: list[TensorSpec]) -> dict[str, Any]:
         "dtype": dtype,
         "complete": not counter.unknown,
         "unknown_ops": counter.unknown,
+        "attention_subgraphs": sum(v["count"] for k, v in counter.ops.items() if k in SDPA) or None,
     }

@@ -70,6 +70,7 @@ def test_bert_onnx_macs_match_analytic(tmp_path: Path) -> None:
         assert r["macs_per_sample"] == bert_macs(seq, **BERT)
         assert r["ops"]["Softmax"]["flops"] == 3 * BERT["layers"] * BERT["heads"] * seq * seq
         assert r["activation_bytes_per_sample"] is not None and r["activation_peak_bytes_per_sample"] is not None
+        assert r["attention_subgraphs"] == BERT["layers"]
 
 
 def test_bert_torch_export_and_torchscript(tmp_path: Path) -> None:
@@ -87,6 +88,7 @@ def test_bert_torch_export_and_torchscript(tmp_path: Path) -> None:
     ox, ts = analyze(exported, "onnx", spec), analyze(scripted, "torchscript", spec)
     expected = bert_macs(128, **BERT)
     assert ox["complete"] is True and ts["complete"] is True
+    assert ox["attention_subgraphs"] == ts["attention_subgraphs"] == BERT["layers"]
     assert close(ox["macs_per_sample"], expected) and close(ts["macs_per_sample"], expected)
     assert close(ts["macs_per_sample"], ox["macs_per_sample"], 0.001)
     assert close(ts["flops_per_sample"], ox["flops_per_sample"])
