@@ -28,8 +28,11 @@ inference fills in the rest.
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 from collections.abc import Callable
 from math import prod
+from pathlib import Path
 from typing import Any
 
 from farm.models.info import ONNX_TO_KSERVE, fix_input_shapes, infer_onnx_shapes, onnx_graph_inputs
@@ -208,6 +211,23 @@ def _unresolved(model: Any, shapes: dict[str, Shape | None]) -> list[str]:
     return [o for node in model.graph.node for o in node.output if o and shapes.get(o) is None]
 
 
+@functools.cache
+def _symbolic_shape_inference() -> Any:
+    """onnxruntime's ``SymbolicShapeInference`` class, loaded from its file: importing it as
+    ``onnxruntime.tools.symbolic_shape_infer`` runs ``onnxruntime/tools/__init__.py``, which imports torch
+    when it is installed (seconds) for a helper farm does not use."""
+    spec = importlib.util.find_spec("onnxruntime")
+    if spec is None or spec.origin is None:
+        raise ImportError("onnxruntime is not installed")
+    path = Path(spec.origin).parent / "tools" / "symbolic_shape_infer.py"
+    file_spec = importlib.util.spec_from_file_location("farm_ort_symbolic_shape_infer", path)
+    if file_spec is None or file_spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(file_spec)
+    file_spec.loader.exec_module(module)
+    return module.SymbolicShapeInference
+
+
 def infer_shapes(model: Any, inputs: list[TensorSpec], batch: int = 1) -> tuple[Any, dict[str, Shape | None],
                                                                                  dict[str, int]]:
     """(inferred model, name -> concrete dims or None, name -> elem_type) with the graph inputs fixed to
@@ -219,10 +239,8 @@ def infer_shapes(model: Any, inputs: list[TensorSpec], batch: int = 1) -> tuple[
     if not _unresolved(inferred, shapes):
         return inferred, shapes, types
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-        symbolic = SymbolicShapeInference.infer_shapes(fixed, auto_merge=True)
-    except Exception:  # noqa: BLE001 - ops it does not know; keep what ONNX inferred
+        symbolic = _symbolic_shape_inference().infer_shapes(fixed, auto_merge=True)
+    except Exception:  # noqa: BLE001 - ops it does not know, or no sympy; keep what ONNX inferred
         return inferred, shapes, types
     more_shapes, more_types = _shape_table(symbolic)
     for name, dims in more_shapes.items():

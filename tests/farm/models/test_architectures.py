@@ -214,3 +214,18 @@ def test_cli_example_model_and_analyze(tmp_path: Path) -> None:
     bad = subprocess.run([*run, "example-model", str(tmp_path / "x.onnx"), "--kind", "bert"], capture_output=True,
                          text=True)
     assert bad.returncode != 0 and "bert-tiny" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_symbolic_fallback_does_not_import_torch(tmp_path: Path) -> None:
+    """The BERT graph needs ONNX Runtime's symbolic inference (Range of a computed length); loading it
+    must not import torch (onnxruntime.tools/__init__ does, which costs seconds)."""
+    import subprocess
+    import sys
+
+    p = tmp_path / "bert.onnx"
+    onnx.save(bert_model(**BERT), str(p))
+    code = ("import sys; from farm.models.analysis import analyze; from farm.models.info import tensor_spec; "
+            f"r = analyze({str(p)!r}, 'onnx', [tensor_spec('input_ids:INT64:8')]); "
+            "print(r['macs_per_sample'], r['complete'], 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
+    assert out == [str(bert_macs(8, **BERT)), "True", "False"]
