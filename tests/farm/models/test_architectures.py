@@ -52,12 +52,14 @@ def close(value: int | None, expected: int, tol: float = 0.02) -> bool:
     return value is not None and abs(value - expected) <= tol * expected
 
 
-def export_onnx(module: object, example: object, path: Path, names: list[str], dynamic: dict) -> Path:
-    """``torch.onnx.export`` with the TorchScript-based exporter (works offline, opset 17)."""
+def export_onnx(module: object, example: object, path: Path, names: list[str], dynamic: dict,
+                opset: int = 17) -> Path:
+    """``torch.onnx.export`` with the TorchScript-based exporter (offline: the dynamo exporter needs
+    onnxscript)."""
     import torch
 
     torch.onnx.export(module, (example,), str(path), input_names=names, output_names=["output"],
-                      dynamic_axes={**dynamic, "output": {0: "batch"}}, opset_version=17, dynamo=False)
+                      dynamic_axes={**dynamic, "output": {0: "batch"}}, opset_version=opset, dynamo=False)
     return path
 
 
@@ -94,6 +96,14 @@ def test_bert_torch_export_and_torchscript(tmp_path: Path) -> None:
     assert close(ts["flops_per_sample"], ox["flops_per_sample"])
     sdpa = [op for op in ts["ops"] if "scaled_dot_product" in op]
     assert sdpa and all(ts["ops"][op]["macs"] == 2 * BERT["layers"] * 128 * 128 * BERT["hidden"] for op in sdpa)
+
+    # opset 14: LayerNorm decomposed (ReduceMean/Sub/Pow/Sqrt/Div/...), every op counted, the same MACs
+    old_opset = export_onnx(module, torch.zeros(1, 16, dtype=torch.long), tmp_path / "bert_opset14.onnx",
+                            ["input_ids"], {"input_ids": {0: "batch", 1: "seq"}}, opset=14)
+    r14 = analyze(old_opset, "onnx", spec)
+    assert "LayerNormalization" not in r14["ops"] and r14["ops"]["ReduceMean"]["count"] > 2 * BERT["layers"]
+    assert r14["complete"] is True and r14["macs_per_sample"] == ox["macs_per_sample"]
+    assert close(r14["flops_per_sample"], ox["flops_per_sample"])
 
 
 def test_bert_onnx_and_torchscript_compute_the_same(tmp_path: Path) -> None:
