@@ -12,7 +12,8 @@ fixed batch size with every count divided by it):
 - Elementwise unary/binary ops (Relu, Add, Mul, Sigmoid, ...): 0 MACs, 1 FLOP per output element
   (variadic Sum/Max/Min/Mean: inputs-1 per output element).
 - Attention (opset 23; com.microsoft MultiHeadAttention): MACs = S * (Q elements + output elements)
-  (Q K^T and P V; S = key length), FLOPs = 2*MACs + 4 per score (scale and softmax). Attention written
+  (Q K^T and P V; S = key length), FLOPs = 2*MACs + 4 per score (scale and softmax); com.microsoft
+  Attention (packed QKV weights) adds its input projection (input elements * packed width) and bias. Attention written
   out as MatMul/Mul/Softmax/MatMul (what exporters emit) is counted op by op with the same result.
 - MaxPool/AveragePool/LpPool: out elements * prod(kernel) FLOPs; global pools and Reduce*/ArgMax:
   in elements FLOPs; Softmax/LogSoftmax: 3 FLOPs per element; normalization per element: ``NORM``
@@ -139,8 +140,23 @@ def _matmul(n: _Node) -> Cost:
     return macs, 2 * macs
 
 
+def _packed_attention(n: _Node) -> Cost:
+    """com.microsoft Attention: input [B,S,D] times packed weights [D, Dq+Dk+Dv] (+ bias), then attention
+    of S queries over S keys (no past state) in ``num_heads`` heads."""
+    x, w = _dims(n.ins[0]), _dims(n.ins[1])
+    if len(x) != 3 or len(w) != 2 or n.has_input(4) or n.has_input(6):  # past state / past key: not counted
+        raise _Unknown
+    dq, _, dv = n.attr("qkv_hidden_sizes", None) or [w[1] // 3] * 3
+    b, s = x[0], x[1]
+    proj = _n(x) * w[1]
+    macs = proj + b * s * s * (dq + dv)
+    return macs, 2 * macs + (b * s * w[1] if n.has_input(2) else 0) + 4 * b * int(n.attr("num_heads")) * s * s
+
+
 def _attention(n: _Node) -> Cost:
     """ONNX Attention / com.microsoft MultiHeadAttention: Q [B,H,L,E] or [B,L,H*E], K [B,Hk,S,E] or [B,S,.]."""
+    if n.node.domain == "com.microsoft" and n.op == "Attention":
+        return _packed_attention(n)
     q, k = _dims(n.ins[0]), _dims(n.ins[1])
     if len(q) not in (3, 4) or len(k) not in (3, 4):
         raise _Unknown

@@ -239,3 +239,44 @@ def test_symbolic_fallback_does_not_import_torch(tmp_path: Path) -> None:
             "print(r['macs_per_sample'], r['complete'], 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
     assert out == [str(bert_macs(8, **BERT)), "True", "False"]
+
+
+@pytest.mark.slow
+def test_onnxruntime_optimized_bert(tmp_path: Path) -> None:
+    """ONNX Runtime's transformer optimizer fuses the exported encoder into contrib ops (SkipLayerNormalization,
+    BiasGelu); their shapes come from ONNX Runtime's symbolic inference and every op is counted."""
+    torch = pytest.importorskip("torch")
+    from onnxruntime.transformers import optimizer
+
+    from farm.models.torch_architectures import bert_module
+
+    exported = export_onnx(bert_module(**BERT), torch.zeros(1, 16, dtype=torch.long), tmp_path / "bert.onnx",
+                           ["input_ids"], {"input_ids": {0: "batch", 1: "seq"}})
+    fused = optimizer.optimize_model(str(exported), model_type="bert", num_heads=BERT["heads"],
+                                     hidden_size=BERT["hidden"], opt_level=0)
+    path = tmp_path / "bert_fused.onnx"
+    fused.save_model_to_file(str(path))
+    r = analyze(path, "onnx", [tensor_spec("input_ids:INT64:128")])
+    assert "SkipLayerNormalization" in r["ops"] and r["complete"] is True
+    assert r["macs_per_sample"] == bert_macs(128, **BERT)
+
+
+def test_packed_contrib_attention(tmp_path: Path) -> None:
+    """com.microsoft Attention (packed QKV weights): projection + Q K^T + P V MACs; ONNX Runtime runs it."""
+    d, heads, seq = 32, 4, 16
+    rng = np.random.RandomState(0)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("w", (d, 3 * d)), ("bias", (3 * d,)))]
+    node = helper.make_node("Attention", ["x", "w", "bias"], ["y"], domain="com.microsoft", num_heads=heads)
+    graph = helper.make_graph([node], "a", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", d])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", d])], inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    p = tmp_path / "attention.onnx"
+    onnx.save(model, str(p))
+    (y,) = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(
+        None, {"x": np.zeros((1, seq, d), np.float32)})
+    assert y.shape == (1, seq, d)
+    r = analyze(p, "onnx", [tensor_spec(f"x:FP32:{seq}x{d}")])
+    assert r["macs_per_sample"] == seq * d * 3 * d + seq * seq * (d + d) and r["complete"] is True
