@@ -15,8 +15,8 @@ from farm.models.info import FARM_INPUTS_EXTRA
 from farm.models.torchscript import require_torch
 
 
-def _classes() -> dict[str, type]:
-    """The nn.Module classes (defined on first use so importing this file never needs torch)."""
+def _bert_class() -> type:
+    """The BERT-style encoder class (defined on first use so importing this file never needs torch)."""
     torch = require_torch()
     nn: Any = torch.nn
     functional: Any = torch.nn.functional
@@ -78,6 +78,14 @@ def _classes() -> dict[str, type]:
                 x = layer(x)
             return x.mean(dim=1)
 
+    return Bert
+
+
+def _resnet_class() -> type:
+    """The ResNet-18 class (defined on first use)."""
+    torch = require_torch()
+    nn: Any = torch.nn
+
     class BasicBlock(nn.Module):
         def __init__(self, c_in: int, c_out: int, stride: int) -> None:
             super().__init__()
@@ -116,7 +124,7 @@ def _classes() -> dict[str, type]:
             x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
             return self.fc(torch.flatten(torch.mean(x, dim=(2, 3), keepdim=True), 1))
 
-    return {"bert": Bert, "resnet18": ResNet18}
+    return ResNet18
 
 
 def load_onnx_weights(module: Any, onnx_model: Any) -> Any:
@@ -143,7 +151,7 @@ def bert_module(**kw: int) -> Any:
     from farm.models.architectures import BERT_DEFAULTS, bert_model
 
     sizes = {**BERT_DEFAULTS, **kw}
-    return load_onnx_weights(_classes()["bert"](**sizes), bert_model(**sizes))
+    return load_onnx_weights(_bert_class()(**sizes), bert_model(**sizes))
 
 
 def resnet_module(**kw: int) -> Any:
@@ -151,7 +159,7 @@ def resnet_module(**kw: int) -> Any:
     from farm.models.architectures import RESNET_DEFAULTS, resnet_model
 
     sizes = {**RESNET_DEFAULTS, **kw}
-    module = _classes()["resnet18"](width=sizes["width"], classes=sizes["classes"])
+    module = _resnet_class()(width=sizes["width"], classes=sizes["classes"])
     return load_onnx_weights(module, resnet_model(**sizes))
 
 
