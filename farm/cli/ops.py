@@ -129,9 +129,11 @@ def db_check(wait: float = typer.Option(0.0, "--wait", help="Seconds to wait for
 
 
 def example_model(out: Path = typer.Argument(..., help="Output file."),
-                  kind: str = typer.Option("convnet", "--kind", help="mlp | convnet | identity | compute | memory "
-                                           "(| torchscript-mlp | torchscript-convnet with farm[torch])")) -> None:
-    """Write a small example model (random weights) for demos and tests."""
+                  kind: str = typer.Option("convnet", "--kind", help="mlp | convnet | identity | compute | memory | "
+                                           "bert-tiny | resnet18 (| torchscript-KIND for mlp, convnet, bert-tiny, "
+                                           "resnet18, with farm[torch])")) -> None:
+    """Write an example model (seeded random weights) for demos and tests: small graphs, or real
+    architectures (bert-tiny: 6-layer BERT-style encoder, give --input input_ids:INT64:128; resnet18)."""
     from farm.models.examples import EXAMPLE_KINDS, build_example
 
     if kind not in EXAMPLE_KINDS:
@@ -146,6 +148,7 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Static metrics: parameters, size, MACs/FLOPs per sample, activation memory."""
     from farm.models.analysis import analyze as run_analysis
+    from farm.models.analysis import headline
     from farm.models.info import inspect_model, tensor_spec
 
     given = [tensor_spec(t) for t in input_spec] if input_spec else None
@@ -162,8 +165,7 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
     for col in ("metric", "value", "unit"):
         table.add_column(col, justify="right" if col == "value" else "left")
     for m in MODEL_METRICS:
-        value = report.get(m.name)
-        table.add_row(m.name, "unknown" if value is None else f"{value:,}", m.unit)
+        table.add_row(m.name, headline(report, m.name), m.unit)
     console.print(table)
     ops_table = Table(title="per operator")
     for col in ("op", "count", "MACs", "FLOPs"):
@@ -172,9 +174,11 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
         ops_table.add_row(op, str(row["count"]), *("unknown" if row.get(k) is None else f"{row[k]:,}"
                                                     for k in ("macs", "flops")))
     console.print(ops_table)
+    for note in report.get("notes", []):
+        console.print(f"note: {note}", highlight=False)
     if not report.get("complete", True):
         err_console.print(f"incomplete: no counting rule or shape for {report.get('unknown_ops')}; "
-                          "totals cover the other operators")
+                          "the MAC/FLOP totals are lower bounds (>=)")
 
 
 def register(app: typer.Typer, db_app: typer.Typer) -> None:

@@ -42,7 +42,9 @@ def report(
     _print_ranked(req.id, rep, top)
     _print_verdicts(rep)
     if static:
-        console.print("model: " + ", ".join(f"{k} {fmt_value(k, static.get(k))}" for k in
+        from farm.models.analysis import headline
+
+        console.print("model: " + ", ".join(f"{k} {headline(static, k)}" for k in
                                             ("params", "macs_per_sample", "flops_per_sample") if k in static))
 
 

@@ -5,17 +5,24 @@ model's fixed batch size divided by it when its batch dimension is static):
 
 - ``params``: parameter count (ONNX: elements of all graph initializers; TorchScript: ``parameters()``)
 - ``param_bytes``: bytes of those parameters; ``size_bytes``: the model file's size
-- ``macs_per_sample``: multiply-accumulates (Conv, ConvTranspose, Gemm, MatMul, BatchNormalization)
-- ``flops_per_sample``: 2 * MACs + bias adds + elementwise/pool/reduce/softmax FLOPs (rules in
-  ``farm.models.onnx_counter``; the TorchScript counter follows the same rules on aten ops)
+- ``macs_per_sample``: multiply-accumulates (Conv, ConvTranspose, Gemm, MatMul, attention,
+  BatchNormalization); None unless every op was counted
+- ``flops_per_sample``: 2 * MACs + bias adds + elementwise/pool/reduce/softmax/normalization FLOPs
+  (rules in ``farm.models.onnx_counter``; the TorchScript counter follows the same rules on aten ops);
+  None unless every op was counted
+- ``macs_at_least`` / ``flops_at_least``: when some ops could not be counted, the counted part (a lower
+  bound; shown as ``>= N (missing: OP xK, ...)`` by ``headline``), else None
 - ``activation_bytes_per_sample``: SUM of all intermediate tensor sizes (node outputs, graph outputs
-  included, graph inputs and weights excluded) = the memory needed with no buffer reuse
+  included, graph inputs and weights excluded) = the memory needed with no buffer reuse (None when a
+  size is unknown, as is the peak)
 - ``activation_peak_bytes_per_sample``: PEAK of live tensors (graph inputs included) when each tensor
   is freed after its last consumer, in graph order (ONNX only; None for TorchScript)
 - ``ops``: ``{op_type: {"count", "macs", "flops"}}`` (macs/flops None when unknown)
 - ``dtype``: KServe datatype holding most parameter bytes, INT32/INT64 (shape and index tensors)
   ignored; the first input's dtype when there are no such parameters
 - ``complete``: False when some node's cost or size is unknown; ``unknown_ops``: ``{op_type: count}``
+- ``attention_subgraphs``: attention blocks found (ONNX: Softmax between two MatMuls; TorchScript: calls of
+  scaled_dot_product_attention, None when there are none, as written-out attention is not matched there)
 - ``format``, ``sha256``, ``inputs`` (``name:DTYPE:shape`` strings), ``notes`` (one-line strings)
 
 Unknown figures are None, never 0.
@@ -29,7 +36,7 @@ from farm.errors import ModelError
 from farm.models.info import format_input_spec, inspect_model_full
 from schemas import TensorSpec
 
-__all__ = ["analyze"]
+__all__ = ["analyze", "headline"]
 
 
 def analyze(path: Path, format: str | None = None, inputs: list[TensorSpec] | None = None) -> dict[str, Any]:
@@ -47,8 +54,23 @@ def analyze(path: Path, format: str | None = None, inputs: list[TensorSpec] | No
     else:  # pragma: no cover - inspect_model only returns known formats
         raise ModelError(f"cannot analyze format {info.format!r}")
     notes = list(info.notes)
+    if out.get("attention_subgraphs"):
+        notes.append(f"{out['attention_subgraphs']} attention blocks (Q K^T, softmax, P V), counted in the totals")
     if out["unknown_ops"]:
         notes.append("cost unknown for " + ", ".join(f"{k} x{v}" for k, v in out["unknown_ops"].items())
-                     + "; totals cover the other ops")
+                     + "; the MAC and FLOP totals are lower bounds")
     return {"format": info.format, "sha256": info.sha256, "size_bytes": info.size_bytes,
             "inputs": [format_input_spec(s) for s in info.inputs], **out, "notes": notes}
+
+
+def headline(report: dict[str, Any], name: str) -> str:
+    """A static metric for humans: ``1,234`` when exact, ``>= 1,234 (missing: Erf x2)`` for a lower
+    bound (``macs_per_sample`` and ``flops_per_sample``), ``unknown`` otherwise."""
+    value = report.get(name)
+    if value is not None:
+        return f"{value:,}"
+    bound = report.get(name.replace("_per_sample", "_at_least")) if name.endswith("_per_sample") else None
+    if bound is None:
+        return "unknown"
+    missing = ", ".join(f"{op} x{n}" for op, n in (report.get("unknown_ops") or {}).items())
+    return f">= {bound:,} (missing: {missing or 'some operators'})"

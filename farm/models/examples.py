@@ -19,6 +19,13 @@ Kinds (``EXAMPLE_KINDS``):
   chosen so that each intermediate holds ``mb`` MiB per sample (inference needs >= ``mb`` MiB; two such
   tensors may be live at once). Small file; the memory is only needed at run time (OOM tests).
 - ``torchscript-mlp``, ``torchscript-convnet``: the same MLP/convnet as TorchScript (needs torch).
+- ``bert-tiny``: a BERT-style sentence encoder (``farm.models.architectures.bert_model``: 6 layers, hidden
+  256, 4 heads, FFN 1024, vocabulary 30522; 12.6 M parameters, 0.65 GMAC per sample at 128 tokens);
+  input ``input_ids`` INT64 [batch, seq] (give ``--input input_ids:INT64:128``), output [batch, 256].
+- ``resnet18``: ResNet-18 (``resnet_model``: 11.7 M parameters, 1.82 GMAC per sample); input ``input``
+  FP32 [batch, 3, 224, 224], output [batch, 1000]. Options: the builders' sizes (e.g. ``image``).
+- ``torchscript-bert-tiny``, ``torchscript-resnet18``: the same two as TorchScript with the same weights
+  (needs torch); they declare their inputs (``input_ids:INT64:128``, ``input:FP32:3x224x224``).
 """
 from __future__ import annotations
 
@@ -38,9 +45,12 @@ SEED = 0
 ASSUMED_GFLOPS = 170.0
 COMPUTE_ROWS = 64
 COMPUTE_DIM = 256
-ONNX_KINDS: tuple[str, ...] = ("mlp", "convnet", "identity", "compute", "memory")
-TORCHSCRIPT_KINDS: tuple[str, ...] = ("torchscript-mlp", "torchscript-convnet")
+ONNX_KINDS: tuple[str, ...] = ("mlp", "convnet", "identity", "compute", "memory", "bert-tiny", "resnet18")
+TORCHSCRIPT_KINDS: tuple[str, ...] = ("torchscript-mlp", "torchscript-convnet", "torchscript-bert-tiny",
+                                      "torchscript-resnet18")
 EXAMPLE_KINDS: tuple[str, ...] = ONNX_KINDS + TORCHSCRIPT_KINDS
+#: TorchScript kinds mirrored from ``farm.models.architectures`` (the others from ``farm.models.torchscript``).
+ARCHITECTURE_KINDS: tuple[str, ...] = ("torchscript-bert-tiny", "torchscript-resnet18")
 
 
 def _onnx() -> tuple[Any, Any, Any]:
@@ -207,7 +217,9 @@ def build_example(kind: str, out: Path, **kw: Any) -> Path:
     """Write example model ``kind`` to ``out`` (a file, or a directory to put ``<kind>.onnx|.pt`` in).
 
     Keyword arguments: ``compute``: ``ms`` (float, default 5.0), ``calibrate`` (bool); ``memory``: ``mb``
-    (MiB, default 256), ``width``; ``identity``: ``shape`` (tuple); ``mlp``: ``sizes`` (tuple).
+    (MiB, default 256), ``width``; ``identity``: ``shape`` (tuple); ``mlp``: ``sizes`` (tuple);
+    ``[torchscript-]bert-tiny``: ``vocab``, ``hidden``, ``layers``, ``heads``, ``ffn``, ``max_positions``;
+    ``[torchscript-]resnet18``: ``width``, ``classes``, ``image``.
     """
     if kind not in EXAMPLE_KINDS:
         raise RequestError(f"unknown example model {kind!r}; choose one of {', '.join(EXAMPLE_KINDS)}")
@@ -215,11 +227,17 @@ def build_example(kind: str, out: Path, **kw: Any) -> Path:
     if kind in TORCHSCRIPT_KINDS:
         from farm.models.torchscript import build_torchscript
 
+        if kind in ARCHITECTURE_KINDS:
+            from farm.models.torch_architectures import build_torchscript_architecture
+
+            return build_torchscript_architecture(kind.split("-", 1)[1], path, **kw)
         if kw:
             raise RequestError(f"example model {kind!r} takes no options, got {', '.join(kw)}")
         return build_torchscript(kind.split("-", 1)[1], path)
+    from farm.models.architectures import bert_model, resnet_model
+
     builders = {"mlp": mlp_model, "convnet": convnet_model, "identity": identity_model,
-                "compute": compute_model, "memory": memory_model}
+                "compute": compute_model, "memory": memory_model, "bert-tiny": bert_model, "resnet18": resnet_model}
     try:
         model = builders[kind](**kw)
     except TypeError as exc:

@@ -11,16 +11,29 @@ fixed batch size with every count divided by it):
 - BatchNormalization (inference, folded to x*a+b): MACs = elements, FLOPs = 2*elements.
 - Elementwise unary/binary ops (Relu, Add, Mul, Sigmoid, ...): 0 MACs, 1 FLOP per output element
   (variadic Sum/Max/Min/Mean: inputs-1 per output element).
+- Attention (opset 23; com.microsoft MultiHeadAttention): MACs = S * (Q elements + output elements)
+  (Q K^T and P V; S = key length), FLOPs = 2*MACs + 4 per score (scale and softmax); com.microsoft
+  Attention (packed QKV weights) adds its input projection (input elements * packed width) and bias. Attention written
+  out as MatMul/Mul/Softmax/MatMul (what exporters emit) is counted op by op with the same result.
 - MaxPool/AveragePool/LpPool: out elements * prod(kernel) FLOPs; global pools and Reduce*/ArgMax:
-  in elements FLOPs; Softmax/LogSoftmax: 3 FLOPs per element; LayerNormalization: 5 per element.
+  in elements FLOPs; Softmax/LogSoftmax: 3 FLOPs per element; normalization per element: ``NORM``
+  (LayerNormalization 5; decomposed LayerNorm counts its ReduceMean/Sub/Pow/Add/Sqrt/Div/Mul ops).
 - Shape-only and data-movement ops (Flatten, Reshape, Transpose, Concat, Gather, Expand, ...): 0.
 - Any other op, or a node whose shapes inference could not resolve: unknown (None), listed and the
   totals flagged ``complete: False`` (never counted as 0).
+
+Shapes: the graph inputs get the given concrete shapes, the exporter's (symbolic) intermediate shapes
+are dropped, and ONNX shape inference with data propagation runs through the graph; where it leaves a
+node output unresolved (e.g. Reshape to a shape computed from ``Shape``), ONNX Runtime's symbolic shape
+inference fills in the rest.
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 from collections.abc import Callable
 from math import prod
+from pathlib import Path
 from typing import Any
 
 from farm.models.info import ONNX_TO_KSERVE, fix_input_shapes, infer_onnx_shapes, onnx_graph_inputs
@@ -35,11 +48,12 @@ UNARY = frozenset({
     "Relu", "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs",
     "Erf", "Clip", "HardSigmoid", "HardSwish", "Elu", "Selu", "Celu", "Softplus", "Softsign", "Sin", "Cos",
     "Floor", "Ceil", "Round", "Not", "Sign", "Gelu", "Mish", "ThresholdedRelu", "IsNaN", "IsInf",
-    "QuantizeLinear", "DequantizeLinear",
+    "QuantizeLinear", "DequantizeLinear", "Swish", "FastGelu", "QuickGelu", "BiasGelu", "CumSum", "Shrink",
+    "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "BitwiseNot",
 })
 BINARY = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual",
-    "And", "Or", "Xor", "Where", "BitShift",
+    "And", "Or", "Xor", "Where", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
 })
 VARIADIC = frozenset({"Sum", "Max", "Min", "Mean"})
 FREE = frozenset({
@@ -54,6 +68,12 @@ REDUCE = frozenset({
     "GlobalMaxPool", "GlobalLpPool",
 })
 POOL = frozenset({"MaxPool", "AveragePool", "LpPool"})
+#: FLOPs per output element of normalization ops (mean, centre, variance, rsqrt, scale and shift).
+NORM: dict[str, int] = {
+    "LayerNormalization": 5, "InstanceNormalization": 5, "GroupNormalization": 5, "MeanVarianceNormalization": 4,
+    "SimplifiedLayerNormalization": 4, "RMSNormalization": 4, "SkipLayerNormalization": 6,
+    "SkipSimplifiedLayerNormalization": 5, "LpNormalization": 3,
+}
 
 
 class _Node:
@@ -120,6 +140,36 @@ def _matmul(n: _Node) -> Cost:
     return macs, 2 * macs
 
 
+def _packed_attention(n: _Node) -> Cost:
+    """com.microsoft Attention: input [B,S,D] times packed weights [D, Dq+Dk+Dv] (+ bias), then attention
+    of S queries over S keys (no past state) in ``num_heads`` heads."""
+    x, w = _dims(n.ins[0]), _dims(n.ins[1])
+    if len(x) != 3 or len(w) != 2 or n.has_input(4) or n.has_input(6):  # past state / past key: not counted
+        raise _Unknown
+    dq, _, dv = n.attr("qkv_hidden_sizes", None) or [w[1] // 3] * 3
+    b, s = x[0], x[1]
+    proj = _n(x) * w[1]
+    macs = proj + b * s * s * (dq + dv)
+    return macs, 2 * macs + (b * s * w[1] if n.has_input(2) else 0) + 4 * b * int(n.attr("num_heads")) * s * s
+
+
+def _attention(n: _Node) -> Cost:
+    """ONNX Attention / com.microsoft MultiHeadAttention: Q [B,H,L,E] or [B,L,H*E], K [B,Hk,S,E] or [B,S,.]."""
+    if n.node.domain == "com.microsoft" and n.op == "Attention":
+        return _packed_attention(n)
+    q, k = _dims(n.ins[0]), _dims(n.ins[1])
+    if len(q) not in (3, 4) or len(k) not in (3, 4):
+        raise _Unknown
+    s = k[-2] if len(k) == 4 else k[1]
+    head = q[-1] if len(q) == 4 else q[-1] // int(n.attr("q_num_heads", n.attr("num_heads", 0)) or 0)
+    macs = s * (_n(q) + _n(n.outs[0]))
+    return macs, 2 * macs + 4 * (_n(q) // head) * s
+
+
+def _norm(n: _Node) -> Cost:
+    return 0, NORM[n.op] * _n(n.outs[0])
+
+
 def _batchnorm(n: _Node) -> Cost:
     e = _n(n.ins[0])
     return e, 2 * e
@@ -142,7 +192,8 @@ HANDLERS: dict[str, Callable[[_Node], Cost]] = {
     **{op: (lambda n: (0, 0)) for op in FREE},
     **{op: (lambda n: (0, _n(n.ins[0]))) for op in REDUCE},
     "Softmax": lambda n: (0, 3 * _n(n.outs[0])), "LogSoftmax": lambda n: (0, 3 * _n(n.outs[0])),
-    "LayerNormalization": lambda n: (0, 5 * _n(n.outs[0])),
+    **{op: _norm for op in NORM},
+    "Attention": _attention, "MultiHeadAttention": _attention,
 }
 
 
@@ -169,6 +220,50 @@ def _shape_table(model: Any) -> tuple[dict[str, Shape | None], dict[str, int]]:
                     shapes[node.output[0]] = list(a.t.dims)
                     types[node.output[0]] = a.t.data_type
     return shapes, types
+
+
+def _unresolved(model: Any, shapes: dict[str, Shape | None]) -> list[str]:
+    """Node outputs whose concrete shape is still unknown."""
+    return [o for node in model.graph.node for o in node.output if o and shapes.get(o) is None]
+
+
+@functools.cache
+def _symbolic_shape_inference() -> Any:
+    """onnxruntime's ``SymbolicShapeInference`` class, loaded from its file: importing it as
+    ``onnxruntime.tools.symbolic_shape_infer`` runs ``onnxruntime/tools/__init__.py``, which imports torch
+    when it is installed (seconds) for a helper farm does not use."""
+    spec = importlib.util.find_spec("onnxruntime")
+    if spec is None or spec.origin is None:
+        raise ImportError("onnxruntime is not installed")
+    path = Path(spec.origin).parent / "tools" / "symbolic_shape_infer.py"
+    file_spec = importlib.util.spec_from_file_location("farm_ort_symbolic_shape_infer", path)
+    if file_spec is None or file_spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(file_spec)
+    file_spec.loader.exec_module(module)
+    return module.SymbolicShapeInference
+
+
+def infer_shapes(model: Any, inputs: list[TensorSpec], batch: int = 1) -> tuple[Any, dict[str, Shape | None],
+                                                                                 dict[str, int]]:
+    """(inferred model, name -> concrete dims or None, name -> elem_type) with the graph inputs fixed to
+    ``[batch, *spec.shape]`` (see module doc: ONNX inference, then ONNX Runtime's symbolic inference)."""
+    fixed = fix_input_shapes(model, inputs, batch=batch)
+    del fixed.graph.value_info[:]  # an exporter's symbolic intermediate shapes would mask the concrete ones
+    inferred = infer_onnx_shapes(fixed)
+    shapes, types = _shape_table(inferred)
+    if not _unresolved(inferred, shapes):
+        return inferred, shapes, types
+    try:
+        symbolic = _symbolic_shape_inference().infer_shapes(fixed, auto_merge=True)
+    except Exception:  # noqa: BLE001 - ops it does not know, or no sympy; keep what ONNX inferred
+        return inferred, shapes, types
+    more_shapes, more_types = _shape_table(symbolic)
+    for name, dims in more_shapes.items():
+        if shapes.get(name) is None and dims is not None:
+            shapes[name] = dims
+            types[name] = types.get(name) or more_types.get(name, 0)
+    return inferred, shapes, types
 
 
 def _activations(model: Any, shapes: dict[str, Shape | None], types: dict[str, int]) -> tuple[int, int, bool]:
@@ -226,7 +321,7 @@ def _count_ops(
         if handler is not None:
             try:
                 cost = handler(_Node(node, shapes))
-            except (_Unknown, TypeError, IndexError):
+            except (_Unknown, TypeError, IndexError, ZeroDivisionError):
                 cost = None  # a shape the inference could not resolve
         if cost is None:
             unknown[node.op_type] = unknown.get(node.op_type, 0) + 1
@@ -239,6 +334,35 @@ def _count_ops(
             entry["macs"] += cost[0]
             entry["flops"] += cost[1]
     return ops, unknown, macs_total, flops_total, any_known
+
+
+_BETWEEN = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Dropout", "Identity"})
+
+
+def attention_subgraphs(graph: Any) -> int:
+    """How many Softmax nodes sit between two MatMuls (``MatMul -> [scale/mask ops] -> Softmax -> MatMul``):
+    attention written out, as exporters emit it (its cost is counted op by op)."""
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, list[Any]] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+
+    def reaches(start: Any, step: Callable[[Any], list[Any]]) -> bool:
+        frontier = step(start)
+        for _ in range(4):  # a few scale/mask/cast ops at most
+            if any(n.op_type == "MatMul" for n in frontier):
+                return True
+            frontier = [m for n in frontier if n.op_type in _BETWEEN for m in step(n)]
+        return False
+
+    def up(n: Any) -> list[Any]:
+        return [producer[i] for i in n.input if i in producer]
+
+    def down(n: Any) -> list[Any]:
+        return [c for o in n.output for c in consumers.get(o, [])]
+
+    return sum(1 for n in graph.node if n.op_type == "Softmax" and reaches(n, up) and reaches(n, down))
 
 
 def _parameters(model: Any, inputs: list[TensorSpec]) -> tuple[int, int, str | None]:
@@ -260,9 +384,7 @@ def analyze_onnx_model(model: Any, inputs: list[TensorSpec], batch: int = 1) -> 
     Shapes are inferred at ``batch`` (pass a static model's fixed batch size) and every count is divided
     by it, so results are per sample.
     """
-    fixed = fix_input_shapes(model, inputs, batch=batch)
-    inferred = infer_onnx_shapes(fixed)
-    shapes, types = _shape_table(inferred)
+    inferred, shapes, types = infer_shapes(model, inputs, batch=batch)
     ops, unknown, macs_total, flops_total, any_known = _count_ops(inferred.graph, shapes)
     act_sum, act_peak, act_known = _activations(inferred, shapes, types)
     params, param_bytes, dtype = _parameters(model, inputs)
@@ -276,12 +398,21 @@ def analyze_onnx_model(model: Any, inputs: list[TensorSpec], batch: int = 1) -> 
     return {
         "params": params,
         "param_bytes": param_bytes,
-        "macs_per_sample": macs_total if any_known or not inferred.graph.node else None,
-        "flops_per_sample": flops_total if any_known or not inferred.graph.node else None,
-        "activation_bytes_per_sample": act_sum,
-        "activation_peak_bytes_per_sample": act_peak,
+        **totals(macs_total, flops_total, unknown, any_known or not inferred.graph.node),
+        "activation_bytes_per_sample": act_sum if act_known else None,
+        "activation_peak_bytes_per_sample": act_peak if act_known else None,
         "ops": dict(sorted(ops.items())),
         "dtype": dtype,
         "complete": not unknown and act_known,
         "unknown_ops": unknown,
+        "attention_subgraphs": attention_subgraphs(inferred.graph),
     }
+
+
+def totals(macs: int, flops: int, unknown: dict[str, int], any_known: bool) -> dict[str, int | None]:
+    """``macs_per_sample``/``flops_per_sample`` (None unless every op was counted) and
+    ``macs_at_least``/``flops_at_least`` (the counted part, a lower bound, when some op was not)."""
+    complete = not unknown and any_known
+    partial = bool(unknown) and any_known
+    return {"macs_per_sample": macs if complete else None, "flops_per_sample": flops if complete else None,
+            "macs_at_least": macs if partial else None, "flops_at_least": flops if partial else None}

@@ -1,5 +1,8 @@
 """Static metrics of a TorchScript model: parameters from the module, MACs/FLOPs by running it once.
 
+Attention counts both ways it reaches the dispatcher: ``scaled_dot_product_attention`` (and its kernels,
+``SDPA``) by the ONNX Attention rule, written-out ``matmul``/``softmax``/``matmul`` op by op (as bmm).
+
 The module runs on a batch of 1 (zeros of the input spec) under a ``TorchDispatchMode`` that sees every
 aten op the TorchScript interpreter executes and applies the ONNX counter's rules to it (see
 ``farm.models.onnx_counter``). Ops outside the table are reported as unknown, never counted as 0.
@@ -14,6 +17,7 @@ from typing import Any
 
 from farm.errors import ModelError
 from farm.models.info import one_line
+from farm.models.onnx_counter import totals
 from farm.models.torchscript import load_torchscript, require_torch, torch_inputs
 from schemas import TensorSpec
 
@@ -41,6 +45,14 @@ REDUCE = frozenset({
 POOL = frozenset({
     "max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices", "max_pool3d_with_indices",
     "avg_pool1d", "avg_pool2d", "avg_pool3d",
+})
+
+#: scaled dot product attention, as called and as dispatched to its CPU/GPU kernels.
+SDPA = frozenset({
+    "scaled_dot_product_attention", "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math_for_mps",
+    "_scaled_dot_product_fused_attention_overrideable",
 })
 
 
@@ -74,6 +86,15 @@ def _conv(args: tuple, out: Any) -> Cost:
     return macs, 2 * macs + (_numel(out) if bias else 0)
 
 
+def _sdpa(args: tuple, out: Any) -> Cost:
+    """scaled_dot_product_attention(query [.., L, E], key [.., S, E], value [.., S, Ev], ...) -> [.., L, Ev]:
+    Q K^T and P V; FLOPs add 4 per score (scale and softmax), as the ONNX counter's Attention rule."""
+    q, k = args[0], args[1]
+    s = int(k.shape[-2])
+    macs = s * (_numel(q) + _numel(out))
+    return macs, 2 * macs + 4 * (_numel(q) // int(q.shape[-1])) * s
+
+
 def _batchnorm(args: tuple, out: Any) -> Cost:
     e = _numel(args[0])
     return e, 2 * e
@@ -91,12 +112,16 @@ HANDLERS: dict[str, Callable[[tuple, Any], Cost]] = {
     "linear": _linear, "convolution": _conv, "_convolution": _conv,
     "native_batch_norm": _batchnorm, "_native_batch_norm_legit_no_training": _batchnorm,
     "batch_norm": _batchnorm,
+    **{op: _sdpa for op in SDPA},
     **{op: _pool for op in POOL},
     **{op: (lambda a, o: (0, _numel(o))) for op in ELEMENTWISE},
     **{op: (lambda a, o: (0, 0)) for op in FREE},
     **{op: (lambda a, o: (0, _numel(a[0]))) for op in REDUCE},
     "_softmax": lambda a, o: (0, 3 * _numel(o)), "softmax": lambda a, o: (0, 3 * _numel(o)),
+    "_safe_softmax": lambda a, o: (0, 3 * _numel(o)),
     "_log_softmax": lambda a, o: (0, 3 * _numel(o)), "native_layer_norm": lambda a, o: (0, 5 * _numel(o)),
+    "layer_norm": lambda a, o: (0, 5 * _numel(o)), "native_group_norm": lambda a, o: (0, 5 * _numel(o)),
+    "_fused_rms_norm": lambda a, o: (0, 4 * _numel(o)),
 }
 
 
@@ -169,12 +194,12 @@ def analyze_torchscript(path: Path, inputs: list[TensorSpec]) -> dict[str, Any]:
     return {
         "params": sum(p.numel() for p in params),
         "param_bytes": sum(by_dtype.values()),
-        "macs_per_sample": counter.macs if known else None,
-        "flops_per_sample": counter.flops if known else None,
+        **totals(counter.macs, counter.flops, counter.unknown, known),
         "activation_bytes_per_sample": counter.act_bytes,
         "activation_peak_bytes_per_sample": None,
         "ops": dict(sorted(counter.ops.items())),
         "dtype": dtype,
         "complete": not counter.unknown,
         "unknown_ops": counter.unknown,
+        "attention_subgraphs": sum(v["count"] for k, v in counter.ops.items() if k in SDPA) or None,
     }

@@ -31,7 +31,11 @@ from farm.models.info import inspect_model
 from schemas import TensorSpec
 
 # Small options keep the suite fast and light: compute ~0.5 ms, memory 8 MiB per sample.
-OPTIONS: dict[str, dict[str, Any]] = {"compute": {"ms": 0.5}, "memory": {"mb": 8}}
+OPTIONS: dict[str, dict[str, Any]] = {
+    "compute": {"ms": 0.5}, "memory": {"mb": 8}, "resnet18": {"width": 8, "classes": 10, "image": 32},
+    "bert-tiny": {"vocab": 500, "hidden": 32, "layers": 1, "heads": 2, "ffn": 64, "max_positions": 128},
+}
+BASIC_KINDS = ("mlp", "convnet", "identity", "compute", "memory")  # input ``input`` FP32, fixed shapes
 EXPECTED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {  # per-sample (input, output) shapes
     "mlp": ((256,), (10,)),
     "convnet": ((3, 32, 32), (10,)),
@@ -50,10 +54,11 @@ def session(path: Path, threads: int = 1) -> ort.InferenceSession:
 
 def test_kinds_tuple() -> None:
     assert set(EXAMPLE_KINDS) == set(ONNX_KINDS) | set(TORCHSCRIPT_KINDS)
-    assert {"mlp", "convnet", "identity", "compute", "memory"} <= set(EXAMPLE_KINDS)
+    real = {"bert-tiny", "resnet18", "torchscript-bert-tiny", "torchscript-resnet18"}
+    assert {*BASIC_KINDS, *real} <= set(EXAMPLE_KINDS)
 
 
-@pytest.mark.parametrize("kind", ONNX_KINDS)
+@pytest.mark.parametrize("kind", BASIC_KINDS)
 def test_onnx_example(kind: str, tmp_path: Path) -> None:
     path = build_example(kind, tmp_path / f"{kind}.onnx", **OPTIONS.get(kind, {}))
     assert path.exists() and path.stat().st_size > 0
@@ -185,7 +190,7 @@ def test_main_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
 
 
-@pytest.mark.parametrize("kind", TORCHSCRIPT_KINDS)
+@pytest.mark.parametrize("kind", ["torchscript-mlp", "torchscript-convnet"])
 def test_torchscript_example(kind: str, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     path = build_example(kind, tmp_path / f"{kind}.pt")
@@ -208,3 +213,30 @@ def test_torchscript_example_rejects_options(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     with pytest.raises(RequestError, match="takes no options"):
         build_example("torchscript-mlp", tmp_path / "m.pt", ms=3)
+
+
+@pytest.mark.parametrize("kind", ["bert-tiny", "resnet18"])
+def test_architecture_examples(kind: str, tmp_path: Path) -> None:
+    """The real-architecture kinds in both formats: declared inputs, same outputs (same weights)."""
+    torch = pytest.importorskip("torch")
+    opts = OPTIONS[kind]
+    onnx_path = build_example(kind, tmp_path, **opts)
+    ts_path = build_example(f"torchscript-{kind}", tmp_path, **opts)
+    assert onnx_path.name == f"{kind}.onnx" and ts_path.name == f"torchscript-{kind}.pt"
+    ts_info = inspect_model(ts_path)  # inputs declared in the file
+    if kind == "bert-tiny":
+        assert ts_info.inputs == [TensorSpec(name="input_ids", dtype="INT64", shape=(128,))]
+        x: np.ndarray = np.random.RandomState(0).randint(0, opts["vocab"], (3, 20)).astype(np.int64)
+        feed = {"input_ids": x}
+    else:
+        assert inspect_model(onnx_path).inputs == ts_info.inputs == [TensorSpec(name="input", dtype="FP32",
+                                                                                shape=(3, 32, 32))]
+        x = np.random.RandomState(0).standard_normal((3, 3, 32, 32)).astype(np.float32)
+        feed = {"input": x}
+    (y_onnx,) = session(onnx_path).run(None, feed)
+    with torch.no_grad():
+        y = torch.jit.load(str(ts_path))(torch.from_numpy(x)).numpy()
+    assert y.shape == y_onnx.shape == (3, opts["hidden"] if kind == "bert-tiny" else opts["classes"])
+    np.testing.assert_allclose(y, y_onnx, rtol=1e-4, atol=1e-4)
+    with pytest.raises(RequestError, match="bad option"):
+        build_example(kind, tmp_path / "bad.onnx", depth=3)
