@@ -73,6 +73,15 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     return out
 
 
+def result_details(job_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The stored ``details`` (latency histograms, per-window figures, notes) of the given jobs' results."""
+    if not job_ids:
+        return {}
+    with session_scope() as s:
+        rows = s.execute(select(Result.job_id, Result.details).where(Result.job_id.in_(job_ids))).all()
+    return {jid: details or {} for jid, details in rows}
+
+
 def model_static_metrics(model_sha256: str) -> dict[str, Any]:
     """The static metrics (params, MACs, FLOPs per sample, ...) stored once with the model artifact
     ``model_sha256``; empty when none were computed."""

@@ -270,6 +270,10 @@ from farm.cli import report_cmd  # noqa: E402
 
 report_cmd.register(app)
 
+from farm.cli import compare_cmd  # noqa: E402  (registers compare)
+
+compare_cmd.register(app)
+
 from farm.cli import cluster  # noqa: E402  (registers scheduler, cancel)
 
 cluster.register(app)

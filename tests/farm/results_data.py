@@ -13,12 +13,12 @@ import numpy as np
 
 from workers.loadgen import stats
 
-RUN_SD = 0.02  # run-to-run spread of a shared cloud VM, relative (2 %)
-WINDOW_SD = 0.04  # window-to-window spread within one run, relative (4 %)
+RUN_SD = 0.01  # run-to-run spread of the true throughput, relative (1 %)
+WINDOW_SD = 0.03  # window-to-window spread within one run, relative (3 %)
 
 
 def measurement(rng: np.random.Generator, throughput: float, batch: int = 1, concurrency: int = 1,
-                windows: int = 6, slowdown: float = 1.0, window_s: float = 1.0) -> tuple[dict[str, Any],
+                windows: int = 8, slowdown: float = 1.0, window_s: float = 1.0) -> tuple[dict[str, Any],
                                                                                         dict[str, Any]]:
     """(metrics, details) of one closed-loop run whose true throughput is ``throughput / slowdown``
     inferences/s; latency follows (concurrency x batch / throughput) with a log-normal spread."""
