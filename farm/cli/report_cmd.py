@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -25,6 +26,8 @@ def report(
     stable: bool = typer.Option(False, "--stable", help="Rank only measurements that stabilised."),
     top: int = typer.Option(10, "--top", min=1, help="How many ranked configurations to show."),
     as_json: bool = typer.Option(False, "--json"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write a self-contained HTML report (plots, "
+                                       "summary, every job) to this file; it opens offline."),
 ) -> None:
     """Rank the request's configurations under constraints; say which edge profiles fit."""
     from farm.cli.main import _prepare_db
@@ -33,6 +36,12 @@ def report(
 
     _prepare_db()
     constraints = _constraints(constraint or [], p99)
+    if output is not None:
+        from farm.report_html import render
+
+        output.write_text(render(request_id, objective, constraints, stable), encoding="utf-8")
+        console.print(f"wrote {output}", highlight=False)
+        return
     req = find_request(request_id)
     rep = build_report(result_rows(req.id), objective, constraints, stable)
     static = model_static_metrics(req.model_sha256)
