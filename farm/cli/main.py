@@ -179,6 +179,8 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: 
         if rows and rows[0]["rpc"] == "stream":
             title += " (load over ModelStreamInfer streams)"
         console.print(views.results_table(rows, title=title))
+        for line in views.measured_lines(rows):
+            console.print(line, highlight=False)
         for line in views.error_lines(rows):
             console.print(f"[red]{line}[/]", highlight=False)
         for line in views.steal_lines(rows) + views.shared_lines(rows):

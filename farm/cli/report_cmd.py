@@ -9,7 +9,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from farm.cli.views import console, fmt_value, job_label, shared_lines
+from farm.cli.views import console, fmt_value, job_label, measured_lines, shared_lines
 from schemas.result import shared_unisolated
 
 if TYPE_CHECKING:
@@ -50,6 +50,8 @@ def report(
         return
     _print_ranked(req.id, rep, top)
     _print_verdicts(rep)
+    for line in measured_lines(rep.ranked[:top] + rep.edge):
+        console.print(line, highlight=False)
     if static:
         console.print("model: " + ", ".join(f"{k} {fmt_value(k, static.get(k))}" for k in
                                             ("params", "macs_per_sample", "flops_per_sample") if k in static))
@@ -67,7 +69,7 @@ def _constraints(texts: list[str], p99: float | None) -> list[Constraint]:
 
 def _short(r: dict[str, Any], objective: str) -> dict[str, Any]:
     return {**{k: r.get(k) for k in ("job_id", "device", "engine", "batch_size", "concurrency", objective,
-                                     "latency_p99_ms", "throughput_infer_per_s", "stable")},
+                                     "latency_p99_ms", "throughput_infer_per_s", "stable", "measured")},
             "shared_unisolated": shared_unisolated(r)}
 
 
@@ -80,6 +82,7 @@ def _as_json(request_id: str, rep: Report, top: int, static: dict[str, Any]) -> 
         "best_per_device": {d: _short(r, objective) for d, r in rep.best_per_device.items()},
         "rejected": [{**_short(r, objective), "reason": why} for r, why in rep.rejected],
         "edge": [{"edge_profile": e["edge_profile"], "batch_size": e["batch_size"], "fits": e["fits"],
+                  "measured": e.get("measured"),
                   "reason": e["reason"], "throughput_infer_per_s": e.get("throughput_infer_per_s"),
                   "latency_p99_ms": e.get("latency_p99_ms"), "mem_peak_bytes": e.get("mem_peak_bytes"),
                   "mem_limit_bytes": e.get("mem_limit_bytes")} for e in rep.edge],
@@ -119,7 +122,7 @@ def _print_verdicts(rep: Report) -> None:
                       + (" ..." if len(rep.rejected) > 5 else ""), highlight=False)
     for e in rep.edge:
         verdict = "fits" if e["fits"] else f"does not fit ({e['reason']})"
-        console.print(f"edge {e['edge_profile']} at batch {e['batch_size']}: {verdict}; "
+        console.print(f"edge {e['edge_profile']} at batch {e['batch_size']} (in-process): {verdict}; "
                       f"{fmt_value('throughput_infer_per_s', e.get('throughput_infer_per_s'))} infer/s, "
                       f"p99 {fmt_value('latency_p99_ms', e.get('latency_p99_ms'))} ms, memory peak "
                       f"{fmt_value('mem_peak_bytes', e.get('mem_peak_bytes'))} of "

@@ -81,3 +81,23 @@ def test_bad_export_options_are_one_line_errors(sqlite_url: str, args: list[str]
     rid = seed_request(np.random.default_rng(2), edge=False, failed=False, batches=(1,), devices=("cpu",))
     proc = farm("results", rid, *args, check=False)
     assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_results_report_and_compare_say_how_rows_were_measured(sqlite_url: str) -> None:
+    """A 1-CPU edge row with more throughput than a serving row comes with the reason: no transport."""
+    rng = np.random.default_rng(9)
+    rid = seed_request(rng, devices=("cpu",), batches=(1,), concurrencies=(1,), failed=False)
+    rows = json.loads(farm("results", rid, "--format", "json").stdout)
+    edge = next(r for r in rows if r["edge_profile"] == "pi4")
+    serving = [r for r in rows if not r["edge_profile"]]
+    assert edge["throughput_infer_per_s"] > max(r["throughput_infer_per_s"] for r in serving)
+    assert "in-process" in edge["measured"] and all("over gRPC" in r["measured"] for r in serving)
+    for args in (["results", rid], ["report", rid]):
+        out = farm(*args).stdout
+        assert "serving rows: end-to-end over gRPC" in out and "edge rows: in-process" in out
+        assert "do not compare their throughput" in out
+    report = json.loads(farm("report", rid, "--json").stdout)
+    assert "in-process" in report["edge"][0]["measured"] and "gRPC" in report["ranked"][0]["measured"]
+    other = seed_request(rng, devices=("cpu",), batches=(1,), concurrencies=(1,), failed=False)
+    matches = json.loads(farm("compare", rid, other, "--json").stdout)["matches"]
+    assert {("in-process" in m["measured"]) for m in matches} == {True, False}
