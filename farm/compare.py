@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from farm.results import CONFIG_COLUMNS, METRIC_NAMES, merge_repeats
+from farm.results import CONFIG_COLUMNS, METRIC_NAMES, load_details, merge_repeats
 from schemas.job import JobStatus
 from workers.loadgen.stats import histogram_quantile, merge_histograms
 
@@ -121,7 +121,8 @@ def _change(a: float | None, b: float | None) -> float | None:
 
 def judge(a: dict[str, Any], b: dict[str, Any], det_a: list[dict[str, Any]], det_b: list[dict[str, Any]],
           min_effect_pct: float, alpha: float) -> tuple[list[Test], str]:
-    """The tests and verdict of B against A from their metrics and stored details (one per repeat)."""
+    """The tests and verdict of B against A from their metrics and the load generator's stored details
+    (``farm.results.load_details``, one per repeat)."""
     tests = []
     wa = [t for d in det_a for t in window_throughputs(d)]
     wb = [t for d in det_b for t in window_throughputs(d)]
@@ -183,8 +184,8 @@ def _match(key: dict[str, Any], group_a: list[dict[str, Any]], group_b: list[dic
     ratios = {label: (None if a.get(m) in (None, 0) or b.get(m) is None else b[m] / a[m]) for m, label in RATIOS}
     if not ok_a or not ok_b:
         return Match(key, a, b, ratios, [], FAILED, 0.0)
-    tests, verdict = judge(a, b, [details.get(r["job_id"], {}) for r in ok_a],
-                           [details.get(r["job_id"], {}) for r in ok_b], min_effect_pct, alpha)
+    tests, verdict = judge(a, b, [load_details(details.get(r["job_id"], {})) for r in ok_a],
+                           [load_details(details.get(r["job_id"], {})) for r in ok_b], min_effect_pct, alpha)
     regression = max((abs(t.change_pct) for t in tests if t.worse), default=0.0)
     return Match(key, a, b, ratios, tests, verdict, regression)
 

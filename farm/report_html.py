@@ -48,14 +48,14 @@ def _config(r: dict[str, Any]) -> str:
 def render(request_id: str, objective: str = "throughput_infer_per_s", constraints: list[Constraint] | None = None,
            require_stable: bool = False) -> str:
     """The report of request ``request_id`` as one HTML document."""
-    from farm.results import find_request, model_static_metrics, result_details, result_rows
+    from farm.results import find_request, load_details, model_static_metrics, result_details, result_rows
 
     req = find_request(request_id)
     rows = result_rows(req.id)
     rep = build_report(rows, objective, constraints or [], require_stable)
     top = rep.ranked[:3]
     details = result_details([r["job_id"] for r in top])
-    cdf = [(_config(r), details.get(r["job_id"], {}).get("latency_histogram") or {}) for r in top]
+    cdf = [(_config(r), load_details(details.get(r["job_id"], {})).get("latency_histogram") or {}) for r in top]
     figures = [
         ("throughput-p99", plots.throughput_vs_p99(rows)),
         ("batch", plots.by_batch(rows, ("throughput_infer_per_s", "latency_p99_ms"),

@@ -82,6 +82,12 @@ def result_details(job_ids: list[str]) -> dict[str, dict[str, Any]]:
     return {jid: details or {} for jid, details in rows}
 
 
+def load_details(details: dict[str, Any]) -> dict[str, Any]:
+    """The load generator's part of a result's ``details`` (``latency_histogram``, ``windows``,
+    ``metrics_windows``, ...; see ``workers.loadgen.run``); empty for a job that stored none (edge runs)."""
+    return details.get("load") or {}
+
+
 def model_static_metrics(model_sha256: str) -> dict[str, Any]:
     """The static metrics (params, MACs, FLOPs per sample, ...) stored once with the model artifact
     ``model_sha256``; empty when none were computed."""

@@ -40,9 +40,10 @@ def measurement(rng: np.random.Generator, throughput: float, batch: int = 1, con
         "cpu_pct_avg": float(60 + 20 * np.log2(batch) + rng.normal(0, 2)), "cpu_pct_peak": 190.0,
         "mem_peak_bytes": int(200 * 2**20 + batch * 2**20), "mem_avg_bytes": int(190 * 2**20), "cpu_steal_pct": 0.5,
     }
-    details = {"mode": "closed", "windows": wins, "metrics_windows": [0, windows - 1],
-               "latency_histogram": stats.histogram(lat), "server_compute_histogram": stats.histogram(compute)}
-    return metrics, details
+    details = {"load": {"mode": "closed", "windows": wins, "metrics_windows": [0, windows - 1],
+                        "latency_histogram": stats.histogram(lat),
+                        "server_compute_histogram": stats.histogram(compute)}}
+    return metrics, details  # as workers.execute stores them: the load generator's part under "load"
 
 
 def seed_request(rng: np.random.Generator, *, slowdown: float = 1.0, model: str = "mlp.onnx",

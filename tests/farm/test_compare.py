@@ -26,7 +26,7 @@ def _verdicts(rng: np.random.Generator, slowdown: float) -> Counter[str]:
         for _ in range(TRIALS):
             ma, da = measurement(rng, tput, b, c)
             mb, db = measurement(rng, tput, b, c, slowdown=slowdown)
-            out[judge(ma, mb, [da], [db], 5.0, 0.01)[1]] += 1
+            out[judge(ma, mb, [da["load"]], [db["load"]], 5.0, 0.01)[1]] += 1
     return out
 
 
