@@ -5,7 +5,9 @@ e.g. ``engine`` to compare two engines). For each match the verdict uses what th
 ratio of two numbers:
 
 * throughput: Welch's t-test over the per-window throughputs of the windows the metrics were taken from;
-* latency: the Mann-Whitney U test over the two latency histograms (same log-bucket grid, ties per bucket).
+* latency: the Mann-Whitney U test over the two latency histograms (same log-bucket grid, ties per bucket)
+  and, since requests of one run are not independent, Welch's t-test over the per-window p50s; the larger
+  p-value of the two counts.
 
 A change is *significant* when its test's p-value is below ``alpha``; it counts as faster/slower only when it
 is also larger than a practical threshold (``min_effect_pct``): with thousands of requests per run any shift
@@ -106,13 +108,14 @@ def _bucket_counts(h: dict[str, Any]) -> dict[int, int]:
     return {first + j: int(c) for j, c in enumerate(h.get("counts") or []) if c}
 
 
-def window_throughputs(details: dict[str, Any]) -> list[float]:
-    """Throughput (inferences/s) of each window the run's metrics were taken from (warm-up excluded)."""
+def window_values(details: dict[str, Any], key: str = "throughput_infer_per_s") -> list[float]:
+    """``key`` (throughput in inferences/s, ``p50_ms``, ...) of each window the run's metrics were taken from
+    (warm-up excluded)."""
     wins = details.get("windows") or []
     used = details.get("metrics_windows")
     if used:
         wins = [w for w in wins if used[0] <= w.get("k", -1) <= used[1]]
-    return [float(w["throughput_infer_per_s"]) for w in wins if w.get("throughput_infer_per_s") is not None]
+    return [float(w[key]) for w in wins if w.get(key) is not None]
 
 
 def _change(a: float | None, b: float | None) -> float | None:
@@ -124,8 +127,8 @@ def judge(a: dict[str, Any], b: dict[str, Any], det_a: list[dict[str, Any]], det
     """The tests and verdict of B against A from their metrics and the load generator's stored details
     (``farm.results.load_details``, one per repeat)."""
     tests = []
-    wa = [t for d in det_a for t in window_throughputs(d)]
-    wb = [t for d in det_b for t in window_throughputs(d)]
+    wa = [t for d in det_a for t in window_values(d)]
+    wb = [t for d in det_b for t in window_values(d)]
     ch = _change(sum(wa) / len(wa) if wa else None, sum(wb) / len(wb) if wb else None)
     if ch is not None and len(wa) >= 2 and len(wb) >= 2:
         p = welch_p(wa, wb)
@@ -137,7 +140,11 @@ def judge(a: dict[str, Any], b: dict[str, Any], det_a: list[dict[str, Any]], det
         ma, mb = merge_histograms(ha), merge_histograms(hb)
         ch = _change(histogram_quantile(ma, 50), histogram_quantile(mb, 50))
         if ch is not None:
-            p = mann_whitney_hist(ma, mb)
+            # requests of one run are not independent (a busy second slows all of its requests): the shift must
+            # also show between the per-window p50s, the run's own record of its noise over time
+            pa = [p for d in det_a for p in window_values(d, "p50_ms")]
+            pb = [p for d in det_b for p in window_values(d, "p50_ms")]
+            p = max(mann_whitney_hist(ma, mb), welch_p(pa, pb))
             tests.append(Test("latency_p50_ms", ch, p, p < alpha and ch >= min_effect_pct,
                               p < alpha and ch <= -min_effect_pct))
     if not tests:

@@ -24,14 +24,16 @@ def measurement(rng: np.random.Generator, throughput: float, batch: int = 1, con
     inferences/s; latency follows (concurrency x batch / throughput) with a log-normal spread."""
     run = rng.normal(1.0, RUN_SD) / slowdown
     per_window = throughput * run * rng.normal(1.0, WINDOW_SD, windows)
-    median_ms = 1000.0 * concurrency * batch / (throughput * run)
-    n = int(min(per_window.sum() * window_s / batch, 20000))
-    lat = rng.lognormal(np.log(median_ms), 0.25, n)
+    # closed loop: a window's latency is (concurrency x batch / its throughput), spread log-normally
+    per_req = max(1, int(min(per_window.sum() * window_s / batch, 20000)) // windows)
+    lats = [rng.lognormal(np.log(1000.0 * concurrency * batch / t), 0.25, per_req) for t in per_window]
+    lat = np.concatenate(lats)
+    n = lat.size
     compute = lat * rng.uniform(0.55, 0.65)
     wins = [{"k": k, "t_s": k * window_s, "length_s": window_s, "requests": int(t * window_s / batch), "errors": 0,
              "requests_per_s": t / batch, "throughput_infer_per_s": float(t),
-             "p50_ms": float(np.median(lat)), "p99_ms": float(np.percentile(lat, 99))}
-            for k, t in enumerate(per_window)]
+             "p50_ms": float(np.median(w)), "p99_ms": float(np.percentile(w, 99))}
+            for k, (t, w) in enumerate(zip(per_window, lats, strict=True))]
     metrics: dict[str, Any] = {
         **stats.latency_metrics(lat, batch, n * batch / float(per_window.mean())),
         "throughput_infer_per_s": float(per_window.mean()),
