@@ -1,13 +1,16 @@
 """The SQL view ``job_results``: one row per job with its request, model, every coordinate, status, how and
 where it was measured, and every metric column, for analysts who query farm with SQL.
 
-Migrations create it with :func:`create_job_results` and a frozen list of metric columns; a migration that
-adds a metric (or changes ``jobs``/``results`` on SQLite, where a table rebuild trips over a view naming it)
-drops the view first and creates it again with the new list.
+Migrations create it with :func:`create_job_results` and a frozen list of metric columns. A later migration
+that adds a metric, or that rebuilds ``jobs``/``results``/``requests`` on SQLite (a batch operation that copies the
+table: SQLite refuses to rename a table a view names), runs inside :func:`view_dropped`, which drops the view and
+creates it again afterwards with the metric list it is given.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 VIEW = "job_results"
 #: the serving dimensions each job keeps in ``jobs.spec -> 'measurement'`` (integers; NULL when absent)
@@ -50,3 +53,13 @@ def create_job_results(dialect: str, metrics: Sequence[str]) -> list[str]:
 
 def drop_job_results() -> str:
     return f"DROP VIEW IF EXISTS {VIEW}"
+
+
+@contextmanager
+def view_dropped(op: Any, metrics: Sequence[str]) -> Iterator[None]:
+    """Inside a migration (``op``: ``alembic.op``): drop ``job_results``, run the block, create it again with
+    ``metrics`` columns."""
+    op.execute(drop_job_results())
+    yield
+    for statement in create_job_results(op.get_bind().dialect.name, metrics):
+        op.execute(statement)

@@ -85,3 +85,20 @@ def test_the_readme_sql_answers_the_usual_questions(db_url: str) -> None:
     assert [e["edge_profile"] for e in edge] == sorted(r["edge_profile"] for r in rows
                                                        if r["edge_profile"] and not r["oom_killed"])
     assert edge and float(edge[0]["mem_limit_mib"]) == 512.0
+
+
+def test_a_later_migration_can_rebuild_a_table_the_view_names_on_sqlite(sqlite_url: str) -> None:
+    """SQLite refuses to rename a rebuilt table while a view names it; ``view_dropped`` is the way round."""
+    import sqlalchemy as sa
+    from alembic.operations import Operations
+    from alembic.runtime.migration import MigrationContext
+
+    from farm.db.views import view_dropped
+
+    seed_request(np.random.default_rng(5), edge=False, failed=False, devices=("cpu",), batches=(1,))
+    metrics = [m.name for m in JOB_METRICS]
+    with get_engine(sqlite_url).begin() as conn:
+        op = Operations(MigrationContext.configure(conn))
+        with view_dropped(op, metrics), op.batch_alter_table("results", recreate="always") as batch:
+            batch.add_column(sa.Column("extra", sa.Float(), nullable=True))
+        assert conn.execute(text("SELECT count(*) FROM job_results")).scalar_one() == 4
