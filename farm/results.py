@@ -20,8 +20,19 @@ from schemas.result import PLACEMENT_COLUMNS, shared_unisolated
 JOB_COLUMNS = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "status",
                "attempts", "worker_id", "error")
 METRIC_NAMES = tuple(m.name for m in JOB_METRICS)
+#: per-job serving dimensions kept in the job's spec (``jobs.spec -> measurement``); None where not set
+MEASUREMENT_COLUMNS = ("instances", "threads", "max_queue_delay_us", "preferred_batch_size")
 #: what makes two jobs (of the same or of different requests) repeats of one measurement
-CONFIG_COLUMNS = ("device", "engine", "batch_size", "concurrency", "edge_profile", "rpc")
+CONFIG_COLUMNS = ("device", "engine", "batch_size", "concurrency", "edge_profile", "rpc") + MEASUREMENT_COLUMNS
+#: how a row was measured (the ``measured`` column): serving jobs end to end through a gRPC client, edge
+#: jobs inside the container with no transport, so an edge row's throughput is not comparable to a serving one
+MEASURED_SERVING = "end-to-end over gRPC ({rpc} calls: client, network stack, server)"
+MEASURED_EDGE = "in-process on the edge profile (no server, no transport)"
+
+
+def measured(row: dict[str, Any]) -> str:
+    """How ``row`` was measured, in words (see :data:`MEASURED_SERVING`, :data:`MEASURED_EDGE`)."""
+    return MEASURED_EDGE if row.get("edge_profile") else MEASURED_SERVING.format(rpc=row.get("rpc") or "unary")
 
 
 def find_request(request_id: str) -> Request:
@@ -38,21 +49,43 @@ def find_request(request_id: str) -> Request:
 
 
 def result_rows(request_id: str) -> list[dict[str, Any]]:
-    """Every job of the request with where it was measured (``schemas.Placement`` fields) and its result
-    metrics (None where not measured), in matrix order."""
+    """Every job of the request with its serving dimensions (:data:`MEASUREMENT_COLUMNS`), how and where it
+    was measured (``measured``; ``schemas.Placement`` fields) and its result metrics (None where not measured),
+    in matrix order."""
     req = find_request(request_id)
     metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + METRIC_NAMES]
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
-                   Job.status, Job.attempts, Job.worker_id, Job.error, *metric_cols)
+                   Job.status, Job.attempts, Job.worker_id, Job.error, Job.spec, *metric_cols)
             .outerjoin(Result, Result.job_id == Job.id)
             .where(Job.request_id == req.id)
             .order_by(Job.edge_profile.is_not(None), Job.edge_profile, Job.device, Job.engine, Job.batch_size,
                       Job.concurrency))
     with session_scope() as s:
         rows = s.execute(stmt).all()
-    names = JOB_COLUMNS + PLACEMENT_COLUMNS + METRIC_NAMES
+    names = JOB_COLUMNS + ("spec",) + PLACEMENT_COLUMNS + METRIC_NAMES
     rpc = (req.spec.get("measurement") or {}).get("rpc", "unary")  # how every job of it was driven
-    return [{**dict(zip(names, row, strict=True)), "rpc": rpc} for row in rows]
+    out = []
+    for row in rows:
+        r = dict(zip(names, row, strict=True))
+        dims = (r.pop("spec") or {}).get("measurement") or {}
+        r.update({c: dims.get(c) for c in MEASUREMENT_COLUMNS}, rpc=rpc)
+        out.append({**r, "measured": measured(r)})
+    return out
+
+
+def result_details(job_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The stored ``details`` (latency histograms, per-window figures, notes) of the given jobs' results."""
+    if not job_ids:
+        return {}
+    with session_scope() as s:
+        rows = s.execute(select(Result.job_id, Result.details).where(Result.job_id.in_(job_ids))).all()
+    return {jid: details or {} for jid, details in rows}
+
+
+def load_details(details: dict[str, Any]) -> dict[str, Any]:
+    """The load generator's part of a result's ``details`` (``latency_histogram``, ``windows``,
+    ``metrics_windows``, ...; see ``workers.loadgen.run``); empty for a job that stored none (edge runs)."""
+    return details.get("load") or {}
 
 
 def model_static_metrics(model_sha256: str) -> dict[str, Any]:
@@ -72,7 +105,7 @@ def merge_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     beside another farm job without isolation marks the merged row the same way."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault(tuple(r[c] for c in CONFIG_COLUMNS), []).append(r)
+        groups.setdefault(tuple(r.get(c) for c in CONFIG_COLUMNS), []).append(r)
     merged = []
     for group in groups.values():
         done = [r for r in group if r["status"] == JobStatus.succeeded]

@@ -179,6 +179,8 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: 
         if rows and rows[0]["rpc"] == "stream":
             title += " (load over ModelStreamInfer streams)"
         console.print(views.results_table(rows, title=title))
+        for line in views.measured_lines(rows):
+            console.print(line, highlight=False)
         for line in views.error_lines(rows):
             console.print(f"[red]{line}[/]", highlight=False)
         for line in views.steal_lines(rows) + views.shared_lines(rows):
@@ -188,16 +190,27 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: 
 @app.command()
 def results(request_ids: list[str] = typer.Argument(..., help="Request id (or a unique prefix); several "
                                                    "with --merge-repeats."),
-            fmt: str = typer.Option("table", "--format", help="table | csv | json"),
+            fmt: str = typer.Option("table", "--format", help="table | csv | json | parquet (parquet needs -o)"),
             merge: bool = typer.Option(False, "--merge-repeats",
                                        help="One row per job config over all the requests given: each metric "
-                                            "combined by its declared aggregation (mean, max, sum, ...).")) -> None:
+                                            "combined by its declared aggregation (mean, max, sum, ...)."),
+            output: Path | None = typer.Option(None, "--output", "-o", help="Export to this file: every "
+                                               "coordinate, how it was measured, placement and metric column.")
+            ) -> None:
     """Results of one request: one row per job, every metric."""
-    if fmt not in ("table", "csv", "json"):
-        raise RequestError(f"--format {fmt!r} is unknown; use table, csv or json")
+    if fmt not in ("table", "csv", "json", "parquet"):
+        raise RequestError(f"--format {fmt!r} is unknown; use table, csv, json or parquet")
     if len(request_ids) > 1 and not merge:
         raise RequestError("several request ids are only read together with --merge-repeats; pass it or one id")
     _prepare_db()
+    if output is not None or fmt == "parquet":
+        from farm import export
+
+        if merge or fmt == "table":
+            raise RequestError("-o exports one request: give --format csv, json or parquet and no --merge-repeats")
+        export.write(export.export_rows(request_ids[0]), fmt, output)
+        console.print(f"wrote {output}", highlight=False)
+        return
     _show_results(request_ids[0], fmt, merge_with=request_ids[1:] if merge else None)
 
 
@@ -258,6 +271,10 @@ ops.register(app, db_app)
 from farm.cli import report_cmd  # noqa: E402
 
 report_cmd.register(app)
+
+from farm.cli import compare_cmd  # noqa: E402  (registers compare)
+
+compare_cmd.register(app)
 
 from farm.cli import cluster  # noqa: E402  (registers scheduler, cancel)
 

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 from rich import box
 from rich.table import Table
 
-from farm.cli.views import console, fmt_value, job_label, shared_lines
+from farm.cli.views import console, fmt_value, job_label, measured_lines, shared_lines
 from schemas.result import shared_unisolated
 
 if TYPE_CHECKING:
@@ -25,6 +26,8 @@ def report(
     stable: bool = typer.Option(False, "--stable", help="Rank only measurements that stabilised."),
     top: int = typer.Option(10, "--top", min=1, help="How many ranked configurations to show."),
     as_json: bool = typer.Option(False, "--json"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write a self-contained HTML report (plots, "
+                                       "summary, every job) to this file; it opens offline."),
 ) -> None:
     """Rank the request's configurations under constraints; say which edge profiles fit."""
     from farm.cli.main import _prepare_db
@@ -33,6 +36,12 @@ def report(
 
     _prepare_db()
     constraints = _constraints(constraint or [], p99)
+    if output is not None:
+        from farm.report_html import render
+
+        output.write_text(render(request_id, objective, constraints, stable), encoding="utf-8")
+        console.print(f"wrote {output}", highlight=False)
+        return
     req = find_request(request_id)
     rep = build_report(result_rows(req.id), objective, constraints, stable)
     static = model_static_metrics(req.model_sha256)
@@ -41,6 +50,8 @@ def report(
         return
     _print_ranked(req.id, rep, top)
     _print_verdicts(rep)
+    for line in measured_lines(rep.ranked[:top] + rep.edge):
+        console.print(line, highlight=False)
     if static:
         from farm.models.analysis import headline
 
@@ -60,7 +71,7 @@ def _constraints(texts: list[str], p99: float | None) -> list[Constraint]:
 
 def _short(r: dict[str, Any], objective: str) -> dict[str, Any]:
     return {**{k: r.get(k) for k in ("job_id", "device", "engine", "batch_size", "concurrency", objective,
-                                     "latency_p99_ms", "throughput_infer_per_s", "stable")},
+                                     "latency_p99_ms", "throughput_infer_per_s", "stable", "measured")},
             "shared_unisolated": shared_unisolated(r)}
 
 
@@ -73,6 +84,7 @@ def _as_json(request_id: str, rep: Report, top: int, static: dict[str, Any]) -> 
         "best_per_device": {d: _short(r, objective) for d, r in rep.best_per_device.items()},
         "rejected": [{**_short(r, objective), "reason": why} for r, why in rep.rejected],
         "edge": [{"edge_profile": e["edge_profile"], "batch_size": e["batch_size"], "fits": e["fits"],
+                  "measured": e.get("measured"),
                   "reason": e["reason"], "throughput_infer_per_s": e.get("throughput_infer_per_s"),
                   "latency_p99_ms": e.get("latency_p99_ms"), "mem_peak_bytes": e.get("mem_peak_bytes"),
                   "mem_limit_bytes": e.get("mem_limit_bytes"), "limits_enforced": e.get("limits_enforced")}
@@ -114,7 +126,7 @@ def _print_verdicts(rep: Report) -> None:
     for e in rep.edge:
         verdict = ("fits" if e["fits"] else e["reason"] if e["fits"] is None
                    else f"does not fit ({e['reason']})")
-        console.print(f"edge {e['edge_profile']} at batch {e['batch_size']}: {verdict}; "
+        console.print(f"edge {e['edge_profile']} at batch {e['batch_size']} (in-process): {verdict}; "
                       f"{fmt_value('throughput_infer_per_s', e.get('throughput_infer_per_s'))} infer/s, "
                       f"p99 {fmt_value('latency_p99_ms', e.get('latency_p99_ms'))} ms, memory peak "
                       f"{fmt_value('mem_peak_bytes', e.get('mem_peak_bytes'))} of "

@@ -67,6 +67,18 @@ def shared_lines(rows: list[dict[str, Any]]) -> list[str]:
     return [f"{SHARED_MARK} {', '.join(marked)}: {SHARED_NOTE}"] if marked else []
 
 
+def measured_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """How the rows were measured (``measured``: serving end to end over gRPC, edge in-process), one line per
+    kind present, and a warning against comparing the two kinds when both are."""
+    kinds = list(dict.fromkeys(("edge" if r.get("edge_profile") else "serving", r.get("measured")) for r in rows
+                               if r.get("measured")))
+    lines = [f"{kind} rows: {how}" for kind, how in kinds]
+    if {k for k, _ in kinds} == {"serving", "edge"}:
+        lines.append("edge rows pay no per-request transport cost: do not compare their throughput or latency "
+                     "with serving rows")
+    return lines
+
+
 def error_lines(rows: list[dict[str, Any]]) -> list[str]:
     """One line per job that has an error: short job id and the error."""
     return [f"{r['job_id'][:6]}: {' '.join(str(r['error']).split())}" for r in rows if r.get("error")]

@@ -64,7 +64,9 @@ def test_a_database_at_the_first_revision_upgrades_and_keeps_its_rows(
             "isolated"} <= columns
     with get_engine(url).connect() as conn:
         assert conn.execute(text("SELECT id FROM requests")).scalars().all() == ["r1"]
+    assert "job_results" in inspect(get_engine(url)).get_view_names()
     downgrade("0002")
+    assert "job_results" not in inspect(get_engine(url)).get_view_names()
     assert "host_shared" not in {c["name"] for c in inspect(get_engine(url)).get_columns("results")}
     downgrade("0001")
     assert "cpu_steal_pct" not in {c["name"] for c in inspect(get_engine(url)).get_columns("results")}

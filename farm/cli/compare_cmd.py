@@ -1,0 +1,96 @@
+"""``farm compare A B``: two requests matched configuration by configuration, with a noise-aware verdict."""
+from __future__ import annotations
+
+import json
+
+import typer
+from rich import box
+from rich.table import Table
+
+from farm.cli.views import console, err_console, fmt_value
+from farm.compare import RATIOS, SLOWER, Comparison
+from farm.errors import RequestError
+from farm.results import CONFIG_COLUMNS
+
+
+def compare(
+    request_a: str = typer.Argument(..., help="The baseline request id (or a unique prefix)."),
+    request_b: str = typer.Argument(..., help="The request compared against it."),
+    fail_on_regression: float | None = typer.Option(
+        None, "--fail-on-regression", metavar="PCT",
+        help="Exit 1 when a matched configuration is significantly slower by PCT % or more (a CI gate)."),
+    min_effect: float = typer.Option(5.0, "--min-effect", metavar="PCT", min=0.0,
+                                     help="Smallest change (%) called faster/slower; smaller ones are noise."),
+    alpha: float = typer.Option(0.01, "--alpha", min=1e-9, max=0.5, help="Significance level of the tests."),
+    ignore: list[str] | None = typer.Option(None, "--ignore", help="A coordinate not to match on, e.g. engine "
+                                            "to compare two engines; repeat."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Compare two requests configuration by configuration: ratios B / A and a verdict that accounts for noise."""
+    from farm.cli.main import _prepare_db
+    from farm.compare import as_json as comparison_json
+    from farm.compare import compare as run_compare
+    from farm.results import find_request, result_details, result_rows
+
+    ignored = tuple(ignore or [])
+    unknown = [c for c in ignored if c not in CONFIG_COLUMNS]
+    if unknown:
+        raise RequestError(f"--ignore {unknown[0]!r} is not a coordinate; use one of {', '.join(CONFIG_COLUMNS)}")
+    if fail_on_regression is not None and fail_on_regression < 0:
+        raise RequestError("--fail-on-regression takes a percentage >= 0, e.g. 5")
+    _prepare_db()
+    a, b = find_request(request_a).id, find_request(request_b).id
+    rows_a, rows_b = result_rows(a), result_rows(b)
+    details = result_details([r["job_id"] for r in rows_a + rows_b if r["status"] == "succeeded"])
+    result = run_compare(rows_a, rows_b, details, ignored, min_effect, alpha)
+    if as_json:
+        print(json.dumps(comparison_json(result, a, b), indent=2, default=str))
+    else:
+        _print(result, a, b)
+    if fail_on_regression is not None:
+        bad = result.regressions(fail_on_regression)
+        if bad:
+            err_console.print(f"[red]{len(bad)} configuration(s) regressed by {fail_on_regression:g} % or more "
+                          "with significance[/]", highlight=False)
+            raise typer.Exit(1)
+
+
+def _coords(key: dict[str, object]) -> str:
+    """A configuration's coordinates, short: device engine bxc [edge] [dims]."""
+    parts = [str(key.get(c)) for c in ("device", "engine") if c in key]
+    if "batch_size" in key and "concurrency" in key:
+        parts.append(f"{key['batch_size']}x{key['concurrency']}")
+    if key.get("edge_profile"):
+        parts.append(f"edge {key['edge_profile']}")
+    dims = [f"{c}={key[c]}" for c in ("instances", "threads", "max_queue_delay_us", "preferred_batch_size")
+            if key.get(c) is not None]
+    return " ".join(parts + dims)
+
+
+def _print(c: Comparison, a: str, b: str) -> None:
+    """The comparison table, then the unmatched configurations of each side."""
+    table = Table(title=f"{b} against {a} (ratios B / A)", box=box.SIMPLE_HEAD)
+    for col in ("configuration", "measured", *(label for _, label in RATIOS), "tests (change, p)", "verdict"):
+        table.add_column(col)
+    for m in c.matches:
+        tests = "; ".join(f"{'thr' if t.metric.startswith('throughput') else 'p50'} {t.change_pct:+.1f}% "
+                          f"p={t.p_value:.1g}" for t in m.tests)
+        colour = "red" if m.verdict == SLOWER else "green" if m.verdict == "faster" else ""
+        table.add_row(_coords(m.key), "in-process" if m.a.get("edge_profile") else "gRPC e2e",
+                      *(fmt_value("", m.ratios[label]) + ("x" if m.ratios[label] is not None else "")
+                        for _, label in RATIOS),
+                      tests or "-", f"[{colour}]{m.verdict}[/]" if colour else m.verdict)
+    console.print(table)
+    console.print(f"faster/slower: the test's p < {c.alpha:g} and the change is at least {c.min_effect_pct:g} %; "
+                  "throughput by Welch's t-test over the stored windows, p50 latency by Mann-Whitney over the "
+                  "stored histograms. Edge rows are in-process (no transport): compare them only with edge rows.",
+                  highlight=False)
+    for side, rows in (("A", c.only_a), ("B", c.only_b)):
+        if rows:
+            console.print(f"only in {side} ({a if side == 'A' else b}), not compared: "
+                          + "; ".join(f"{r['job_id'][:6]} {_coords(r)} {r['status']}" for r in rows),
+                          highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(compare)

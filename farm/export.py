@@ -1,0 +1,96 @@
+"""Exports of a request's results: CSV, JSON and Parquet files with every coordinate and metric column.
+
+The rows come from ``farm.results.result_rows`` (the one reader of results); metric columns, their types and
+units come from the metric registry (``schemas.metrics``). Parquet is written with pyarrow; each metric field
+carries its unit, direction and description as field metadata, so pandas, DuckDB or Spark read it typed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from farm.errors import RequestError
+from farm.results import JOB_COLUMNS, MEASUREMENT_COLUMNS, METRIC_NAMES
+from schemas.metrics import BY_NAME
+from schemas.result import PLACEMENT_COLUMNS
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+FORMATS = ("csv", "json", "parquet")
+#: the request's own columns, added in front of every exported row
+REQUEST_COLUMNS = ("request_id", "model", "model_sha256")
+#: every exported column, in order: request, job coordinates, how and where measured, metrics
+EXPORT_COLUMNS: tuple[str, ...] = (REQUEST_COLUMNS + JOB_COLUMNS[:6] + ("rpc",) + MEASUREMENT_COLUMNS
+                                   + JOB_COLUMNS[6:] + ("measured",) + PLACEMENT_COLUMNS + METRIC_NAMES)
+_INT_COLUMNS = {"batch_size", "concurrency", "attempts", "slot", *MEASUREMENT_COLUMNS}
+_BOOL_COLUMNS = {"host_shared", "isolated"}
+
+
+def export_rows(request_id: str) -> list[dict[str, Any]]:
+    """The request's result rows with :data:`EXPORT_COLUMNS` as keys, in that order."""
+    from farm.results import find_request, result_rows
+
+    req = find_request(request_id)
+    head = {"request_id": req.id, "model": req.spec.get("model"), "model_sha256": req.model_sha256}
+    return [{c: {**head, **r}.get(c) for c in EXPORT_COLUMNS} for r in result_rows(req.id)]
+
+
+def arrow_schema() -> pa.Schema:
+    """The Parquet schema: typed coordinates, and one field per registered metric with its unit as metadata."""
+    import pyarrow as pa
+
+    fields = []
+    for c in EXPORT_COLUMNS:
+        m = BY_NAME.get(c) if c in METRIC_NAMES else None
+        if m is not None:
+            typ = {"float": pa.float64(), "int": pa.int64(), "bool": pa.bool_()}[m.kind]
+            meta = {"unit": m.unit, "higher_is_better": str(m.higher_is_better).lower(),
+                    "description": m.description}
+            fields.append(pa.field(c, typ, metadata=meta))
+        else:
+            typ = pa.int64() if c in _INT_COLUMNS else pa.bool_() if c in _BOOL_COLUMNS else pa.string()
+            fields.append(pa.field(c, typ))
+    return pa.schema(fields)
+
+
+def to_parquet(rows: list[dict[str, Any]], path: Path) -> None:
+    """Write ``rows`` (keys: :data:`EXPORT_COLUMNS`) to a Parquet file at ``path``."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover - a runtime dependency; a broken install says so
+        raise RequestError("Parquet export needs pyarrow: pip install pyarrow") from None
+    schema = arrow_schema()
+    table = pa.Table.from_pylist([{c: _cell(c, r.get(c)) for c in EXPORT_COLUMNS} for r in rows], schema=schema)
+    pq.write_table(table, path)
+
+
+def _cell(column: str, value: Any) -> Any:
+    """A value as its Parquet column's type takes it (integral floats of int metrics become ints)."""
+    if value is None:
+        return None
+    m = BY_NAME.get(column)
+    if m is not None and m.kind == "int":
+        return int(value)
+    if m is not None and m.kind == "float":
+        return float(value)
+    return value
+
+
+def write(rows: list[dict[str, Any]], fmt: str, path: Path | None) -> str | None:
+    """Write ``rows`` as ``fmt`` to ``path``; with no path, return the text (CSV and JSON only)."""
+    from farm.cli.views import to_csv, to_json
+
+    if fmt not in FORMATS:
+        raise RequestError(f"--format {fmt!r} is unknown; use one of {', '.join(FORMATS)}")
+    if fmt == "parquet":
+        if path is None:
+            raise RequestError("Parquet is binary: give a file with -o results.parquet")
+        to_parquet(rows, path)
+        return None
+    text = to_csv(rows) if fmt == "csv" else to_json(rows) + "\n"
+    if path is None:
+        return text
+    path.write_text(text)
+    return None

@@ -1,0 +1,155 @@
+"""``farm report REQUEST_ID -o report.html``: one self-contained HTML file (inline SVG plots, inline CSS, a
+Content-Security-Policy that forbids every fetch) with the summary, the plots and every job.
+
+The ranking is ``farm.report.build_report``; rows, details and static metrics come from ``farm.results``.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+from datetime import UTC, datetime
+from typing import Any
+
+from farm import report_plots as plots
+from farm.report import Constraint, Report, build_report
+from farm.results import JOB_COLUMNS, MEASURED_EDGE, MEASUREMENT_COLUMNS, METRIC_NAMES
+from schemas.metrics import BY_NAME, MODEL_METRICS
+from schemas.result import shared_unisolated
+
+#: after loading, each plot's figure gets its rendered size and mark count (a reader sees a blank plot flagged;
+#: the browser test reads them back)
+CHECK_JS = ("document.querySelectorAll('figure.plot').forEach(function(f){var s=f.querySelector('svg');"
+            "var r=s?s.getBoundingClientRect():{width:0,height:0};"
+            "f.setAttribute('data-rendered',Math.round(r.width)+'x'+Math.round(r.height));"
+            "f.setAttribute('data-marks',s?s.querySelectorAll('path,use,rect,text').length:0);});"
+            "document.body.setAttribute('data-checked','1');")
+CSS = """body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;font-size:12px}
+td,th{border:1px solid #ccc;padding:2px 5px;text-align:right}td.l,th.l{text-align:left}
+th{background:#eee;position:sticky;top:0}figure.plot{margin:1em 0}figure.plot svg{max-width:100%;height:auto}
+.note{background:#fff8e1;border-left:4px solid #f0b400;padding:.4em .8em}.bad{color:#b00}.wide{overflow-x:auto}"""
+
+
+def _e(v: Any) -> str:
+    return html.escape("" if v is None else str(v))
+
+
+def _fmt(name: str, v: Any) -> str:
+    from farm.cli.views import fmt_value
+
+    return fmt_value(name, v)
+
+
+def _config(r: dict[str, Any]) -> str:
+    edge = f" edge {r['edge_profile']}" if r.get("edge_profile") else ""
+    return f"{r['device']} {r['engine']} batch {r['batch_size']} × concurrency {r['concurrency']}{edge}"
+
+
+def render(request_id: str, objective: str = "throughput_infer_per_s", constraints: list[Constraint] | None = None,
+           require_stable: bool = False) -> str:
+    """The report of request ``request_id`` as one HTML document."""
+    from farm.results import find_request, load_details, model_static_metrics, result_details, result_rows
+
+    req = find_request(request_id)
+    rows = result_rows(req.id)
+    rep = build_report(rows, objective, constraints or [], require_stable)
+    top = rep.ranked[:3]
+    details = result_details([r["job_id"] for r in top])
+    cdf = [(_config(r), load_details(details.get(r["job_id"], {})).get("latency_histogram") or {}) for r in top]
+    figures = [
+        ("throughput-p99", plots.throughput_vs_p99(rows)),
+        ("batch", plots.by_batch(rows, ("throughput_infer_per_s", "latency_p99_ms"),
+                                 "Throughput and p99 latency vs batch size")),
+        ("e2e-compute", plots.e2e_vs_compute(rows)),
+        ("resources", plots.by_batch(rows, ("cpu_pct_avg", "mem_peak_bytes", "gpu_mem_peak_bytes", "gpu_util_avg_pct",
+                                            "gpu_power_avg_w"), "Resources vs batch size")),
+        ("edge", plots.edge_profiles(rows)),
+        ("cdf", plots.latency_cdf(cdf)),
+    ]
+    title = f"farm report: {req.spec.get('model', req.id)}"
+    body = [f"<h1>{_e(title)}</h1>",
+            f"<p>request <code>{_e(req.id)}</code>{' (' + _e(req.name) + ')' if req.name else ''}, model sha256 "
+            f"<code>{_e(req.model_sha256[:12])}</code>, {len(rows)} jobs; generated "
+            f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC</p>",
+            _how_measured(rows), _summary(rep), "<h2>Plots</h2>",
+            *(f'<figure class="plot" id="plot-{fid}">{svg}</figure>' for fid, svg in figures if svg),
+            _static(model_static_metrics(req.model_sha256)), _jobs(rows)]
+    return _page(title, "\n".join(body))
+
+
+def _page(title: str, body: str) -> str:
+    digest = base64.b64encode(hashlib.sha256(CHECK_JS.encode()).digest()).decode()
+    csp = f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{digest}'"
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>\n{body}\n"
+            f"<script>{CHECK_JS}</script></body></html>\n")
+
+
+def _how_measured(rows: list[dict[str, Any]]) -> str:
+    serving = next((r["measured"] for r in rows if not r.get("edge_profile")), None)
+    parts = []
+    if serving:
+        parts.append(f"serving rows: {_e(serving)}")
+    if any(r.get("edge_profile") for r in rows):
+        parts.append(f"edge rows: {_e(MEASURED_EDGE)}")
+    return ('<p class="note"><b>How rows were measured.</b> ' + "; ".join(parts) + ". An edge row pays no "
+            "per-request transport cost, so its throughput is not comparable with a serving row's.</p>")
+
+
+def _summary(rep: Report) -> str:
+    """Best per device and engine, top 3 overall, the left-out configurations with reasons, edge verdicts."""
+    obj = rep.objective
+    cons = ", ".join(map(str, rep.constraints)) or "none"
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rep.ranked:
+        best.setdefault((r["device"], r["engine"]), r)
+    out = [f"<h2>Summary</h2><p>objective <b>{_e(obj)}</b> ({'higher' if BY_NAME[obj].higher_is_better else 'lower'}"
+           f" is better); constraints: {_e(cons)}</p>"]
+
+    def line(r: dict[str, Any]) -> str:
+        return (f"<li>{_e(_config(r))}: {_e(_fmt(obj, r.get(obj)))} {_e(BY_NAME[obj].unit)}, p99 "
+                f"{_e(_fmt('latency_p99_ms', r.get('latency_p99_ms')))} ms</li>")
+
+    out.append("<h3>Best per device and engine</h3><ul>" + "".join(line(r) for r in best.values())
+               + ("" if best else "<li>no configuration meets the constraints</li>") + "</ul>")
+    out.append('<h3>Top 3 overall</h3><ol id="top3">' + "".join(line(r) for r in rep.ranked[:3]) + "</ol>")
+    if rep.rejected:
+        out.append("<h3>Left out</h3><ul>" + "".join(f"<li>{_e(_config(r))}: {_e(why)}</li>"
+                                                     for r, why in rep.rejected) + "</ul>")
+    if rep.edge:
+        def verdict(e: dict[str, Any]) -> str:
+            return "fits" if e["fits"] else f"<span class=bad>does not fit</span> ({_e(e['reason'])})"
+
+        out.append("<h3>Edge profiles</h3><ul>" + "".join(f"<li>{_e(_config(e))}: {verdict(e)}</li>"
+                                                          for e in rep.edge) + "</ul>")
+    return "\n".join(out)
+
+
+def _static(static: dict[str, Any]) -> str:
+    if not static:
+        return "<h2>Model</h2><p>no static metrics stored (run <code>farm analyze</code>)</p>"
+    cells = "".join(f"<tr><td class=l>{_e(m.name)}</td><td>{_e(_fmt(m.name, static.get(m.name)))}</td>"
+                    f"<td class=l>{_e('MiB' if m.unit == 'B' else m.unit)}</td>"
+                    f"<td class=l>{_e(m.description)}</td></tr>" for m in MODEL_METRICS if m.name in static)
+    head = "<tr><th>metric</th><th>value</th><th>unit</th><th>what</th></tr>"
+    return f'<h2>Model</h2><table id="static">{head}{cells}</table>'
+
+
+def _jobs(rows: list[dict[str, Any]]) -> str:
+    """Every job: coordinates, how measured, flags, error and every metric, with exact stored values."""
+    from workers.samplers.host import steal_note
+
+    coords = JOB_COLUMNS[:6] + ("rpc",) + MEASUREMENT_COLUMNS + ("status",)
+    heads = [*coords, "measured", "steal", "shared", "error",
+             *(f"{m} ({BY_NAME[m].unit})" for m in METRIC_NAMES)]
+    out = ['<h2>Every job</h2><div class="wide"><table id="jobs"><tr>'
+           + "".join(f"<th>{_e(h)}</th>" for h in heads) + "</tr>"]
+    for r in rows:
+        flags = [steal_note(r.get("cpu_steal_pct")) or "", "shared, not isolated" if shared_unisolated(r) else ""]
+        cells = [f"<td class=l>{_e(r.get(c))}</td>" for c in coords]
+        cells += [f"<td class=l>{_e(v)}</td>" for v in (r.get("measured"), *flags, r.get("error"))]
+        cells += [f'<td data-metric="{m}" data-value="{_e(r.get(m))}">{_e(_fmt(m, r.get(m)))}</td>'
+                  for m in METRIC_NAMES]
+        out.append(f'<tr data-job="{_e(r["job_id"])}">' + "".join(cells) + "</tr>")
+    return "".join(out) + "</table></div>"

@@ -1,0 +1,186 @@
+"""The HTML report's plots, drawn with matplotlib to inline SVG (no JavaScript, no fonts or files to fetch).
+
+Each function takes result rows (``farm.results.result_rows``) and returns an SVG string, or None when the
+rows hold nothing to plot. Axes carry their units from the metric registry; an axis whose values span more
+than a decade is logarithmic; legends name configurations.
+"""
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: draw to memory
+import matplotlib.pyplot as plt  # noqa: E402
+from cycler import cycler  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from schemas.metrics import BY_NAME  # noqa: E402
+from workers.loadgen.stats import histogram_quantile  # noqa: E402
+
+plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "farm", "font.size": 9, "axes.grid": True,
+                     "grid.alpha": 0.3, "legend.fontsize": 7, "figure.dpi": 96,
+                     "axes.prop_cycle": cycler(color=[plt.get_cmap("tab20")(i) for i in range(20)])})
+MIB = 2**20
+
+
+def label(metric: str) -> str:
+    """An axis label with the registry unit, e.g. ``latency p99 (ms)``; bytes are shown in MiB."""
+    m = BY_NAME[metric]
+    unit = "MiB" if m.unit == "B" else m.unit
+    name = metric.removesuffix("_ms").removesuffix("_bytes").removesuffix("_pct").replace("_", " ")
+    return f"{name} ({unit})"
+
+
+def value(row: dict[str, Any], metric: str) -> float | None:
+    """A metric of ``row`` as a plotted number (bytes in MiB); None when not measured."""
+    v = row.get(metric)
+    if v is None:
+        return None
+    return float(v) / MIB if BY_NAME[metric].unit == "B" else float(v)
+
+
+def _log_if_wide(ax: Axes, values: Iterable[float], axis: str) -> None:
+    vals = [v for v in values if v and v > 0]
+    if vals and max(vals) / min(vals) > 10:
+        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+
+
+def to_svg(fig: Figure) -> str:
+    """The figure as an ``<svg>`` element (XML header dropped), then closed."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    text = buf.getvalue()
+    return re.sub(r"<metadata>.*?</metadata>", "", text[text.index("<svg"):], flags=re.S)
+
+
+def _serving(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if not r.get("edge_profile") and r["status"] == "succeeded"]
+
+
+def _groups(rows: list[dict[str, Any]], key: Callable[[dict[str, Any]], tuple[Any, ...]]
+            ) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    out: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(key(r), []).append(r)
+    return dict(sorted(out.items(), key=lambda kv: tuple(str(k) for k in kv[0])))
+
+
+def throughput_vs_p99(rows: list[dict[str, Any]]) -> str | None:
+    """Model Analyzer's main chart: throughput against p99, one line per device x engine x batch size, its
+    points the concurrency levels."""
+    serving = [r for r in _serving(rows) if r.get("latency_p99_ms") and r.get("throughput_infer_per_s")]
+    if not serving:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for (device, engine, b), group in _groups(serving, lambda r: (r["device"], r["engine"], r["batch_size"])).items():
+        group.sort(key=lambda r: r["concurrency"])
+        xs, ys = [r["latency_p99_ms"] for r in group], [r["throughput_infer_per_s"] for r in group]
+        ax.plot(xs, ys, marker="o", label=f"{device} {engine} batch {b}")
+        for r in group:
+            ax.annotate(f"c{r['concurrency']}", (r["latency_p99_ms"], r["throughput_infer_per_s"]), fontsize=6,
+                        textcoords="offset points", xytext=(3, 3))
+    _log_if_wide(ax, (r["latency_p99_ms"] for r in serving), "x")
+    _log_if_wide(ax, (r["throughput_infer_per_s"] for r in serving), "y")
+    ax.set(title="Throughput vs p99 latency (points: concurrency)", xlabel=label("latency_p99_ms"),
+           ylabel=label("throughput_infer_per_s"))
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return to_svg(fig)
+
+
+def by_batch(rows: list[dict[str, Any]], metrics: tuple[str, ...], title: str) -> str | None:
+    """``metrics`` against batch size, one subplot each, one line per device x engine x concurrency; metrics
+    no row measured are left out (e.g. GPU figures on a CPU-only request)."""
+    serving = _serving(rows)
+    present = [m for m in metrics if any(r.get(m) is not None for r in serving)]
+    if not present:
+        return None
+    fig, axes = plt.subplots(1, len(present), figsize=(4.2 * len(present), 3.6), squeeze=False, layout="constrained")
+    groups = _groups(serving, lambda r: (r["device"], r["engine"], r["concurrency"]))
+    for ax, m in zip(axes[0], present, strict=True):
+        for (device, engine, c), group in groups.items():
+            pts = sorted((r["batch_size"], value(r, m)) for r in group if r.get(m) is not None)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{device} {engine} c{c}")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        _log_if_wide(ax, (value(r, m) or 0 for r in serving), "y")
+        ax.set(title=label(m).split(" (")[0], xlabel="batch size (samples per request)", ylabel=label(m))
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=7)
+    fig.suptitle(title)
+    return to_svg(fig)
+
+
+def e2e_vs_compute(rows: list[dict[str, Any]], limit: int = 40) -> str | None:
+    """End-to-end p50 beside the server's compute p50 per configuration: the gap is harness and transport."""
+    serving = [r for r in _serving(rows) if r.get("latency_p50_ms") is not None][:limit]
+    if not serving:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 0.8 + 0.22 * len(serving)))
+    names = [f"{r['device']} {r['engine']} b{r['batch_size']} c{r['concurrency']}" for r in serving]
+    ys = list(range(len(serving)))
+    ax.barh([y + 0.2 for y in ys], [r["latency_p50_ms"] for r in serving], height=0.4,
+            label="end-to-end p50 (client, gRPC, server)")
+    ax.barh([y - 0.2 for y in ys], [r.get("server_compute_p50_ms") or 0 for r in serving], height=0.4,
+            label="server compute p50")
+    ax.set_yticks(ys, names, fontsize=7)
+    ax.invert_yaxis()
+    _log_if_wide(ax, (r["latency_p50_ms"] for r in serving), "x")
+    ax.set(title="End-to-end vs server compute latency (the gap: harness and transport)", xlabel="latency p50 (ms)")
+    ax.legend(loc="lower right")
+    return to_svg(fig)
+
+
+def edge_profiles(rows: list[dict[str, Any]]) -> str | None:
+    """Per edge profile and batch size: throughput, p99, CPU % and memory peak against the limit; OOM marked."""
+    edge = [r for r in rows if r.get("edge_profile")]
+    if not edge:
+        return None
+    names = [f"{r['edge_profile']} b{r['batch_size']}" + (" OOM" if r.get("oom_killed") else "") for r in edge]
+    fig, axes = plt.subplots(1, 4, figsize=(14, 1.4 + 0.35 * len(edge)), squeeze=False, layout="constrained")
+    ys = list(range(len(edge)))
+    colours = ["tab:red" if r.get("oom_killed") else "tab:blue" for r in edge]
+    for ax, m in zip(axes[0][:3], ("throughput_infer_per_s", "latency_p99_ms", "cpu_pct_avg"), strict=True):
+        ax.barh(ys, [value(r, m) or 0 for r in edge], color=colours)
+        ax.set(title=label(m).split(" (")[0], xlabel=label(m))
+        ax.set_yticks(ys, names if ax is axes[0][0] else [""] * len(ys), fontsize=7)
+        ax.invert_yaxis()
+    ax = axes[0][3]
+    ax.barh([y + 0.2 for y in ys], [value(r, "mem_peak_bytes") or 0 for r in edge], height=0.4, color=colours,
+            label="memory peak")
+    ax.barh([y - 0.2 for y in ys], [value(r, "mem_limit_bytes") or 0 for r in edge], height=0.4, color="tab:gray",
+            label="memory limit")
+    ax.set(title="memory peak vs limit", xlabel="memory (MiB)")
+    ax.set_yticks(ys, [""] * len(ys))
+    ax.invert_yaxis()
+    ax.legend(loc="lower right")
+    fig.suptitle("Edge profiles (in-process, no transport; red: killed out of memory)")
+    return to_svg(fig)
+
+
+def latency_cdf(top: list[tuple[str, dict[str, Any]]]) -> str | None:
+    """The end-to-end latency distribution (CDF) of the given configurations from their stored histograms;
+    ``top``: (legend name, histogram) pairs."""
+    curves = [(name, h) for name, h in top if h and h.get("count")]
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for name, h in curves:
+        n, cum, xs, ys = int(h["count"]), 0, [], []
+        for upper, c in zip(h["bounds_ms"][1:], h["counts"], strict=False):
+            cum += int(c)
+            xs.append(min(upper, h.get("max_ms") or upper))
+            ys.append(100.0 * cum / n)
+        ax.step(xs, ys, where="post", label=f"{name} (p99 {histogram_quantile(h, 99):.3g} ms)")
+    ax.set_xscale("log")
+    ax.set(title="Latency distribution of the top configurations (from stored histograms)",
+           xlabel="end-to-end latency (ms)", ylabel="requests at or below (%)", ylim=(0, 100.5))
+    ax.legend(loc="lower right")
+    return to_svg(fig)

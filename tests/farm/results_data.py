@@ -1,0 +1,105 @@
+"""Synthetic but realistic stored results for report, export, view and compare tests.
+
+``measurement`` draws what the load generator stores for one run (metrics, per-window figures, latency and
+server-compute histograms) from a simple closed-loop model with run-to-run and window-to-window noise;
+``seed_request`` writes a whole request (model, jobs, results) into the configured database.
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+
+from workers.loadgen import stats
+
+RUN_SD = 0.01  # run-to-run spread of the true throughput, relative (1 %)
+WINDOW_SD = 0.03  # window-to-window spread within one run, relative (3 %)
+
+
+def measurement(rng: np.random.Generator, throughput: float, batch: int = 1, concurrency: int = 1,
+                windows: int = 8, slowdown: float = 1.0, window_s: float = 1.0) -> tuple[dict[str, Any],
+                                                                                        dict[str, Any]]:
+    """(metrics, details) of one closed-loop run whose true throughput is ``throughput / slowdown``
+    inferences/s; latency follows (concurrency x batch / throughput) with a log-normal spread."""
+    run = rng.normal(1.0, RUN_SD) / slowdown
+    per_window = throughput * run * rng.normal(1.0, WINDOW_SD, windows)
+    # closed loop: a window's latency is (concurrency x batch / its throughput), spread log-normally
+    per_req = max(1, int(min(per_window.sum() * window_s / batch, 20000)) // windows)
+    lats = [rng.lognormal(np.log(1000.0 * concurrency * batch / t), 0.25, per_req) for t in per_window]
+    lat = np.concatenate(lats)
+    n = lat.size
+    compute = lat * rng.uniform(0.55, 0.65)
+    wins = [{"k": k, "t_s": k * window_s, "length_s": window_s, "requests": int(t * window_s / batch), "errors": 0,
+             "requests_per_s": t / batch, "throughput_infer_per_s": float(t),
+             "p50_ms": float(np.median(w)), "p99_ms": float(np.percentile(w, 99))}
+            for k, (t, w) in enumerate(zip(per_window, lats, strict=True))]
+    metrics: dict[str, Any] = {
+        **stats.latency_metrics(lat, batch, n * batch / float(per_window.mean())),
+        "throughput_infer_per_s": float(per_window.mean()),
+        "server_compute_p50_ms": float(np.median(compute)), "server_compute_p99_ms": float(np.percentile(compute, 99)),
+        "stable": True, "windows": windows, "error_count": 0, "duration_s": windows * window_s,
+        "cpu_pct_avg": float(60 + 20 * np.log2(batch) + rng.normal(0, 2)), "cpu_pct_peak": 190.0,
+        "mem_peak_bytes": int(200 * 2**20 + batch * 2**20), "mem_avg_bytes": int(190 * 2**20), "cpu_steal_pct": 0.5,
+    }
+    details = {"load": {"mode": "closed", "windows": wins, "metrics_windows": [0, windows - 1],
+                        "latency_histogram": stats.histogram(lat),
+                        "server_compute_histogram": stats.histogram(compute)}}
+    return metrics, details  # as workers.execute stores them: the load generator's part under "load"
+
+
+def seed_request(rng: np.random.Generator, *, slowdown: float = 1.0, model: str = "mlp.onnx",
+                 devices: tuple[str, ...] = ("cpu", "gpu:t4"), batches: tuple[int, ...] = (1, 4, 16),
+                 concurrencies: tuple[int, ...] = (1, 4), edge: bool = True, failed: bool = True) -> str:
+    """Write one request with a job per device x engine x batch x concurrency (plus two edge runs, one
+    OOM-killed, and one failed job) and results into the configured database; returns the request id."""
+    from farm.db.models import ModelArtifact, Request
+    from farm.db.session import session_scope
+
+    rid = str(uuid.uuid4())
+    sha = "ab" * 32
+    with session_scope() as s:
+        if s.get(ModelArtifact, sha) is None:
+            s.add(ModelArtifact(sha256=sha, filename=model, format="onnx", size_bytes=1234, content=b"x", inputs=[],
+                                static_metrics={"params": 12345, "macs_per_sample": 67890,
+                                                "flops_per_sample": 135780, "size_bytes": 1234}))
+        s.add(Request(id=rid, model_sha256=sha, spec={"model": model, "measurement": {"rpc": "unary"}}, excluded=[]))
+        s.flush()
+        for device in devices:
+            base = 800.0 if device == "cpu" else 5000.0
+            for engine in ("onnxruntime", "torchscript"):
+                for b in batches:
+                    for c in concurrencies:
+                        dims = {"instances": 1, "threads": 2} | ({"max_queue_delay_us": 100} if b > 1 else {})
+                        tput = base * (1.3 if engine == "onnxruntime" else 1.0) * b ** 0.5 * min(c, 2) ** 0.4
+                        metrics, details = measurement(rng, tput, b, c, slowdown=slowdown)
+                        if device != "cpu":
+                            metrics |= {"gpu_mem_peak_bytes": 900 * 2**20 + b * 2**22, "gpu_util_avg_pct": 20.0 * c,
+                                        "gpu_power_avg_w": 70.0 + 5 * b}
+                        _job(s, rid, device, engine, b, c, None, dims, "succeeded", metrics, details)
+        if failed:
+            _job(s, rid, "cpu", "tensorrt", 1, 1, None, {"instances": 1, "threads": 2}, "failed", None, None,
+                 error="engine tensorrt needs a GPU; pick a GPU device")
+        if edge:
+            m, _ = measurement(rng, 4000.0, 1, 1, slowdown=slowdown)
+            m |= {"mem_limit_bytes": 512 * 2**20, "cpu_limit": 1.0, "oom_killed": False, "limits_enforced": True}
+            _job(s, rid, "cpu", "onnxruntime", 1, 1, "pi4", {"instances": 1, "threads": 1}, "succeeded", m,
+                 {"kind": "edge"})
+            oom = {"mem_limit_bytes": 64 * 2**20, "cpu_limit": 1.0, "oom_killed": True, "mem_peak_bytes": 64 * 2**20}
+            _job(s, rid, "cpu", "onnxruntime", 1, 1, "tiny", {"instances": 1, "threads": 1}, "succeeded", oom,
+                 {"kind": "edge"})
+    return rid
+
+
+def _job(s: Any, rid: str, device: str, engine: str, b: int, c: int, edge: str | None, dims: dict[str, Any],
+         status: str, metrics: dict[str, Any] | None, details: dict[str, Any] | None, error: str | None = None) -> None:
+    from farm.db.models import Job, Result
+
+    jid = uuid.uuid4().hex
+    s.add(Job(id=jid, request_id=rid, device=device, engine=engine, batch_size=b, concurrency=c, edge_profile=edge,
+              queue="q", spec={"measurement": {"rpc": "unary", **dims}}, status=status, attempts=1, error=error,
+              worker_id="w1"))
+    s.flush()
+    if metrics is not None:
+        s.add(Result(job_id=jid, request_id=rid, worker_id="w1", host="h1", slot=0, server_cpus="0",
+                     loadgen_cpus="1", host_shared=False, isolated=True, details=details or {}, **metrics))
