@@ -8,6 +8,7 @@ from schemas.engines import ENGINES, MODEL_FORMATS
 from schemas.hardware import CpuInfo, GpuInfo, WorkerHardware
 from schemas.job import JobSpec, JobStatus
 from schemas.request import (
+    SERVING_KEYS,
     EdgeProfile,
     MeasurementSettings,
     ProfileRequest,
@@ -17,6 +18,7 @@ from schemas.result import JobResult, Placement
 
 __all__ = [
     "ENGINES",
+    "SERVING_KEYS",
     "MODEL_FORMATS",
     "CpuInfo",
     "EdgeProfile",

@@ -55,8 +55,16 @@ def submit(
     mode: str | None = typer.Option(None, "--mode", help="closed | constant | poisson"),
     rpc: str | None = typer.Option(None, "--rpc", help="unary (default) | stream: ModelInfer calls or "
                                       "ModelStreamInfer streams."),
-    threads: int | None = typer.Option(None, "--threads", help="Server intra-op threads (0 = default)."),
-    instances: int | None = typer.Option(None, "--instances", help="Server model instances."),
+    threads: str | None = typer.Option(None, "--threads", help="Server intra-op threads (0 = default), e.g. 1,2."),
+    instances: str | None = typer.Option(None, "--instances", help="Server model instances, e.g. 1,2."),
+    queue_delay: str | None = typer.Option(None, "--max-queue-delay-us", help="Dynamic batching delays, µs, "
+                                           "e.g. 0,500,2000 (default: no dynamic batching)."),
+    preferred_batch: int | None = typer.Option(None, "--preferred-batch-size", help="Dynamic batching: run a "
+                                               "batch as soon as it has this many rows."),
+    search: str | None = typer.Option(None, "--search", help="brute (every concurrency) | quick (the scheduler "
+                                      "walks or bisects concurrency per serving configuration)."),
+    p99: float | None = typer.Option(None, "--p99", help="Quick search latency budget, ms: the highest "
+                                     "throughput with p99 within it."),
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
     wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"request_id\": ...} (and results with --wait)."),
@@ -71,7 +79,8 @@ def submit(
                               model_format, name,
                               dict(duration_s=duration, max_windows=windows, window_s=window, warmup_s=warmup,
                                    stability_pct=stability, rate=rate, mode=mode, threads=threads,
-                                   instances=instances, timeout_s=timeout, rpc=rpc))
+                                   instances=instances, timeout_s=timeout, rpc=rpc, max_queue_delay_us=queue_delay,
+                                   preferred_batch_size=preferred_batch, search=search, p99_ms=p99))
     request = ProfileRequest.model_validate(data)
     _prepare_db()
     settings = get_settings()

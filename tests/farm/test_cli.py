@@ -82,6 +82,11 @@ def test_results_merge_repeats_of_two_requests(tmp_path: Path) -> None:
     (["results", "x", "--format", "xml"], "--format"),
     (["results", "x", "y"], "--merge-repeats"),
     (["submit", "MODEL", "--rpc", "grpc"], "rpc"),
+    (["submit", "MODEL", "--instances", "1,two"], "--instances"),
+    (["submit", "MODEL", "--threads", "300"], "threads"),
+    (["submit", "MODEL", "--max-queue-delay-us", "0,5x"], "--max-queue-delay-us"),
+    (["submit", "MODEL", "--search", "fast"], "search"),
+    (["submit", "MODEL", "--search", "quick", "--rate", "50"], "quick search"),
 ])
 def test_bad_input_gives_one_line_and_nonzero_exit(args: list[str], needle: str, example_onnx: Path) -> None:
     args = [str(example_onnx) if a == "MODEL" else a for a in args]
