@@ -88,7 +88,8 @@ def _bisect(levels: Sequence[int], steps: Sequence[Step], budget: float) -> Deci
         return Decision(nxt, best, f"bisecting c={levels[lo] if lo >= 0 else 0}..{levels[hi - 1]}: c={nxt} next")
     if best is None:
         return Decision(None, None, f"stopped: c={levels[0]} already exceeds p99 {budget:g} ms")
-    return Decision(None, best, f"stopped: c={best.level} is the highest concurrency within p99 {budget:g} ms")
+    return Decision(None, best, f"stopped: the highest concurrency within p99 {budget:g} ms is c={levels[lo]}; "
+                    f"best throughput at c={best.level}")
 
 
 def first_level(levels: Sequence[int], p99_ms: float | None) -> int:
