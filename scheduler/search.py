@@ -105,3 +105,144 @@ def serving_key(spec: dict[str, Any]) -> tuple[Any, ...]:
 
     m = spec.get("measurement") or {}
     return (spec["device"], spec["engine"], spec["batch_size"], *(m.get(k) for k in SERVING_KEYS))
+
+
+# ---- the scheduler's side: read a request's steps, enqueue the next ones ---------------------------------
+
+SEARCH_LOOKBACK_S = 3600.0  # reconciliation advances the searches of requests with a job finished this recently
+
+
+@dataclass
+class SearchState:
+    """Where one serving configuration's search stands: its measured steps, the step being measured
+    (None: none) and the decision once nothing is pending."""
+
+    key: tuple[Any, ...]
+    steps: list[Step]
+    pending: int | None
+    decision: Decision | None
+    template: dict[str, Any]  # a job spec (JSON) of this configuration, for its next steps
+
+    def describe(self) -> str:
+        """One line for ``farm status``."""
+        measured = ",".join(str(s.level) for s in sorted(self.steps, key=lambda s: s.level)) or "-"
+        if self.pending is not None:
+            return f"measuring c={self.pending} (measured c={measured})"
+        assert self.decision is not None
+        best = self.decision.best
+        pick = f"; best c={best.level} {best.throughput:.1f} infer/s" if best and best.throughput else ""
+        return f"{self.decision.reason} (measured c={measured}){pick}"
+
+
+def search_states(bind: Any, request_id: str) -> list[SearchState]:
+    """The quick searches of a request, one per serving configuration (empty for a brute-force request)."""
+    from sqlalchemy import select
+
+    from farm.db.models import Job, Request, Result
+    from schemas import ProfileRequest
+    from schemas.job import FINAL, JobStatus
+
+    spec = bind.execute(select(Request.spec).where(Request.id == request_id)).scalar_one_or_none()
+    if spec is None:
+        return []
+    request = ProfileRequest.model_validate(spec)
+    if request.measurement.search != "quick":
+        return []
+    metrics = [getattr(Result, n) for n in ("throughput_infer_per_s", "latency_p99_ms")]  # registry columns
+    rows = bind.execute(select(Job.spec, Job.status, Job.concurrency, *metrics)
+                        .outerjoin(Result, Result.job_id == Job.id)
+                        .where(Job.request_id == request_id, Job.edge_profile.is_(None))).all()
+    states: dict[tuple[Any, ...], SearchState] = {}
+    for job_spec, status, c, tput, p99 in rows:
+        key = serving_key(job_spec)
+        st = states.setdefault(key, SearchState(key, [], None, None, job_spec))
+        if status not in FINAL:
+            st.pending = c
+        else:
+            ok = status == JobStatus.succeeded and tput is not None
+            st.steps.append(Step(c, tput if ok else None, p99 if ok else None))
+    for st in states.values():
+        if st.pending is None:
+            st.decision = decide(request.concurrency, st.steps, request.measurement.p99_ms)
+    return list(states.values())
+
+
+def next_steps(bind: Any, request_id: str) -> list[tuple[str, str]]:
+    """Insert the next step (a queued job) of every search of the request that is waiting for one; returns
+    the (job id, queue) pairs inserted. Idempotent: a step's job id is deterministic, and a job already
+    there (another worker advanced the same search) is left alone."""
+    from farm.db.models import Job
+    from farm.db.session import dialect_insert
+    from scheduler.enqueue import job_rows
+    from scheduler.expand import job_id_for
+    from schemas import JobSpec
+
+    new: list[JobSpec] = []
+    for st in search_states(bind, request_id):
+        if st.decision is None or st.decision.next is None:
+            continue
+        t, c = st.template, st.decision.next
+        job_id = job_id_for(request_id, t["device"], t["engine"], t["batch_size"], c, None, t["measurement"])
+        new.append(JobSpec.model_validate({**t, "concurrency": c, "job_id": job_id}))
+    if not new:
+        return []
+    stmt = (dialect_insert(bind, Job.__table__).values(job_rows(request_id, new))  # type: ignore[arg-type]
+            .on_conflict_do_nothing(index_elements=["id"]).returning(Job.__table__.c.id))
+    inserted = set(bind.execute(stmt).scalars().all())
+    return [(j.job_id, j.queue) for j in new if j.job_id in inserted]
+
+
+def advance(request_id: str) -> list[tuple[str, str]]:
+    """Enqueue the next steps of the request's searches (sent to the broker in cluster mode; the embedded
+    loop picks queued jobs up itself); returns the (job id, queue) pairs added."""
+    from farm.db.session import session_scope
+    from farm.settings import get_settings
+    from scheduler.enqueue import enqueue_jobs
+
+    with session_scope() as s:
+        added = next_steps(s, request_id)
+    if added and not get_settings().embedded:
+        enqueue_jobs(added)
+    return added
+
+
+def advance_recent(now: Any = None) -> list[tuple[str, str]]:
+    """Reconciliation's catch-up: advance the searches of requests with a job finished in the last
+    ``SEARCH_LOOKBACK_S`` (a worker may have died between writing a result and enqueuing the next step)."""
+    from datetime import timedelta
+
+    from sqlalchemy import select
+
+    from farm.db.models import Job, utcnow
+    from farm.db.session import session_scope
+
+    since = (now or utcnow()) - timedelta(seconds=SEARCH_LOOKBACK_S)
+    with session_scope() as s:
+        ids = s.execute(select(Job.request_id).where(Job.finished_at >= since).distinct()).scalars().all()
+    return [pair for rid in ids for pair in advance(rid)]
+
+
+def search_report(request_id: str) -> list[dict[str, Any]]:
+    """Where each quick search of the request stands, for ``farm status`` (empty for brute force): its
+    serving configuration, state line, whether it is done and its best step."""
+    from farm.db.session import session_scope
+    from farm.results import find_request
+    from schemas import SERVING_KEYS
+
+    rid = find_request(request_id).id
+    with session_scope() as s:
+        states = search_states(s, rid)
+    out = []
+    for st in states:
+        best = st.decision.best if st.decision else None
+        out.append({"config": dict(zip(("device", "engine", "batch_size", *SERVING_KEYS), st.key, strict=True)),
+                    "state": st.describe(), "done": bool(st.decision and st.decision.done),
+                    "measured": sorted(s.level for s in st.steps),
+                    "best": None if best is None else {"concurrency": best.level, "throughput_infer_per_s":
+                                                       best.throughput, "latency_p99_ms": best.p99_ms}})
+    return out
+
+
+def searches_done(request_id: str) -> bool:
+    """Whether every quick search of the request has decided to stop (True for brute force)."""
+    return all(r["done"] for r in search_report(request_id))

@@ -149,6 +149,7 @@ def _wait(request_id: str, quiet: bool, poll_s: float = 1.0) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from farm.results import status_counts
+    from scheduler.search import searches_done
 
     counts = status_counts(request_id)
     total = sum(counts.values())
@@ -157,10 +158,10 @@ def _wait(request_id: str, quiet: bool, poll_s: float = 1.0) -> None:
         task = progress.add_task("waiting for workers", total=total)
         while True:
             counts = status_counts(request_id)
-            done = sum(counts.get(s, 0) for s in FINAL)
-            progress.update(task, completed=done,
+            done, total = sum(counts.get(s, 0) for s in FINAL), sum(counts.values())
+            progress.update(task, completed=done, total=total,
                             description=" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-            if done >= total:
+            if done >= total and searches_done(request_id):  # a quick search adds steps as results land
                 return
             time.sleep(poll_s)
 
@@ -232,12 +233,17 @@ def status(request_id: str | None = typer.Argument(None, help="Request id; omit 
                           " ".join(f"{k}={v}" for k, v in sorted(r["counts"].items())))
         console.print(table)
         return
+    from scheduler.search import search_report
+
     counts = status_counts(request_id)
     waiting = waiting_queues(request_id)
+    searches = search_report(request_id)
     if as_json:
-        print(json.dumps({"counts": counts, "waiting": waiting}))
+        print(json.dumps({"counts": counts, "waiting": waiting, "searches": searches}))
         return
     console.print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    for sr in searches:  # quick search: where each serving configuration's search stands
+        console.print(f"  search {views.config_label(sr['config'])}: {sr['state']}", highlight=False)
     for queue, n in waiting.items():
         console.print(f"[yellow]{n} job(s) wait in queue {queue}: no live worker consumes it[/]")
     for r in result_rows(request_id):

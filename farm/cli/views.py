@@ -56,6 +56,22 @@ def results_table(rows: list[dict[str, Any]], title: str = "") -> Table:
     return table
 
 
+def serving_label(row: dict[str, Any]) -> str:
+    """The serving configuration of a result row (``SERVING_KEYS``), short: ``i=2 t=1 q=500us p=8``; ``-``
+    for the plain one (1 instance, engine default threads, no dynamic batching)."""
+    parts = [f"i={row['instances']}" if row.get("instances") not in (None, 1) else "",
+             f"t={row['threads']}" if row.get("threads") else "",
+             f"q={row['max_queue_delay_us']}us" if row.get("max_queue_delay_us") is not None else "",
+             f"p={row['preferred_batch_size']}" if row.get("preferred_batch_size") else ""]
+    return " ".join(p for p in parts if p) or "-"
+
+
+def config_label(config: dict[str, Any]) -> str:
+    """A serving configuration with its device, engine and batch size: ``cpu onnxruntime b=1 i=2``."""
+    label = serving_label(config)
+    return f"{config['device']} {config['engine']} b={config['batch_size']}" + ("" if label == "-" else f" {label}")
+
+
 def job_label(row: dict[str, Any]) -> str:
     """The short job id, marked when the job shared its host without isolation (see ``shared_lines``)."""
     return row["job_id"][:6] + (SHARED_MARK if shared_unisolated(row) else "")

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from farm import lifecycle
 from scheduler.search import GAIN, Decision, Step, decide, first_level
 
 LEVELS = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -93,3 +95,35 @@ def test_first_steps_and_results_in_any_order() -> None:
     shuffled = [m(64), m(1), m(16), m(4)]
     assert decide(LEVELS, shuffled, 3.0) == decide(LEVELS, list(reversed(shuffled)), 3.0)
     assert decide(LEVELS, [m(1), m(2)], None).next == 4
+
+
+def test_the_scheduler_adds_each_next_step_once_as_results_land(sqlite_url: str, example_onnx: Path) -> None:
+    """Against a real (SQLite) ledger: each result written through the worker's ledger enqueues the next
+    step; asking again adds nothing; the search ends where ``decide`` says, with a report for ``farm status``."""
+    from farm.db.session import session_scope
+    from scheduler.enqueue import submit
+    from scheduler.search import next_steps, search_report
+    from schemas import JobResult, ProfileRequest
+    from workers import ledger
+
+    curve = saturating(knee=2)
+    sub = submit(ProfileRequest(model=str(example_onnx), concurrency=[1, 2, 4, 8, 16, 32], instances=[1, 2],
+                                measurement={"search": "quick"}), send=False)
+    rid, ran = sub.request_id, []
+    todo = [j.job_id for j in sub.expansion.jobs]
+    while todo:
+        job_id = todo.pop(0)
+        spec = ledger.claim(job_id, "w1")
+        assert spec is not None and ledger.start(job_id, "w1")
+        step = curve(spec.concurrency)
+        metrics = {"throughput_infer_per_s": (step.throughput or 0) * spec.measurement.instances,
+                   "latency_p99_ms": step.p99_ms}
+        assert ledger.finish(spec, "w1", JobResult(job_id=job_id, metrics=metrics))
+        ran.append((spec.measurement.instances, spec.concurrency))
+        with session_scope() as s:
+            assert next_steps(s, rid) == []  # the finish already added the next step; nothing twice
+            todo += [j for j, _ in lifecycle.resumable(s, rid) if j not in todo]
+    assert sorted(ran) == [(i, c) for i in (1, 2) for c in (1, 2, 4, 8)]  # flat from 2: stops at 8
+    report = search_report(rid)
+    assert sorted(r["config"]["instances"] for r in report) == [1, 2]
+    assert all(r["done"] and r["best"]["concurrency"] == 2 for r in report)
