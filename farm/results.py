@@ -12,6 +12,7 @@ from farm.db.models import Job, ModelArtifact, Request, Result, Worker, utcnow
 from farm.db.session import session_scope
 from farm.errors import NotFoundError
 from farm.settings import get_settings
+from schemas import COORDINATE_KEYS, SERVING_KEYS
 from schemas.job import JobStatus
 from schemas.metrics import JOB_METRICS
 from schemas.metrics import merge_repeats as merge_metrics
@@ -20,8 +21,10 @@ from schemas.result import PLACEMENT_COLUMNS, shared_unisolated
 JOB_COLUMNS = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "status",
                "attempts", "worker_id", "error")
 METRIC_NAMES = tuple(m.name for m in JOB_METRICS)
+#: a job's coordinates (``schemas.COORDINATE_KEYS``; the serving-configuration keys come from its measurement)
+COORDINATE_COLUMNS = COORDINATE_KEYS
 #: what makes two jobs (of the same or of different requests) repeats of one measurement
-CONFIG_COLUMNS = ("device", "engine", "batch_size", "concurrency", "edge_profile", "rpc")
+CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "rpc")
 
 
 def find_request(request_id: str) -> Request:
@@ -43,7 +46,7 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     req = find_request(request_id)
     metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + METRIC_NAMES]
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
-                   Job.status, Job.attempts, Job.worker_id, Job.error, *metric_cols)
+                   Job.status, Job.attempts, Job.worker_id, Job.error, *metric_cols, Job.spec["measurement"])
             .outerjoin(Result, Result.job_id == Job.id)
             .where(Job.request_id == req.id)
             .order_by(Job.edge_profile.is_not(None), Job.edge_profile, Job.device, Job.engine, Job.batch_size,
@@ -52,7 +55,31 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
         rows = s.execute(stmt).all()
     names = JOB_COLUMNS + PLACEMENT_COLUMNS + METRIC_NAMES
     rpc = (req.spec.get("measurement") or {}).get("rpc", "unary")  # how every job of it was driven
-    return [{**dict(zip(names, row, strict=True)), "rpc": rpc} for row in rows]
+    out = []
+    for *values, measurement in rows:
+        row = dict(zip(names, values, strict=True))
+        out.append({**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **serving_values(measurement), **row, "rpc": rpc})
+    if any(serving_values(None) != {k: r[k] for k in SERVING_KEYS} for r in out):
+        out.sort(key=_matrix_order)  # several serving configurations: each one's concurrency steps together
+    return out
+
+
+def serving_values(measurement: dict[str, Any] | None) -> dict[str, Any]:
+    """A job's serving configuration (``SERVING_KEYS``) from its spec's ``measurement`` (JSON), with the
+    defaults of ``MeasurementSettings`` where a key is absent (jobs submitted before the key existed)."""
+    from schemas import MeasurementSettings
+
+    m = measurement if isinstance(measurement, dict) else {}
+    defaults = MeasurementSettings.model_fields
+    return {k: m.get(k, defaults[k].default) for k in SERVING_KEYS}
+
+
+def _matrix_order(row: dict[str, Any]) -> tuple[Any, ...]:
+    key: list[Any] = [row["edge_profile"] is not None]
+    for c in COORDINATE_COLUMNS:
+        v = row[c]
+        key += [v is not None, v if v is not None else 0]
+    return tuple(key)
 
 
 def model_static_metrics(model_sha256: str) -> dict[str, Any]:
@@ -72,7 +99,7 @@ def merge_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     beside another farm job without isolation marks the merged row the same way."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault(tuple(r[c] for c in CONFIG_COLUMNS), []).append(r)
+        groups.setdefault(tuple(r.get(c) for c in CONFIG_COLUMNS), []).append(r)
     merged = []
     for group in groups.values():
         done = [r for r in group if r["status"] == JobStatus.succeeded]

@@ -101,10 +101,11 @@ def first_level(levels: Sequence[int], p99_ms: float | None) -> int:
 
 def serving_key(spec: dict[str, Any]) -> tuple[Any, ...]:
     """A job spec's (JSON) serving configuration: its coordinates less concurrency."""
+    from farm.report import SERVING_GROUP
     from schemas import SERVING_KEYS
 
     m = spec.get("measurement") or {}
-    return (spec["device"], spec["engine"], spec["batch_size"], *(m.get(k) for k in SERVING_KEYS))
+    return tuple(m.get(k) if k in SERVING_KEYS else spec[k] for k in SERVING_GROUP)
 
 
 # ---- the scheduler's side: read a request's steps, enqueue the next ones ---------------------------------
@@ -226,8 +227,8 @@ def search_report(request_id: str) -> list[dict[str, Any]]:
     """Where each quick search of the request stands, for ``farm status`` (empty for brute force): its
     serving configuration, state line, whether it is done and its best step."""
     from farm.db.session import session_scope
+    from farm.report import SERVING_GROUP
     from farm.results import find_request
-    from schemas import SERVING_KEYS
 
     rid = find_request(request_id).id
     with session_scope() as s:
@@ -235,7 +236,7 @@ def search_report(request_id: str) -> list[dict[str, Any]]:
     out = []
     for st in states:
         best = st.decision.best if st.decision else None
-        out.append({"config": dict(zip(("device", "engine", "batch_size", *SERVING_KEYS), st.key, strict=True)),
+        out.append({"config": dict(zip(SERVING_GROUP, st.key, strict=True)),
                     "state": st.describe(), "done": bool(st.decision and st.decision.done),
                     "measured": sorted(s.level for s in st.steps),
                     "best": None if best is None else {"concurrency": best.level, "throughput_infer_per_s":

@@ -165,6 +165,9 @@ class MeasurementSettings(_Strict):
 
 #: the serving-configuration keys of a job's ``measurement`` (columns of results, report groups)
 SERVING_KEYS: tuple[str, ...] = ("instances", "threads", "max_queue_delay_us", "preferred_batch_size")
+#: a job's coordinates in the matrix, in matrix order: what results, reports and comparisons group by (a
+#: serving configuration is all of them but concurrency and edge_profile)
+COORDINATE_KEYS: tuple[str, ...] = ("device", "engine", "batch_size", *SERVING_KEYS, "concurrency", "edge_profile")
 
 
 def _positive_unique(name: str, values: list[int], upper: int, lower: int = 1) -> list[int]:

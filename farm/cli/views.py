@@ -46,13 +46,15 @@ def fmt_value(name: str, value: Any) -> str:
 def results_table(rows: list[dict[str, Any]], title: str = "") -> Table:
     """The results as a Rich table; errors are listed under it (see ``error_lines``)."""
     table = Table(title=title or None, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    for col in ("job", "device", "engine", "b x c", "edge", "status"):
+    serving = any(serving_label(r) != "-" for r in rows)  # the column only when a serving dimension varies
+    for col in ("job", "device", "engine", *(("serving",) if serving else ()), "b x c", "edge", "status"):
         table.add_column(col, no_wrap=True)
     for _, head in TABLE_METRICS:
         table.add_column(head, justify="right")
     for r in rows:
-        table.add_row(job_label(r), r["device"], r["engine"], f"{r['batch_size']}x{r['concurrency']}",
-                      r["edge_profile"] or "-", r["status"], *(fmt_value(n, r.get(n)) for n, _ in TABLE_METRICS))
+        table.add_row(job_label(r), r["device"], r["engine"], *((serving_label(r),) if serving else ()),
+                      f"{r['batch_size']}x{r['concurrency']}", r["edge_profile"] or "-", r["status"],
+                      *(fmt_value(n, r.get(n)) for n, _ in TABLE_METRICS))
     return table
 
 
