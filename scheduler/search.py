@@ -154,17 +154,23 @@ def search_states(bind: Any, request_id: str) -> list[SearchState]:
                         .outerjoin(Result, Result.job_id == Job.id)
                         .where(Job.request_id == request_id, Job.edge_profile.is_(None))).all()
     states: dict[tuple[Any, ...], SearchState] = {}
+    cancelled: set[tuple[Any, ...]] = set()
     for job_spec, status, c, tput, p99 in rows:
         key = serving_key(job_spec)
         st = states.setdefault(key, SearchState(key, [], None, None, job_spec))
         if status not in FINAL:
             st.pending = c
-        else:
-            ok = status == JobStatus.succeeded and tput is not None
-            st.steps.append(Step(c, tput if ok else None, p99 if ok else None))
+            continue
+        ok = status == JobStatus.succeeded and tput is not None
+        st.steps.append(Step(c, tput if ok else None, p99 if ok else None))
+        if status == JobStatus.cancelled:
+            cancelled.add(key)
     for st in states.values():
-        if st.pending is None:
-            st.decision = decide(request.concurrency, st.steps, request.measurement.p99_ms)
+        if st.pending is not None:
+            continue
+        st.decision = decide(request.concurrency, st.steps, request.measurement.p99_ms)
+        if st.key in cancelled and not st.decision.done:  # farm cancel (or an interrupt): no new step
+            st.decision = Decision(None, st.decision.best, "stopped: a step was cancelled")
     return list(states.values())
 
 
@@ -214,12 +220,14 @@ def advance_recent(now: Any = None) -> list[tuple[str, str]]:
 
     from sqlalchemy import select
 
-    from farm.db.models import Job, utcnow
+    from farm.db.models import Job, Request, utcnow
     from farm.db.session import session_scope
 
     since = (now or utcnow()) - timedelta(seconds=SEARCH_LOOKBACK_S)
+    quick = Request.spec["measurement"]["search"].as_string() == "quick"
     with session_scope() as s:
-        ids = s.execute(select(Job.request_id).where(Job.finished_at >= since).distinct()).scalars().all()
+        ids = s.execute(select(Job.request_id).join(Request, Request.id == Job.request_id)
+                        .where(Job.finished_at >= since, quick).distinct()).scalars().all()
     return [pair for rid in ids for pair in advance(rid)]
 
 

@@ -235,6 +235,11 @@ class ProfileRequest(_Strict):
     def _conc(cls, v: list[int]) -> list[int]:
         return _positive_unique("concurrency", v, 4096)
 
+    @field_validator("instances", "threads", "max_queue_delay_us", mode="before")
+    @classmethod
+    def _one_value(cls, v: object) -> object:
+        return [v] if isinstance(v, int) and not isinstance(v, bool) else v  # `instances: 2` in a request file
+
     @field_validator("instances")
     @classmethod
     def _instances(cls, v: list[int] | None) -> list[int] | None:

@@ -127,3 +127,58 @@ def test_the_scheduler_adds_each_next_step_once_as_results_land(sqlite_url: str,
     report = search_report(rid)
     assert sorted(r["config"]["instances"] for r in report) == [1, 2]
     assert all(r["done"] and r["best"]["concurrency"] == 2 for r in report)
+
+
+def _finish_without_hook(job_id: str, throughput: float, p99: float) -> None:
+    """Claim, start and finish a job through ``farm.lifecycle`` only, as a worker that died right after
+    writing its result would leave it (no next step enqueued)."""
+    from farm.db.session import session_scope
+    from schemas import JobResult
+
+    with session_scope() as s:
+        spec = lifecycle.claim(s, job_id, "w1")
+        assert spec is not None and lifecycle.start(s, job_id, "w1")
+        assert lifecycle.finish(s, spec, "w1", JobResult(job_id=job_id, metrics={
+            "throughput_infer_per_s": throughput, "latency_p99_ms": p99}))
+
+
+def test_reconciliation_advances_a_search_whose_worker_died_after_its_result(sqlite_url: str,
+                                                                              example_onnx: Path) -> None:
+    from farm.db.session import session_scope
+    from scheduler.enqueue import submit
+    from scheduler.reconcile import reconcile
+    from schemas import ProfileRequest
+
+    sub = submit(ProfileRequest(model=str(example_onnx), concurrency=[1, 2, 4], measurement={"search": "quick"}),
+                 send=False)
+    brute = submit(ProfileRequest(model=str(example_onnx), concurrency=[1, 2]), send=False)
+    _finish_without_hook(sub.expansion.jobs[0].job_id, 100.0, 1.0)
+    _finish_without_hook(brute.expansion.jobs[0].job_id, 100.0, 1.0)
+    report = reconcile()
+    with session_scope() as s:
+        queued = lifecycle.resumable(s, sub.request_id)
+        assert len(lifecycle.resumable(s, brute.request_id)) == 1  # brute force: nothing added
+    assert [j for j, _ in queued] == report.search_steps and len(queued) == 1
+    assert reconcile().search_steps == []  # the step is there: nothing twice
+
+
+def test_a_cancelled_search_adds_no_step(sqlite_url: str, example_onnx: Path) -> None:
+    from farm.db.session import session_scope
+    from scheduler.enqueue import submit
+    from scheduler.search import next_steps, search_report
+    from schemas import ProfileRequest
+
+    sub = submit(ProfileRequest(model=str(example_onnx), concurrency=[1, 2, 4, 8, 16, 32, 64],
+                                measurement={"search": "quick", "p99_ms": 5}), send=False)
+    with session_scope() as s:
+        lifecycle.cancel(s, sub.request_id, "cancelled by `farm cancel`")
+        assert next_steps(s, sub.request_id) == []
+    (report,) = search_report(sub.request_id)
+    assert report["done"] and "cancelled" in report["state"]
+
+
+def test_a_single_serving_value_in_a_request_file_is_a_list_of_one() -> None:
+    from schemas import ProfileRequest
+
+    req = ProfileRequest.model_validate({"model": "m.onnx", "instances": 2, "max_queue_delay_us": 0})
+    assert req.instances == [2] and req.max_queue_delay_us == [0]
