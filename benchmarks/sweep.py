@@ -5,8 +5,8 @@ dynamic batching.
    Identity over [1, 16]), every (instances x concurrency) cell is measured (brute force), and, interleaved
    with it cell by cell on the same server, farm's quick search (``scheduler.search.decide``, the very
    function the scheduler runs) bisects concurrency under a p99 budget per serving configuration. Printed:
-   the configuration each picks, quick's pick as brute force measured it over brute force's best (target
-   >= 0.95), and the share of the cells quick measured (target <= 1/3).
+   the configuration each picks, the share of the cells quick measured (target <= 1/3), and the two picks
+   measured again side by side in interleaved rounds: quick's throughput over brute's (target >= 0.95).
 2. The median wall time of one measured configuration (load generator start, warm-up and windows until 3
    agree within ±10 %, perf_analyzer's stability rule), target <= 5 s (perf_analyzer's defaults: >= 15 s).
 3. Dynamic batching: batch-1 requests at concurrency 8 on the compute-bound model, with a queue delay vs
@@ -47,7 +47,7 @@ def measure(url: str, name: str, shape: tuple[int, ...], conc: int, settings: Me
 
 def compare_search(label: str, model: Path, name: str, shape: tuple[int, ...], instances: list[int],
                    levels: list[int], settings: MeasurementSettings, server_cpus: set[int] | None,
-                   walls: list[float]) -> None:
+                   walls: list[float], rounds: int) -> None:
     """Brute force and quick search over instances x levels, interleaved cell by cell; prints the picks.
     The p99 budget is ``BUDGET_X`` times the p99 of one request at a time, measured first (in neither)."""
     brute: dict[tuple[int, int], Step] = {}
@@ -80,14 +80,26 @@ def compare_search(label: str, model: Path, name: str, shape: tuple[int, ...], i
         return
     (bi, bc), best = max(within.items(), key=lambda kv: kv[1].throughput or 0.0)
     qi, qstep = max(picks, key=lambda p: p[1].throughput or 0.0)
-    as_brute = brute[(qi, qstep.level)]
-    print(f"  brute force: best i={bi} c={bc}: {best.throughput:.1f} infer/s, p99 {best.p99_ms:.2f} ms")
-    print(f"  quick search: picks i={qi} c={qstep.level}: {qstep.throughput:.1f} infer/s, p99 "
-          f"{qstep.p99_ms:.2f} ms in its own run; brute force measured that cell at {as_brute.throughput:.1f}"
-          f" infer/s (p99 {as_brute.p99_ms:.2f} ms)")
-    print(f"  quick's pick / brute's best = {(as_brute.throughput or 0) / (best.throughput or 1):.3f} "
-          f"(target >= 0.95); quick measured {quick_cells} of {len(brute)} cells = "
-          f"{quick_cells / len(brute):.2f} (target <= 0.33)")
+    print(f"  brute force picks i={bi} c={bc}: {best.throughput:.1f} infer/s, p99 {best.p99_ms:.2f} ms")
+    print(f"  quick search picks i={qi} c={qstep.level}: {qstep.throughput:.1f} infer/s, p99 {qstep.p99_ms:.2f} ms; "
+          f"it measured {quick_cells} of {len(brute)} cells = {quick_cells / len(brute):.2f} (target <= 0.33)")
+    ratios = head_to_head(model, name, shape, (bi, bc), (qi, qstep.level), rounds, settings, server_cpus)
+    print(f"  the two picks re-measured in {rounds} interleaved rounds: quick's / brute's throughput median "
+          f"{np.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}; target >= 0.95)")
+
+
+def head_to_head(model: Path, name: str, shape: tuple[int, ...], a: tuple[int, int], b: tuple[int, int],
+                 rounds: int, settings: MeasurementSettings, server_cpus: set[int] | None) -> list[float]:
+    """Throughput ratios b/a of two (instances, concurrency) cells measured A, B, A, B ... (a fresh server
+    each): a pick's own figure is the best of many noisy ones, so both are measured again side by side."""
+    ratios = []
+    for _ in range(rounds):
+        tput = []
+        for inst, conc in (a, b):
+            with farm_server(model, threads=1, instances=inst, cpu_set=server_cpus) as url:
+                tput.append(measure(url, name, shape, conc, settings, []).throughput or 0.0)
+        ratios.append(tput[1] / tput[0] if tput[0] else float("nan"))
+    return ratios
 
 
 def batching_effect(model: Path, shape: tuple[int, ...], delay_us: int, rounds: int,
@@ -126,10 +138,10 @@ def main() -> None:
 
     if args.quick:
         settings = MeasurementSettings(warmup_s=0.2, window_s=0.25, min_windows=3, max_windows=4)
-        levels, instances, rounds, ms = [1, 2, 4, 8], [1], 2, 1.0
+        levels, instances, rounds, ms = [1, 2, 4, 8], [1], 1, 1.0
     else:  # farm's default measurement: 1 s warm-up, 1 s windows, 3 within ±10 %, at most 10
         settings = MeasurementSettings()
-        levels, instances, rounds, ms = list(range(1, 17)), [1, 2], 5, 2.0
+        levels, instances, rounds, ms = list(range(1, 17)), [1, 2], 3, 2.0
     client_cpus, server_cpus = split_cpus()
     pin(client_cpus)
     print(f"settings: warm-up {settings.warmup_s} s, {settings.window_s} s windows, {settings.min_windows} within "
@@ -141,13 +153,13 @@ def main() -> None:
         compute = build_example("compute", tmp / "compute.onnx", ms=ms, calibrate=True)  # ~ms here
         ident = identity_model(tmp / "identity.onnx", (16,))
         compare_search(f"compute-bound (MatMul chain, ~{ms:g} ms/sample)", compute, "input", (64, 256),
-                       instances, levels, settings, server_cpus, walls)
+                       instances, levels, settings, server_cpus, walls, rounds)
         compare_search("transport-bound (Identity [1, 16])", ident, "x", (16,), instances, levels, settings,
-                       server_cpus, walls)
+                       server_cpus, walls, rounds)
         w = np.array(walls)
         print(f"\nwall time per measured configuration: median {np.median(w):.2f} s (p10 {np.percentile(w, 10):.2f}, "
               f"p90 {np.percentile(w, 90):.2f}) over {len(w)} (target <= 5 s; perf_analyzer's defaults: >= 15 s)")
-        batching_effect(compute, (64, 256), 2000, rounds, settings, server_cpus)
+        batching_effect(compute, (64, 256), 2000, rounds + 1, settings, server_cpus)
 
 
 if __name__ == "__main__":
