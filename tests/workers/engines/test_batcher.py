@@ -159,3 +159,22 @@ def test_server_batches_concurrent_requests_and_reports_batch_sizes(mlp_onnx: Pa
     sizes = {b.batch_size: b.compute_infer.count for b in st.batch_stats}
     assert sum(size * n for size, n in sizes.items()) == 32 == st.inference_count
     assert st.execution_count == sum(sizes.values()) < 32 and max(sizes) > 1
+
+
+def test_runners_pass_a_jobs_dynamic_batching_to_the_server(mlp_onnx: Path) -> None:
+    """Each job of a --max-queue-delay-us list starts its server with its own delay, and a Docker serving
+    container is reused only by jobs of the same batching settings."""
+    from scheduler.expand import ModelRef, expand
+    from schemas import ProfileRequest, TensorSpec
+    from workers.runners.docker import DockerRunner
+    from workers.runners.process import server_argv
+
+    ref = ModelRef(sha256="e" * 64, format="onnx", filename="mlp.onnx", inputs=(TensorSpec(name="x", shape=(16,)),))
+    req = ProfileRequest(model="mlp.onnx", max_queue_delay_us=[0, 500], measurement={"preferred_batch_size": 4})
+    plain, *batched = expand(ProfileRequest(model="mlp.onnx"), "r", ref).jobs + expand(req, "r", ref).jobs
+    assert "--max-queue-delay-us" not in server_argv(plain, mlp_onnx)
+    argvs = [server_argv(j, mlp_onnx) for j in batched]
+    assert [a[a.index("--max-queue-delay-us") + 1] for a in argvs] == ["0", "500"]
+    assert all(a[a.index("--preferred-batch-size") + 1] == "4" for a in argvs)
+    keys = {DockerRunner.reuse_key(j, mlp_onnx, "img") for j in (plain, *batched)}
+    assert len(keys) == 3
