@@ -158,6 +158,9 @@ class MeasurementSettings(_Strict):
             object.__setattr__(self, "mode", "constant")
         if self.max_windows < self.min_windows:
             raise ValueError(f"max_windows ({self.max_windows}) must be >= min_windows ({self.min_windows})")
+        if self.p99_ms is not None and self.search != "quick":
+            raise ValueError("p99_ms (--p99) is the quick search's latency budget: add search quick (--search quick), "
+                             "or rank by p99 afterwards with `farm report --p99`")
         if self.search == "quick" and self.mode != "closed":
             raise ValueError("quick search walks concurrency (closed loop); drop the rate/mode or use search brute")
         return self

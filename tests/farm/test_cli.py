@@ -105,6 +105,7 @@ def test_results_merge_repeats_of_two_requests(tmp_path: Path) -> None:
     (["submit", "MODEL", "--max-queue-delay-us", "0,5x"], "--max-queue-delay-us"),
     (["submit", "MODEL", "--search", "fast"], "search"),
     (["submit", "MODEL", "--search", "quick", "--rate", "50"], "quick search"),
+    (["submit", "MODEL", "--p99", "20"], "--search quick"),
 ])
 def test_bad_input_gives_one_line_and_nonzero_exit(args: list[str], needle: str, example_onnx: Path) -> None:
     args = [str(example_onnx) if a == "MODEL" else a for a in args]

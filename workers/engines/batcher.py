@@ -86,6 +86,12 @@ class DynamicBatcher:
         """Inferences run (each merged batch counts once)."""
         return sum(self.executed.values())
 
+    def report(self, stats: Any) -> None:
+        """Fill a ``ModelStatistics`` message: executions, and per batch size (rows) how many ran."""
+        stats.execution_count = self.executions
+        for rows, n in sorted(self.executed.items()):
+            stats.batch_stats.add(batch_size=rows).compute_infer.count = n
+
     async def infer(self, feed: dict[str, np.ndarray], out_names: list[str] | None,
                     t_submit: int) -> tuple[Outputs, int, int]:
         """Queue one request (``t_submit``: when it arrived, perf_counter ns; 0: now); returns its own

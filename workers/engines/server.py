@@ -278,9 +278,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
             inference_stats=infer,
         )
         if self.batcher is not None:  # executions and their batch sizes, as the batcher ran them
-            ms.execution_count = self.batcher.executions
-            ms.batch_stats.extend(pb.InferBatchStatistics(batch_size=b, compute_infer=d(count=k))
-                                  for b, k in sorted(self.batcher.executed.items()))
+            self.batcher.report(ms)
         return pb.ModelStatisticsResponse(model_stats=[ms])
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
