@@ -124,15 +124,15 @@ def matmul_chain_model(path: Path, layers: int, dim: int) -> Path:
 
 @contextmanager
 def farm_server(model: Path, threads: int = 1, instances: int = 1,
-                cpu_set: set[int] | None = None) -> Iterator[str]:
-    """farm's built-in server for ``model`` (name ``model``), pinned to ``cpu_set``; yields
-    ``host:port`` once ready and always stops it."""
+                cpu_set: set[int] | None = None, extra: tuple[str, ...] = ()) -> Iterator[str]:
+    """farm's built-in server for ``model`` (name ``model``), pinned to ``cpu_set``, with ``extra`` server
+    options (e.g. ``--max-queue-delay-us 500``); yields ``host:port`` once ready and always stops it."""
     from workers.engines.ready import wait_ready
     from workers.runners.process import ServerProcess
 
     cmd = [sys.executable, "-m", "workers.engines.server", str(model), "--format", "onnx", "--engine",
            "onnxruntime", "--host", "127.0.0.1", "--port", "0", "--threads", str(threads),
-           "--instances", str(instances), "--model-name", "model"]
+           "--instances", str(instances), "--model-name", "model", *extra]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS=str(max(threads, 1)))
 

@@ -9,8 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.errors import RequestError
+from schemas import COORDINATE_KEYS
 from schemas.job import JobStatus
 from schemas.metrics import BY_NAME
+
+#: what a serving configuration is: a job's coordinates less its concurrency and edge profile
+SERVING_GROUP = tuple(k for k in COORDINATE_KEYS if k not in ("concurrency", "edge_profile"))
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class Report:
     ranked: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[tuple[dict[str, Any], str]] = field(default_factory=list)
     best_per_device: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the best ranked row of each serving configuration (``SERVING_GROUP``), in rank order
+    best_per_serving: list[dict[str, Any]] = field(default_factory=list)
     edge: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -111,6 +117,9 @@ def build_report(rows: list[dict[str, Any]], objective: str = "throughput_infer_
         else:
             report.ranked.append(row)
     report.ranked.sort(key=lambda r: r[objective], reverse=better)
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in report.ranked:
         report.best_per_device.setdefault(row["device"], row)
+        groups.setdefault(tuple(row.get(c) for c in SERVING_GROUP), row)
+    report.best_per_serving = list(groups.values())
     return report

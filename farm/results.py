@@ -12,6 +12,7 @@ from farm.db.models import Job, ModelArtifact, Request, Result, Worker, utcnow
 from farm.db.session import session_scope
 from farm.errors import NotFoundError
 from farm.settings import get_settings
+from schemas import COORDINATE_KEYS, SERVING_KEYS
 from schemas.job import JobStatus
 from schemas.metrics import JOB_METRICS
 from schemas.metrics import merge_repeats as merge_metrics
@@ -20,10 +21,12 @@ from schemas.result import PLACEMENT_COLUMNS, shared_unisolated
 JOB_COLUMNS = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "status",
                "attempts", "worker_id", "error")
 METRIC_NAMES = tuple(m.name for m in JOB_METRICS)
-#: per-job serving dimensions kept in the job's spec (``jobs.spec -> measurement``); None where not set
-MEASUREMENT_COLUMNS = ("instances", "threads", "max_queue_delay_us", "preferred_batch_size")
+#: a job's coordinates (``schemas.COORDINATE_KEYS``; the serving-configuration keys come from its measurement)
+COORDINATE_COLUMNS = COORDINATE_KEYS
+#: per-job serving dimensions kept in the job's spec (``jobs.spec -> measurement``; ``schemas.SERVING_KEYS``)
+MEASUREMENT_COLUMNS = SERVING_KEYS
 #: what makes two jobs (of the same or of different requests) repeats of one measurement
-CONFIG_COLUMNS = ("device", "engine", "batch_size", "concurrency", "edge_profile", "rpc") + MEASUREMENT_COLUMNS
+CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "rpc")
 #: how a row was measured (the ``measured`` column): serving jobs end to end through a gRPC client, edge
 #: jobs inside the container with no transport, so an edge row's throughput is not comparable to a serving one
 MEASURED_SERVING = "end-to-end over gRPC ({rpc} calls: client, network stack, server)"
@@ -55,22 +58,41 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     req = find_request(request_id)
     metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + METRIC_NAMES]
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
-                   Job.status, Job.attempts, Job.worker_id, Job.error, Job.spec, *metric_cols)
+                   Job.status, Job.attempts, Job.worker_id, Job.error, *metric_cols, Job.spec["measurement"])
             .outerjoin(Result, Result.job_id == Job.id)
             .where(Job.request_id == req.id)
             .order_by(Job.edge_profile.is_not(None), Job.edge_profile, Job.device, Job.engine, Job.batch_size,
                       Job.concurrency))
     with session_scope() as s:
         rows = s.execute(stmt).all()
-    names = JOB_COLUMNS + ("spec",) + PLACEMENT_COLUMNS + METRIC_NAMES
+    names = JOB_COLUMNS + PLACEMENT_COLUMNS + METRIC_NAMES
     rpc = (req.spec.get("measurement") or {}).get("rpc", "unary")  # how every job of it was driven
     out = []
-    for row in rows:
-        r = dict(zip(names, row, strict=True))
-        dims = (r.pop("spec") or {}).get("measurement") or {}
-        r.update({c: dims.get(c) for c in MEASUREMENT_COLUMNS}, rpc=rpc)
+    for *values, measurement in rows:
+        row = dict(zip(names, values, strict=True))
+        r = {**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **serving_values(measurement), **row, "rpc": rpc}
         out.append({**r, "measured": measured(r)})
+    if any(serving_values(None) != {k: r[k] for k in SERVING_KEYS} for r in out):
+        out.sort(key=_matrix_order)  # several serving configurations: each one's concurrency steps together
     return out
+
+
+def serving_values(measurement: dict[str, Any] | None) -> dict[str, Any]:
+    """A job's serving configuration (``SERVING_KEYS``) from its spec's ``measurement`` (JSON), with the
+    defaults of ``MeasurementSettings`` where a key is absent (jobs submitted before the key existed)."""
+    from schemas import MeasurementSettings
+
+    m = measurement if isinstance(measurement, dict) else {}
+    defaults = MeasurementSettings.model_fields
+    return {k: m.get(k, defaults[k].default) for k in SERVING_KEYS}
+
+
+def _matrix_order(row: dict[str, Any]) -> tuple[Any, ...]:
+    key: list[Any] = [row["edge_profile"] is not None]
+    for c in COORDINATE_COLUMNS:
+        v = row[c]
+        key += [v is not None, v if v is not None else 0]
+    return tuple(key)
 
 
 def result_details(job_ids: list[str]) -> dict[str, dict[str, Any]]:

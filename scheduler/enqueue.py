@@ -22,7 +22,7 @@ from schemas import JobSpec, ProfileRequest
 from schemas.job import JobStatus
 
 #: JobSpec fields that differ between the jobs of one request (the rest is dumped once per request)
-_PER_JOB = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "queue")
+_PER_JOB = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "queue", "measurement")
 
 
 @dataclass
@@ -81,15 +81,25 @@ def submit(request: ProfileRequest, send: bool | None = None) -> Submission:
     return sub
 
 
-def spec_json(job: JobSpec, common: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``job.model_dump(mode="json")``, reusing ``common`` (the request-wide fields, dumped once)."""
+def spec_json(job: JobSpec, common: dict[str, Any] | None = None,
+              dumped: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``job.model_dump(mode="json")``, reusing ``common`` (the request-wide fields, dumped once) and
+    ``dumped`` (measurement dumps by object id: the jobs of one serving configuration share one)."""
     if common is None:
         return job.model_dump(mode="json")
     out = dict(common)
     out.update(job_id=job.job_id, device=job.device, engine=job.engine, batch_size=job.batch_size,
                concurrency=job.concurrency, queue=job.queue,
-               edge_profile=job.edge_profile.model_dump(mode="json") if job.edge_profile else None)
+               edge_profile=job.edge_profile.model_dump(mode="json") if job.edge_profile else None,
+               measurement=_dump_measurement(job, dumped if dumped is not None else {}))
     return out
+
+
+def _dump_measurement(job: JobSpec, dumped: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    key = id(job.measurement)
+    if key not in dumped:
+        dumped[key] = job.measurement.model_dump(mode="json")
+    return dumped[key]
 
 
 def job_rows(request_id: str, jobs: list[JobSpec]) -> list[dict[str, Any]]:
@@ -98,9 +108,11 @@ def job_rows(request_id: str, jobs: list[JobSpec]) -> list[dict[str, Any]]:
         return []
     common = jobs[0].model_dump(mode="json", exclude=set(_PER_JOB))
     now = utcnow()
+    dumped: dict[int, dict[str, Any]] = {}
     return [dict(id=j.job_id, request_id=request_id, device=j.device, engine=j.engine, batch_size=j.batch_size,
                  concurrency=j.concurrency, edge_profile=j.edge_profile.name if j.edge_profile else None,
-                 queue=j.queue, spec=spec_json(j, common), status=JobStatus.queued, attempts=0, created_at=now)
+                 queue=j.queue, spec=spec_json(j, common, dumped), status=JobStatus.queued, attempts=0,
+                 created_at=now)
             for j in jobs]
 
 

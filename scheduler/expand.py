@@ -1,7 +1,11 @@
 """Expansion of a request into jobs: pure functions, no I/O.
 
-One job per (device x engine x batch size x concurrency) plus one per (edge profile x batch size).
-Job ids are deterministic from the request id and the job's coordinates.
+One job per (device x engine x batch size x serving configuration x concurrency) plus one per (edge profile
+x batch size), where a serving configuration is one combination of the request's instances x threads x
+max queue delay (``ProfileRequest.serving_configs``), held by each job's ``measurement``. A quick search
+(``measurement.search == "quick"``) gets only the first concurrency step of each serving configuration;
+``scheduler.search`` adds the next ones as results land. Job ids are deterministic from the request id and
+the job's coordinates.
 """
 from __future__ import annotations
 
@@ -14,11 +18,16 @@ from schemas.engines import FORMAT_ENGINE, incompatibility
 from schemas.queues import EDGE_QUEUE, queue_for
 from schemas.request import device_slug
 
+_PLAIN_SERVING = {"instances": 1, "threads": 0, "max_queue_delay_us": None, "preferred_batch_size": None}
+
 
 def job_id_for(request_id: str, device: str, engine: str, batch: int, concurrency: int,
-               edge: str | None) -> str:
-    """A deterministic 32-hex-character job id from the request id and the coordinates."""
+               edge: str | None, serving: dict[str, Any] | None = None) -> str:
+    """A deterministic 32-hex-character job id from the request id and the coordinates (``serving``: the
+    job's serving configuration; the plain one, 1 instance and engine defaults, adds nothing to the key)."""
     key = f"{request_id}|{device}|{engine}|b{batch}|c{concurrency}|edge={edge or ''}"
+    if serving and {k: serving.get(k) for k in _PLAIN_SERVING} != _PLAIN_SERVING:
+        key += "|" + ",".join(f"{k}={serving.get(k)}" for k in sorted(_PLAIN_SERVING))
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
@@ -73,7 +82,7 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
     result = Expansion(excluded=excluded)
     inputs = list(model.inputs)
     common: dict[str, Any] = dict(request_id=request_id, model_sha256=model.sha256, model_format=model.format,
-                  model_filename=model.filename, inputs=inputs, measurement=request.measurement)
+                  model_filename=model.filename, inputs=inputs)
     batches = [b for b in request.batch_sizes if model.static_batch in (None, b)]
     for b in request.batch_sizes:
         if b not in batches:
@@ -86,10 +95,13 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
                 result.excluded.append({"device": device, "engine": engine, "reason": reason})
                 continue
             for b in batches:
-                for c in request.concurrency:
-                    result.jobs.append(JobSpec(
-                        job_id=job_id_for(request_id, device, engine, b, c, None), device=device,
-                        engine=engine, batch_size=b, concurrency=c, queue=queue_for(device), **common))
+                for serving in request.serving_configs():
+                    m = request.measurement.model_copy(update=serving)
+                    for c in _levels(request):
+                        result.jobs.append(JobSpec(
+                            job_id=job_id_for(request_id, device, engine, b, c, None, serving), device=device,
+                            engine=engine, batch_size=b, concurrency=c, queue=queue_for(device), measurement=m,
+                            **common))
     edge_engine = FORMAT_ENGINE.get(model.format)
     for profile in request.edge:
         if edge_engine is None:
@@ -100,12 +112,21 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
             result.jobs.append(JobSpec(
                 job_id=job_id_for(request_id, "cpu", edge_engine, b, 1, profile.name), device="cpu",
                 engine=edge_engine, batch_size=b, concurrency=1, edge_profile=profile, queue=EDGE_QUEUE,
-                **common))
+                measurement=request.measurement, **common))
     return result
+
+
+def _levels(request: ProfileRequest) -> list[int]:
+    """The concurrency steps submitted upfront: all of them, or a quick search's first one."""
+    if request.measurement.search == "quick":
+        from scheduler.search import first_level
+
+        return [first_level(request.concurrency, request.measurement.p99_ms)]
+    return list(request.concurrency)
 
 
 def matrix_size(request: ProfileRequest, n_devices: int | None = None) -> int:
     """Upper bound of the job count before compatibility filtering (for the job limit)."""
     devices = n_devices if n_devices is not None else len(request.devices)
     return (devices * len(request.engines) * len(request.batch_sizes) * len(request.concurrency)
-            + len(request.edge) * len(request.batch_sizes))
+            * len(request.serving_configs()) + len(request.edge) * len(request.batch_sizes))

@@ -40,15 +40,16 @@ class ReconcileReport:
     failed: list[str] = field(default_factory=list)
     timed_out: list[str] = field(default_factory=list)
     resent: list[str] = field(default_factory=list)
+    search_steps: list[str] = field(default_factory=list)  # next quick-search steps enqueued
 
     @property
     def changed(self) -> bool:
-        return any((self.lost_workers, self.requeued, self.failed, self.timed_out, self.resent))
+        return any((self.lost_workers, self.requeued, self.failed, self.timed_out, self.resent, self.search_steps))
 
     def summary(self) -> str:
         return (f"{len(self.lost_workers)} worker(s) lost, {len(self.requeued)} job(s) requeued, "
                 f"{len(self.failed)} failed after max attempts, {len(self.timed_out)} timed out, "
-                f"{len(self.resent)} re-sent to the broker")
+                f"{len(self.resent)} re-sent to the broker, {len(self.search_steps)} search step(s) enqueued")
 
 
 def _dead_workers(session: Session, cutoff: datetime) -> set[str]:
@@ -158,12 +159,14 @@ def reconcile(settings: Settings | None = None, now: datetime | None = None, dea
     ``judge_workers=False`` skips the dead-worker step (right after a database outage, when heartbeats
     could not be written)."""
     from scheduler.enqueue import enqueue_jobs
+    from scheduler.search import advance_recent
 
     settings = settings or get_settings()
     now = now or utcnow()
     report = ReconcileReport()
     to_send = requeue_orphans(settings, now, report, dead_after_s) if judge_workers else []
     fail_overdue(settings, now, report)
+    report.search_steps.extend(j for j, _ in advance_recent(now))
     if not settings.embedded:
         to_send += resend_missing(settings, now, report)
         if to_send:

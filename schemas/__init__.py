@@ -8,6 +8,8 @@ from schemas.engines import ENGINES, MODEL_FORMATS
 from schemas.hardware import CpuInfo, GpuInfo, WorkerHardware
 from schemas.job import JobSpec, JobStatus
 from schemas.request import (
+    COORDINATE_KEYS,
+    SERVING_KEYS,
     EdgeProfile,
     MeasurementSettings,
     ProfileRequest,
@@ -16,7 +18,9 @@ from schemas.request import (
 from schemas.result import JobResult, Placement
 
 __all__ = [
+    "COORDINATE_KEYS",
     "ENGINES",
+    "SERVING_KEYS",
     "MODEL_FORMATS",
     "CpuInfo",
     "EdgeProfile",

@@ -136,6 +136,15 @@ class MeasurementSettings(_Strict):
     timeout_s: float = Field(default=600.0, gt=0, le=86400, description="per-job time limit")
     threads: int = Field(default=0, ge=0, le=256, description="server intra-op threads, 0 = engine default")
     instances: int = Field(default=1, ge=1, le=64, description="server model instances")
+    max_queue_delay_us: int | None = Field(
+        default=None, ge=0, le=10_000_000,
+        description="dynamic batching: how long the server waits to merge requests, µs; None = off")
+    preferred_batch_size: int | None = Field(
+        default=None, ge=1, le=65536, description="dynamic batching: run a batch as soon as it has this many rows")
+    search: Literal["brute", "quick"] = Field(
+        default="brute", description="brute: every concurrency; quick: per serving configuration, the scheduler "
+                                     "walks concurrency up (or binary-searches it under p99_ms)")
+    p99_ms: float | None = Field(default=None, gt=0, le=600_000, description="latency budget of the quick search, ms")
     rpc: Literal["unary", "stream"] = Field(
         default="unary",
         description="how the load generator calls the server: unary ModelInfer calls (what most clients "
@@ -149,15 +158,27 @@ class MeasurementSettings(_Strict):
             object.__setattr__(self, "mode", "constant")
         if self.max_windows < self.min_windows:
             raise ValueError(f"max_windows ({self.max_windows}) must be >= min_windows ({self.min_windows})")
+        if self.p99_ms is not None and self.search != "quick":
+            raise ValueError("p99_ms (--p99) is the quick search's latency budget: add search quick (--search quick), "
+                             "or rank by p99 afterwards with `farm report --p99`")
+        if self.search == "quick" and self.mode != "closed":
+            raise ValueError("quick search walks concurrency (closed loop); drop the rate/mode or use search brute")
         return self
 
 
-def _positive_unique(name: str, values: list[int], upper: int) -> list[int]:
+#: the serving-configuration keys of a job's ``measurement`` (columns of results, report groups)
+SERVING_KEYS: tuple[str, ...] = ("instances", "threads", "max_queue_delay_us", "preferred_batch_size")
+#: a job's coordinates in the matrix, in matrix order: what results, reports and comparisons group by (a
+#: serving configuration is all of them but concurrency and edge_profile)
+COORDINATE_KEYS: tuple[str, ...] = ("device", "engine", "batch_size", *SERVING_KEYS, "concurrency", "edge_profile")
+
+
+def _positive_unique(name: str, values: list[int], upper: int, lower: int = 1) -> list[int]:
     if not values:
         raise ValueError(f"{name} must not be empty")
     for v in values:
-        if isinstance(v, bool) or v <= 0 or v > upper:
-            raise ValueError(f"{name} must be whole numbers from 1 to {upper}, got {v}")
+        if isinstance(v, bool) or v < lower or v > upper:
+            raise ValueError(f"{name} must be whole numbers from {lower} to {upper}, got {v}")
     return sorted(set(values))
 
 
@@ -172,6 +193,10 @@ class ProfileRequest(_Strict):
     batch_sizes: list[StrictInt] = Field(default_factory=lambda: [1])
     concurrency: list[StrictInt] = Field(default_factory=lambda: [1])
     edge: list[EdgeProfile] = Field(default_factory=list)
+    # serving-configuration dimensions (lists; None: the scalar in ``measurement``), one job per combination
+    instances: list[StrictInt] | None = None
+    threads: list[StrictInt] | None = None
+    max_queue_delay_us: list[StrictInt] | None = None
     measurement: MeasurementSettings = Field(default_factory=MeasurementSettings)
     name: str | None = Field(default=None, max_length=200)
 
@@ -212,6 +237,37 @@ class ProfileRequest(_Strict):
     @classmethod
     def _conc(cls, v: list[int]) -> list[int]:
         return _positive_unique("concurrency", v, 4096)
+
+    @field_validator("instances", "threads", "max_queue_delay_us", mode="before")
+    @classmethod
+    def _one_value(cls, v: object) -> object:
+        return [v] if isinstance(v, int) and not isinstance(v, bool) else v  # `instances: 2` in a request file
+
+    @field_validator("instances")
+    @classmethod
+    def _instances(cls, v: list[int] | None) -> list[int] | None:
+        return None if v is None else _positive_unique("instances", v, 64)
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, v: list[int] | None) -> list[int] | None:
+        return None if v is None else _positive_unique("threads (0 = engine default)", v, 256, lower=0)
+
+    @field_validator("max_queue_delay_us")
+    @classmethod
+    def _delays(cls, v: list[int] | None) -> list[int] | None:
+        return None if v is None else _positive_unique("max_queue_delay_us", v, 10_000_000, lower=0)
+
+    def serving_configs(self) -> list[dict[str, int | None]]:
+        """The serving-configuration combinations (instances x threads x queue delay), each a dict of the
+        ``SERVING_KEYS`` a job's measurement holds."""
+        m = self.measurement
+        delays: list[int | None] = [m.max_queue_delay_us]
+        if self.max_queue_delay_us:
+            delays = list(self.max_queue_delay_us)
+        return [{"instances": i, "threads": t, "max_queue_delay_us": d, "preferred_batch_size": m.preferred_batch_size}
+                for i in (self.instances or [m.instances]) for t in (self.threads or [m.threads])
+                for d in delays]
 
     @field_validator("edge")
     @classmethod

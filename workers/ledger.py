@@ -6,6 +6,7 @@ handles hundreds of jobs per second in the dispatch benchmark), with relaxed com
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -17,6 +18,8 @@ from farm.db.session import get_engine
 from farm.settings import get_settings
 from schemas import JobResult, JobSpec
 from schemas.job import JobStatus
+
+log = logging.getLogger("farm.worker")
 
 
 @lru_cache(maxsize=8)
@@ -62,7 +65,22 @@ def finish(spec: JobSpec, worker_id: str, result: JobResult, status: JobStatus |
            error: str | None = None) -> bool:
     """``lifecycle.finish`` (fully durable): False when the job was no longer this worker's."""
     with _tx() as conn:
-        return lifecycle.finish(conn, spec, worker_id, result, status, error)
+        done = lifecycle.finish(conn, spec, worker_id, result, status, error)
+    if done and spec.measurement.search == "quick" and not spec.is_edge:
+        _advance_search(spec.request_id)
+    return done
+
+
+def _advance_search(request_id: str) -> None:
+    """The result of a quick-search step landed: enqueue the search's next step now (``scheduler.search``).
+    A failure here is only logged: reconciliation advances searches too, so the job's result stands."""
+    from scheduler.search import advance
+
+    try:
+        advance(request_id)
+    except Exception:
+        log.warning("could not enqueue the next search step of request %s; reconciliation will", request_id,
+                    exc_info=True)
 
 
 def release(job_id: str, worker_id: str, reason: str) -> bool:

@@ -70,13 +70,16 @@ def run_embedded(request_id: str, job_ids: list[str], quiet: bool, command: str 
             runner, why = make_runner(get_settings().runner, worker_id, detect_gpus())
             if not quiet:
                 err_console.print(f"embedded mode (no FARM_BROKER_URL): jobs run in this process; {why}")
-            _run_jobs(runner, worker_id, job_ids, current, quiet)
+            _run_jobs(runner, worker_id, request_id, job_ids, current, quiet)
         except (Signalled, KeyboardInterrupt) as exc:  # the server/container is stopped by now
             signum = exc.signum if isinstance(exc, Signalled) else int(signal.SIGINT)
             _interrupted(request_id, worker_id, current[-1] if current else None, f"{command} stopped", signum)
 
 
-def _run_jobs(runner: Any, worker_id: str, job_ids: list[str], current: list[str], quiet: bool) -> None:
+def _run_jobs(runner: Any, worker_id: str, request_id: str, job_ids: list[str], current: list[str],
+             quiet: bool) -> None:
+    """Run ``job_ids``, then the jobs the request gained meanwhile (the next steps of its quick searches,
+    which the scheduler enqueues as each result lands) until none is left."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from workers.hardware import detect_hardware
@@ -86,10 +89,24 @@ def _run_jobs(runner: Any, worker_id: str, job_ids: list[str], current: list[str
     with node, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err_console, disable=quiet, transient=False) as progress:
         task = progress.add_task("profiling", total=len(job_ids))
-        for job_id in job_ids:
+        todo, ran = list(job_ids), set(job_ids)
+        while todo:
+            job_id = todo.pop(0)
             current.append(job_id)
             status = node.run(job_id)
             progress.update(task, advance=1, description=f"profiling (last: {status})")
+            if not todo:
+                todo = [j for j in _queued(request_id) if j not in ran]
+                ran.update(todo)
+                progress.update(task, total=len(ran))
+
+
+def _queued(request_id: str) -> list[str]:
+    from farm import lifecycle
+    from farm.db.session import session_scope
+
+    with session_scope() as s:
+        return [j for j, _ in lifecycle.resumable(s, request_id)]
 
 
 def _interrupted(request_id: str, worker_id: str, job_id: str | None, what: str, signum: int) -> None:

@@ -55,8 +55,16 @@ def submit(
     mode: str | None = typer.Option(None, "--mode", help="closed | constant | poisson"),
     rpc: str | None = typer.Option(None, "--rpc", help="unary (default) | stream: ModelInfer calls or "
                                       "ModelStreamInfer streams."),
-    threads: int | None = typer.Option(None, "--threads", help="Server intra-op threads (0 = default)."),
-    instances: int | None = typer.Option(None, "--instances", help="Server model instances."),
+    threads: str | None = typer.Option(None, "--threads", help="Server intra-op threads (0 = default), e.g. 1,2."),
+    instances: str | None = typer.Option(None, "--instances", help="Server model instances, e.g. 1,2."),
+    queue_delay: str | None = typer.Option(None, "--max-queue-delay-us", help="Dynamic batching delays, µs, "
+                                           "e.g. 0,500,2000 (default: no dynamic batching)."),
+    preferred_batch: int | None = typer.Option(None, "--preferred-batch-size", help="Dynamic batching: run a "
+                                               "batch as soon as it has this many rows."),
+    search: str | None = typer.Option(None, "--search", help="brute (every concurrency) | quick (the scheduler "
+                                      "walks or bisects concurrency per serving configuration)."),
+    p99: float | None = typer.Option(None, "--p99", help="Quick search latency budget, ms: the highest "
+                                     "throughput with p99 within it."),
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
     wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"request_id\": ...} (and results with --wait)."),
@@ -71,7 +79,8 @@ def submit(
                               model_format, name,
                               dict(duration_s=duration, max_windows=windows, window_s=window, warmup_s=warmup,
                                    stability_pct=stability, rate=rate, mode=mode, threads=threads,
-                                   instances=instances, timeout_s=timeout, rpc=rpc))
+                                   instances=instances, timeout_s=timeout, rpc=rpc, max_queue_delay_us=queue_delay,
+                                   preferred_batch_size=preferred_batch, search=search, p99_ms=p99))
     request = ProfileRequest.model_validate(data)
     _prepare_db()
     settings = get_settings()
@@ -140,6 +149,7 @@ def _wait(request_id: str, quiet: bool, poll_s: float = 1.0) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from farm.results import status_counts
+    from scheduler.search import searches_done
 
     counts = status_counts(request_id)
     total = sum(counts.values())
@@ -148,10 +158,10 @@ def _wait(request_id: str, quiet: bool, poll_s: float = 1.0) -> None:
         task = progress.add_task("waiting for workers", total=total)
         while True:
             counts = status_counts(request_id)
-            done = sum(counts.get(s, 0) for s in FINAL)
-            progress.update(task, completed=done,
+            done, total = sum(counts.get(s, 0) for s in FINAL), sum(counts.values())
+            progress.update(task, completed=done, total=total,
                             description=" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-            if done >= total:
+            if done >= total and searches_done(request_id):  # a quick search adds steps as results land
                 return
             time.sleep(poll_s)
 
@@ -236,12 +246,17 @@ def status(request_id: str | None = typer.Argument(None, help="Request id; omit 
                           " ".join(f"{k}={v}" for k, v in sorted(r["counts"].items())))
         console.print(table)
         return
+    from scheduler.search import search_report
+
     counts = status_counts(request_id)
     waiting = waiting_queues(request_id)
+    searches = search_report(request_id)
     if as_json:
-        print(json.dumps({"counts": counts, "waiting": waiting}))
+        print(json.dumps({"counts": counts, "waiting": waiting, "searches": searches}))
         return
     console.print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    for sr in searches:  # quick search: where each serving configuration's search stands
+        console.print(f"  search {views.config_label(sr['config'])}: {sr['state']}", highlight=False)
     for queue, n in waiting.items():
         console.print(f"[yellow]{n} job(s) wait in queue {queue}: no live worker consumes it[/]")
     for r in result_rows(request_id):

@@ -9,7 +9,8 @@ import typer
 from rich import box
 from rich.table import Table
 
-from farm.cli.views import console, fmt_value, job_label, measured_lines, shared_lines
+from farm.cli.views import config_label, console, fmt_value, job_label, measured_lines, serving_label, shared_lines
+from schemas import COORDINATE_KEYS
 from schemas.result import shared_unisolated
 
 if TYPE_CHECKING:
@@ -70,8 +71,8 @@ def _constraints(texts: list[str], p99: float | None) -> list[Constraint]:
 
 
 def _short(r: dict[str, Any], objective: str) -> dict[str, Any]:
-    return {**{k: r.get(k) for k in ("job_id", "device", "engine", "batch_size", "concurrency", objective,
-                                     "latency_p99_ms", "throughput_infer_per_s", "stable", "measured")},
+    return {**{k: r.get(k) for k in ("job_id", *COORDINATE_KEYS[:-1], objective, "latency_p99_ms",
+                                     "throughput_infer_per_s", "stable", "measured")},
             "shared_unisolated": shared_unisolated(r)}
 
 
@@ -82,6 +83,7 @@ def _as_json(request_id: str, rep: Report, top: int, static: dict[str, Any]) -> 
         "request_id": request_id, "objective": objective, "constraints": [str(c) for c in rep.constraints],
         "ranked": [_short(r, objective) for r in rep.ranked[:top]],
         "best_per_device": {d: _short(r, objective) for d, r in rep.best_per_device.items()},
+        "best_per_serving": [_short(r, objective) for r in rep.best_per_serving],
         "rejected": [{**_short(r, objective), "reason": why} for r, why in rep.rejected],
         "edge": [{"edge_profile": e["edge_profile"], "batch_size": e["batch_size"], "fits": e["fits"],
                   "measured": e.get("measured"),
@@ -101,11 +103,11 @@ def _print_ranked(request_id: str, rep: Report, top: int) -> None:
     table = Table(title=title, box=box.SIMPLE_HEAD)
     cols = [objective] + [m for m in ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms",
                                       "server_compute_p50_ms", "stable") if m != objective]
-    for c in ("rank", "job", "device", "engine", "b x c", *cols):
+    for c in ("rank", "job", "device", "engine", "serving", "b x c", *cols):
         table.add_column(c, justify="right" if c in cols or c == "rank" else "left")
     for i, r in enumerate(rep.ranked[:top], 1):
-        table.add_row(str(i), job_label(r), r["device"], r["engine"], f"{r['batch_size']}x{r['concurrency']}",
-                      *(fmt_value(c, r.get(c)) for c in cols))
+        table.add_row(str(i), job_label(r), r["device"], r["engine"], serving_label(r),
+                      f"{r['batch_size']}x{r['concurrency']}", *(fmt_value(c, r.get(c)) for c in cols))
     console.print(table)
     if not rep.ranked:
         console.print("[yellow]no configuration meets the constraints[/]")
@@ -118,7 +120,11 @@ def _print_verdicts(rep: Report) -> None:
     objective = rep.objective
     for device, r in rep.best_per_device.items():
         console.print(f"best on {device}: {r['engine']} batch {r['batch_size']} x concurrency {r['concurrency']} "
-                      f"→ {fmt_value(objective, r.get(objective))} {objective}")
+                      f"({serving_label(r)}) → {fmt_value(objective, r.get(objective))} {objective}")
+    if len(rep.best_per_serving) > 1:  # grouped by serving configuration (instances, threads, batching)
+        for r in rep.best_per_serving:
+            console.print(f"  best of {config_label(r)}: concurrency {r['concurrency']} → "
+                          f"{fmt_value(objective, r.get(objective))} {objective}", highlight=False)
     if rep.rejected:
         console.print(f"{len(rep.rejected)} configuration(s) left out: "
                       + "; ".join(f"{r['job_id'][:6]} {why}" for r, why in rep.rejected[:5])

@@ -8,7 +8,9 @@ from typing import Any
 from farm.errors import RequestError
 
 _MEASUREMENT_FLAGS = ("duration_s", "window_s", "warmup_s", "max_windows", "min_windows", "stability_pct",
-                      "rate", "mode", "threads", "instances", "timeout_s", "rpc")
+                      "rate", "mode", "timeout_s", "rpc", "preferred_batch_size", "search", "p99_ms")
+#: serving-configuration options given as comma-separated lists (``--instances 1,2``): request-level lists
+_SERVING_LIST_FLAGS = {"instances": "--instances", "threads": "--threads", "max_queue_delay_us": "--max-queue-delay-us"}
 
 
 def parse_int_list(text: str, name: str) -> list[int]:
@@ -90,6 +92,9 @@ def build_request_dict(base: dict[str, Any], model: str | None, engines: list[st
         data["format"] = fmt
     if name:
         data["name"] = name
+    for key, flag in _SERVING_LIST_FLAGS.items():
+        if measurement.get(key) is not None:
+            data[key] = parse_int_list(str(measurement[key]), flag)
     given = {k: v for k, v in measurement.items() if v is not None and k in _MEASUREMENT_FLAGS}
     if given:
         merged = dict(data.get("measurement") or {})

@@ -46,14 +46,32 @@ def fmt_value(name: str, value: Any) -> str:
 def results_table(rows: list[dict[str, Any]], title: str = "") -> Table:
     """The results as a Rich table; errors are listed under it (see ``error_lines``)."""
     table = Table(title=title or None, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    for col in ("job", "device", "engine", "b x c", "edge", "status"):
+    serving = any(serving_label(r) != "-" for r in rows)  # the column only when a serving dimension varies
+    for col in ("job", "device", "engine", *(("serving",) if serving else ()), "b x c", "edge", "status"):
         table.add_column(col, no_wrap=True)
     for _, head in TABLE_METRICS:
         table.add_column(head, justify="right")
     for r in rows:
-        table.add_row(job_label(r), r["device"], r["engine"], f"{r['batch_size']}x{r['concurrency']}",
-                      r["edge_profile"] or "-", r["status"], *(fmt_value(n, r.get(n)) for n, _ in TABLE_METRICS))
+        table.add_row(job_label(r), r["device"], r["engine"], *((serving_label(r),) if serving else ()),
+                      f"{r['batch_size']}x{r['concurrency']}", r["edge_profile"] or "-", r["status"],
+                      *(fmt_value(n, r.get(n)) for n, _ in TABLE_METRICS))
     return table
+
+
+def serving_label(row: dict[str, Any]) -> str:
+    """The serving configuration of a result row (``SERVING_KEYS``), short: ``i=2 t=1 q=500us p=8``; ``-``
+    for the plain one (1 instance, engine default threads, no dynamic batching)."""
+    parts = [f"i={row['instances']}" if row.get("instances") not in (None, 1) else "",
+             f"t={row['threads']}" if row.get("threads") else "",
+             f"q={row['max_queue_delay_us']}us" if row.get("max_queue_delay_us") is not None else "",
+             f"p={row['preferred_batch_size']}" if row.get("preferred_batch_size") else ""]
+    return " ".join(p for p in parts if p) or "-"
+
+
+def config_label(config: dict[str, Any]) -> str:
+    """A serving configuration with its device, engine and batch size: ``cpu onnxruntime b=1 i=2``."""
+    label = serving_label(config)
+    return f"{config['device']} {config['engine']} b={config['batch_size']}" + ("" if label == "-" else f" {label}")
 
 
 def job_label(row: dict[str, Any]) -> str:

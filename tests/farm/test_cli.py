@@ -30,6 +30,24 @@ def test_embedded_default_runs_jobs_in_process_and_prints_results(tmp_path: Path
     assert rep["model"]["macs_per_sample"] > 0  # static metrics stored once with the artifact
 
 
+@pytest.mark.slow
+def test_embedded_quick_search_runs_its_steps_and_status_shows_it(example_onnx: Path) -> None:
+    """``--search quick --p99``: the embedded loop runs the steps the scheduler adds as results land (a
+    bisection over 1,2,4 starts at 2); status says where each serving configuration's search ended."""
+    out = farm("submit", str(example_onnx), "-c", "1,2,4", "--instances", "1,2", "--search", "quick",
+               "--p99", "100000", *FAST)
+    assert "2 jobs" in out.stderr, out.stderr
+    rid = json.loads(farm("status", "--json").stdout)[0]["request_id"]
+    status = json.loads(farm("status", rid, "--json").stdout)
+    assert [s["config"]["instances"] for s in status["searches"]] in ([1, 2], [2, 1])
+    for search in status["searches"]:
+        assert search["done"] and search["measured"] == [2, 4]  # within the budget at 2, then at 4: the top
+        assert search["best"]["concurrency"] in (2, 4)
+    rows = json.loads(farm("results", rid, "--format", "json").stdout)
+    assert sorted((r["instances"], r["concurrency"]) for r in rows) == [(1, 2), (1, 4), (2, 2), (2, 4)]
+    assert "search cpu onnxruntime b=1 i=2: stopped" in farm("status", rid).stdout
+
+
 JSON_FIELDS = ("requests_per_s", "latency_mean_ms", "latency_p90_ms", "latency_p999_ms", "latency_max_ms",
                "server_compute_p50_ms", "server_compute_p99_ms", "stable", "windows", "gpu_mem_peak_bytes",
                "gpu_util_avg_pct", "gpu_power_avg_w", "cpu_pct_avg", "mem_peak_bytes", "rpc", "cpu_steal_pct")
@@ -82,6 +100,12 @@ def test_results_merge_repeats_of_two_requests(tmp_path: Path) -> None:
     (["results", "x", "--format", "xml"], "--format"),
     (["results", "x", "y"], "--merge-repeats"),
     (["submit", "MODEL", "--rpc", "grpc"], "rpc"),
+    (["submit", "MODEL", "--instances", "1,two"], "--instances"),
+    (["submit", "MODEL", "--threads", "300"], "threads"),
+    (["submit", "MODEL", "--max-queue-delay-us", "0,5x"], "--max-queue-delay-us"),
+    (["submit", "MODEL", "--search", "fast"], "search"),
+    (["submit", "MODEL", "--search", "quick", "--rate", "50"], "quick search"),
+    (["submit", "MODEL", "--p99", "20"], "--search quick"),
 ])
 def test_bad_input_gives_one_line_and_nonzero_exit(args: list[str], needle: str, example_onnx: Path) -> None:
     args = [str(example_onnx) if a == "MODEL" else a for a in args]

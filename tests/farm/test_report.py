@@ -69,3 +69,18 @@ def test_higher_is_better_constraints_are_lower_bounds() -> None:
     assert str(c) == "throughput_infer_per_s >= 200"
     assert c.holds({"throughput_infer_per_s": 250}) and not c.holds({"throughput_infer_per_s": 150})
     assert not c.holds({"throughput_infer_per_s": None})
+
+
+def test_report_groups_by_serving_configuration() -> None:
+    """The best row of each (device, engine, batch, instances, threads, queue delay) group, in rank order."""
+    def cell(job: str, instances: int, delay: int | None, c: int, tput: float, p99: float) -> dict[str, object]:
+        return {**_row(job, throughput_infer_per_s=tput, latency_p99_ms=p99), "concurrency": c,
+                "instances": instances, "threads": 0, "max_queue_delay_us": delay, "preferred_batch_size": None}
+
+    rows = [cell("a", 1, None, 1, 100.0, 2.0), cell("b", 1, None, 4, 180.0, 9.0),
+            cell("c", 2, None, 4, 260.0, 8.0), cell("d", 2, None, 8, 300.0, 30.0),
+            cell("e", 1, 500, 8, 320.0, 6.0), cell("f", 1, 500, 2, 150.0, 3.0)]
+    rep = build_report(rows, constraints=[parse_constraint("latency_p99_ms=10")])
+    assert [r["job_id"] for r in rep.best_per_serving] == ["e", "c", "b"]
+    assert [(r["instances"], r["max_queue_delay_us"]) for r in rep.best_per_serving] == [(1, 500), (2, None),
+                                                                                          (1, None)]

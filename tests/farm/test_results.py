@@ -38,3 +38,13 @@ def test_a_repeat_that_shared_its_host_without_isolation_marks_the_merged_row_an
     a, b = merge_repeats(rows)
     assert job_label(a) == "a1" + SHARED_MARK and job_label(b) == "b1"
     assert shared_lines([b]) == []
+
+
+def test_repeats_of_different_serving_configurations_stay_apart() -> None:
+    rows = [_row("i1", 1, throughput_infer_per_s=10.0, instances=1, max_queue_delay_us=None),
+            _row("i2", 1, throughput_infer_per_s=30.0, instances=2, max_queue_delay_us=None),
+            _row("q5", 1, throughput_infer_per_s=50.0, instances=1, max_queue_delay_us=500),
+            _row("i1b", 1, throughput_infer_per_s=20.0, instances=1, max_queue_delay_us=None)]
+    merged = merge_repeats(rows)
+    assert [(r["job_id"], r["repeats"], r["throughput_infer_per_s"]) for r in merged] == [
+        ("i1", 2, 15.0), ("i2", 1, 30.0), ("q5", 1, 50.0)]

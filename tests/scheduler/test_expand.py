@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from scheduler.expand import ModelRef, expand, job_id_for, matrix_size, resolve_devices
-from schemas import ProfileRequest, TensorSpec
+from schemas import SERVING_KEYS, ProfileRequest, TensorSpec
 from schemas.queues import queue_for
 
 ONNX = ModelRef(sha256="a" * 64, format="onnx", filename="m.onnx",
@@ -65,3 +68,46 @@ def test_a_fixed_batch_model_runs_only_its_batch_size() -> None:
 def test_queue_names() -> None:
     assert queue_for("cpu") == "farm.cpu"
     assert queue_for("gpu:a100-sxm4-40gb") == "farm.gpu.a100-sxm4-40gb"
+
+
+def test_serving_dimensions_expand_to_one_job_per_combination() -> None:
+    req = ProfileRequest(model="m.onnx", concurrency=[1, 8], instances=[1, 2], threads=[0, 2],
+                         max_queue_delay_us=[0, 500], measurement={"preferred_batch_size": 4})
+    exp = expand(req, "r", ONNX)
+    assert len(exp.jobs) == 2 * 2 * 2 * 2 == matrix_size(req)
+    combos = {(j.measurement.instances, j.measurement.threads, j.measurement.max_queue_delay_us, j.concurrency)
+              for j in exp.jobs}
+    assert len(combos) == 16 and len({j.job_id for j in exp.jobs}) == 16
+    assert {j.measurement.preferred_batch_size for j in exp.jobs} == {4}
+    dumped = exp.jobs[-1].model_dump(mode="json")["measurement"]
+    assert {k: dumped[k] for k in SERVING_KEYS} == {"instances": 2, "threads": 2, "max_queue_delay_us": 500,
+                                                     "preferred_batch_size": 4}
+
+
+def test_single_serving_values_keep_their_job_ids() -> None:
+    plain = expand(ProfileRequest(model="m.onnx"), "r", ONNX).jobs[0]
+    assert plain.job_id == job_id_for("r", "cpu", "onnxruntime", 1, 1, None)
+    assert plain.measurement.instances == 1 and plain.measurement.max_queue_delay_us is None
+    scalar = expand(ProfileRequest(model="m.onnx", measurement={"instances": 3}), "r", ONNX).jobs
+    listed = expand(ProfileRequest(model="m.onnx", instances=[3]), "r", ONNX).jobs
+    assert [j.measurement.instances for j in scalar] == [3] == [j.measurement.instances for j in listed]
+    assert scalar[0].job_id == listed[0].job_id != plain.job_id
+
+
+def test_quick_search_submits_only_first_steps() -> None:
+    levels = [1, 2, 4, 8, 16, 32, 64]
+    climb = expand(ProfileRequest(model="m.onnx", concurrency=levels, instances=[1, 2],
+                                  measurement={"search": "quick"}), "r", ONNX)
+    assert sorted((j.measurement.instances, j.concurrency) for j in climb.jobs) == [(1, 1), (2, 1)]
+    bisect = expand(ProfileRequest(model="m.onnx", concurrency=levels, measurement={"search": "quick", "p99_ms": 5}),
+                    "r", ONNX)
+    assert [j.concurrency for j in bisect.jobs] == [8]
+    assert bisect.jobs[0].job_id == job_id_for("r", "cpu", "onnxruntime", 1, 8, None)
+
+
+def test_bad_serving_lists_are_refused() -> None:
+    for field, bad in (("instances", [0]), ("threads", [-1]), ("max_queue_delay_us", [-5]), ("instances", [])):
+        with pytest.raises(ValidationError):
+            ProfileRequest(model="m.onnx", **{field: bad})
+    with pytest.raises(ValidationError, match="quick search walks concurrency"):
+        ProfileRequest(model="m.onnx", measurement={"search": "quick", "rate": 100})

@@ -42,6 +42,7 @@ from workers.engines.base import (
     make_backend,
     np_to_v2,
 )
+from workers.engines.batcher import DynamicBatcher, batcher_for
 from workers.engines.decode import decode_inputs
 
 SERVER_NAME = "farm"
@@ -67,6 +68,8 @@ class ServerConfig:
     instances: int = 1
     model_name: str = "model"
     inputs: list[IOSpec] | None = None  # declared input specs, for TorchScript (ONNX reads its own)
+    max_queue_delay_us: int | None = None  # dynamic batching (workers.engines.batcher), µs; None = off
+    preferred_batch_size: int | None = None  # rows; the largest merged batch is batcher.MAX_BATCH
 
 
 class _Stats:
@@ -207,9 +210,11 @@ def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
 class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
     """The KServe v2 gRPC service over one model."""
 
-    def __init__(self, model: _Model) -> None:
+    def __init__(self, model: _Model, batcher: DynamicBatcher | None = None) -> None:
         self.model = model
         self.name = model.cfg.model_name
+        self.batcher = batcher
+        self.run = batcher.infer if batcher is not None else model.submit
 
     def _known(self, name: str, version: str) -> bool:
         return name == self.name and version in ("", MODEL_VERSION)
@@ -272,6 +277,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
             execution_count=n,
             inference_stats=infer,
         )
+        if self.batcher is not None:  # executions and their batch sizes, as the batcher ran them
+            self.batcher.report(ms)
         return pb.ModelStatisticsResponse(model_stats=[ms])
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
@@ -294,7 +301,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
                         f"{', '.join(model.output_by_name)}"
                     )
             t_submit = time.perf_counter_ns()
-            outputs, queue_ns, compute_ns = await model.submit(feed, out_names, t_submit)
+            outputs, queue_ns, compute_ns = await self.run(feed, out_names, t_submit)
             t_out = time.perf_counter_ns()
             resp = pb.ModelInferResponse(model_name=self.name, model_version=MODEL_VERSION, id=request.id)
             for name, arr in outputs.items():
@@ -385,14 +392,14 @@ def load_model(cfg: ServerConfig) -> _Model:
 async def serve(cfg: ServerConfig, model: _Model, stop: asyncio.Event, on_bound=None) -> None:
     """Serve ``model`` until ``stop`` is set, then stop gracefully (in-flight requests finish).
     ``on_bound(host, port)`` is called once the port accepts connections."""
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),
-        ]
-    )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(model), server)
+    server = grpc.aio.server(options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                                      ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.so_reuseport", 0)])
+    with batcher_for(model.cfg, model.submit, model.batched) as batcher:  # None: no dynamic batching
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(model, batcher), server)
+        await _serve_until(cfg, server, stop, on_bound)
+
+
+async def _serve_until(cfg: ServerConfig, server: grpc.aio.Server, stop: asyncio.Event, on_bound=None) -> None:
     host = cfg.host
     addr = f"[{host}]:{cfg.port}" if ":" in host and not host.startswith("[") else f"{host}:{cfg.port}"
     try:
@@ -453,6 +460,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per instance, 0 = engine default")
     p.add_argument("--instances", type=int, default=1, help="parallel model instances")
     p.add_argument("--model-name", default="model")
+    p.add_argument("--max-queue-delay-us", type=int, default=None, help="dynamic batching delay, µs (default off)")
+    p.add_argument("--preferred-batch-size", type=int, default=None, help="dynamic batching: send at this many rows")
     p.add_argument(
         "--input", action="append", default=[], metavar="NAME:DTYPE:DIMS",
         help="declare an input (TorchScript), e.g. x:FP32:-1x16; repeat per input",
@@ -471,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ServerConfig(
         model_path=a.model, model_format=a.model_format, engine=a.engine, host=a.host, port=a.port,
         device=a.device, threads=a.threads, instances=a.instances, model_name=a.model_name,
-        inputs=declared,
+        inputs=declared, max_queue_delay_us=a.max_queue_delay_us, preferred_batch_size=a.preferred_batch_size,
     )
     try:
         model = load_model(cfg)

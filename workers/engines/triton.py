@@ -94,6 +94,8 @@ def model_config(
     instances: int = 1,
     device: str = "cpu",
     threads: int = 0,
+    max_queue_delay_us: int | None = None,
+    preferred_batch_size: int | None = None,
 ) -> mc.ModelConfig:
     """The Triton ModelConfig proto. ``max_batch_size`` None: DEFAULT_MAX_BATCH when every tensor's first
     dim is dynamic, else 0 (no batching; dims given in full). Shapes in ``inputs``/``outputs`` include
@@ -128,7 +130,20 @@ def model_config(
         group.gpus.append(0)
     if threads > 0:
         cfg.parameters[_THREAD_PARAM[model_format]].string_value = str(threads)
+    _dynamic_batching(cfg, max_queue_delay_us, preferred_batch_size)
     return cfg
+
+
+def _dynamic_batching(cfg: mc.ModelConfig, max_queue_delay_us: int | None, preferred: int | None) -> None:
+    """Write ``dynamic_batching`` (delay in µs, optional preferred batch size) when a delay is given."""
+    if max_queue_delay_us is None:
+        return
+    if cfg.max_batch_size == 0:
+        raise ServerError("dynamic batching needs a model with a dynamic batch dimension (max_batch_size > 0); "
+                          "export it with a dynamic batch axis or drop --max-queue-delay-us")
+    cfg.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
+    if preferred is not None:
+        cfg.dynamic_batching.preferred_batch_size.append(min(preferred, cfg.max_batch_size))
 
 
 def config_pbtxt(cfg: mc.ModelConfig) -> str:
@@ -148,6 +163,8 @@ def build_repository(
     instances: int = 1,
     device: str = "cpu",
     threads: int = 0,
+    max_queue_delay_us: int | None = None,
+    preferred_batch_size: int | None = None,
 ) -> Path:
     """Write ``repo_dir/model_name/{config.pbtxt,1/<file>}`` and return ``repo_dir``.
 
@@ -164,7 +181,8 @@ def build_repository(
             raise ServerError("a TorchScript model carries no input specs; pass inputs= (name, datatype, shape)")
         outputs = outputs or torchscript_outputs(model_path, inputs)
     cfg = model_config(model_name, model_format, inputs or [], outputs or [], max_batch_size=max_batch_size,
-                       instances=instances, device=device, threads=threads)
+                       instances=instances, device=device, threads=threads,
+                       max_queue_delay_us=max_queue_delay_us, preferred_batch_size=preferred_batch_size)
     model_dir = Path(repo_dir) / model_name
     version_dir = model_dir / "1"
     version_dir.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,15 @@ def input_args(spec: JobSpec) -> list[str]:
     return out
 
 
+def batching_args(spec: JobSpec) -> list[str]:
+    """The built-in server's dynamic batching options for the job (none when batching is off)."""
+    m = spec.measurement
+    if m.max_queue_delay_us is None:
+        return []
+    pref = [] if m.preferred_batch_size is None else ["--preferred-batch-size", str(m.preferred_batch_size)]
+    return ["--max-queue-delay-us", str(m.max_queue_delay_us), *pref]
+
+
 def edge_threads(spec: JobSpec) -> int:
     """Intra-op threads for an edge run: the job's setting, else ceil(cpus) capped by the cpuset size
     and this host's cores (a 0.5-core box gets one thread, not one per host core)."""

@@ -31,7 +31,7 @@ from workers.cores import cpu_list
 from workers.hardware import gpu_uuids_for
 from workers.runners import hardening as hd
 from workers.runners.base import Runner, ServingTarget
-from workers.runners.common import input_args
+from workers.runners.common import batching_args, input_args
 
 SERVER_PORT = 8001
 MODEL_NAME = "model"
@@ -55,7 +55,7 @@ def _server_command(spec: JobSpec, model_inside: str, device: str) -> list[str]:
         "--host", "0.0.0.0", "--port", str(SERVER_PORT), "--device", device,
         "--threads", str(spec.measurement.threads), "--instances", str(spec.measurement.instances),
         "--model-name", MODEL_NAME,
-        *input_args(spec),  # TorchScript carries no shapes: the job's inputs
+        *batching_args(spec), *input_args(spec),  # TorchScript carries no shapes: the job's inputs
     ]
 
 
@@ -140,7 +140,8 @@ class DockerRunner(Runner):
         """What must match for a job to reuse a serving container (its cores too: ``cpus``)."""
         m = spec.measurement
         parts = [image, spec.model_sha256, spec.model_format, spec.engine, spec.device,
-                 str(m.threads), str(m.instances), str(Path(model_path).resolve()), cpu_list(cpus or ())]
+                 str(m.threads), str(m.instances), str(Path(model_path).resolve()), cpu_list(cpus or ()),
+                 *batching_args(spec)]
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
     def _require_image(self, image: str) -> None:

@@ -16,7 +16,7 @@ from farm.settings import get_settings
 from schemas import GpuInfo, JobResult, JobSpec
 from workers.hardware import gpu_uuids_for
 from workers.runners.base import Runner, ServingTarget
-from workers.runners.common import input_args
+from workers.runners.common import batching_args, input_args
 
 LISTEN_PREFIX = "farm-serve listening "
 
@@ -130,7 +130,7 @@ def server_argv(spec: JobSpec, model_path: Path, host: str = "127.0.0.1", port: 
     argv = [sys.executable, "-m", "workers.engines.server", str(model_path), "--format", spec.model_format,
             "--engine", spec.engine, "--host", host, "--port", str(port), "--device", spec.device,
             "--threads", str(m.threads), "--instances", str(m.instances), "--model-name", "model"]
-    return argv + input_args(spec)
+    return argv + batching_args(spec) + input_args(spec)
 
 
 def server_env(spec: JobSpec, gpus: Sequence[GpuInfo] | None) -> dict[str, str] | None:

@@ -27,11 +27,13 @@ def triton_inputs(spec: JobSpec) -> list[IOSpec]:
 def prepare_repository(spec: JobSpec, model_path: Path) -> Path:
     """A Triton model repository for the job under ``<home>/triton-repos/<key>`` (world-readable)."""
     m = spec.measurement
-    key = hashlib.sha256(f"{spec.model_sha256}|{spec.device}|{m.instances}|{m.threads}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{spec.model_sha256}|{spec.device}|{m.instances}|{m.threads}|{m.max_queue_delay_us}|"
+                         f"{m.preferred_batch_size}".encode()).hexdigest()[:16]
     repo = get_settings().home / "triton-repos" / key
     build_repository(repo, model_path, spec.model_format, MODEL_NAME,
                      inputs=triton_inputs(spec) if spec.model_format == "torchscript" else None,
-                     instances=m.instances, device=spec.device, threads=m.threads)
+                     instances=m.instances, device=spec.device, threads=m.threads,
+                     max_queue_delay_us=m.max_queue_delay_us, preferred_batch_size=m.preferred_batch_size)
     for root, _dirs, files in os.walk(repo):
         os.chmod(root, 0o755)
         for f in files:

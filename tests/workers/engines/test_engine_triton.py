@@ -41,6 +41,34 @@ def test_onnx_repository_layout_and_config(tmp_path: Path, mlp_onnx: Path) -> No
     assert _read_config(repo / "mlp" / "config.pbtxt").instance_group[0].count == 1
 
 
+def test_job_serving_dimensions_reach_config_pbtxt(tmp_path: Path, mlp_onnx: Path) -> None:
+    """A job's instances, threads and dynamic batching land in the Triton repository's config.pbtxt."""
+    from scheduler.expand import ModelRef, expand
+    from schemas import ProfileRequest, TensorSpec
+    from workers.runners.triton_serving import prepare_repository
+
+    ref = ModelRef(sha256="d" * 64, format="onnx", filename="mlp.onnx", inputs=(TensorSpec(name="x", shape=(16,)),))
+    req = ProfileRequest(model="mlp.onnx", engines=["triton"], instances=[2], threads=[1],
+                         max_queue_delay_us=[0, 500], measurement={"preferred_batch_size": 8})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FARM_HOME", str(tmp_path))
+        from farm.settings import get_settings
+
+        get_settings.cache_clear()
+        repos = [prepare_repository(job, mlp_onnx) for job in expand(req, "r", ref).jobs]
+        get_settings.cache_clear()
+    assert len(set(repos)) == 2  # one repository per serving configuration
+    cfgs = [_read_config(r / "model" / "config.pbtxt") for r in repos]
+    assert sorted(c.dynamic_batching.max_queue_delay_microseconds for c in cfgs) == [0, 500]
+    assert all(c.HasField("dynamic_batching") and list(c.dynamic_batching.preferred_batch_size) == [8] for c in cfgs)
+    assert all(c.instance_group[0].count == 2 and c.parameters["intra_op_thread_count"].string_value == "1"
+               for c in cfgs)
+    fixed = [IOSpec("x", "FP32", (1, 4))]
+    with pytest.raises(ServerError, match="dynamic batch dimension"):
+        model_config("m", "onnx", fixed, fixed, max_queue_delay_us=100)
+    assert not model_config("m", "onnx", *onnx_io(mlp_onnx)).HasField("dynamic_batching")
+
+
 def test_gpu_config_and_fixed_batch(tmp_path: Path, identity_onnx: Path) -> None:
     ins, outs = onnx_io(identity_onnx)
     assert ins == [IOSpec("x", "FP32", (-1, 4)), IOSpec("ids", "INT64", (-1, 3))]

@@ -1,0 +1,257 @@
+"""Quick search over concurrency, per serving configuration: pure decisions, plus the one step that
+turns them into jobs (``advance``).
+
+A serving configuration is a job's coordinates less its concurrency (device, engine, batch size and the
+``SERVING_KEYS`` of its measurement). Its search space is the request's concurrency list, in order.
+
+* Without a latency budget (Model Analyzer's early exit): concurrency rises through the list until the
+  throughput of the newest step gains less than ``GAIN`` over the step two before it, a step fails, or the
+  list ends.
+* With ``p99_ms`` (perf_analyzer's latency threshold): a binary search for the highest concurrency whose
+  p99 stays within the budget, assuming p99 grows with concurrency; the pick is the highest throughput
+  among the steps within the budget.
+
+The next step of a search is enqueued when the previous result lands: ``advance`` is called after every
+result write of a search job (``workers.ledger.finish``) and on every reconciliation pass, so a worker
+dying mid-step only delays the search (its job is requeued like any other).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+GAIN = 0.05  # smallest throughput gain over two steps that keeps the early-exit climb going (5 %)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One measured step: its concurrency, throughput (inferences/s; None: the job failed) and p99 (ms)."""
+
+    level: int
+    throughput: float | None
+    p99_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a search does next: measure ``next`` (None: done), its best step so far and why."""
+
+    next: int | None
+    best: Step | None
+    reason: str
+
+    @property
+    def done(self) -> bool:
+        return self.next is None
+
+
+def _within(step: Step, budget: float | None) -> bool:
+    if step.throughput is None:
+        return False
+    return budget is None or (step.p99_ms is not None and step.p99_ms <= budget)
+
+
+def _best(steps: Sequence[Step], budget: float | None) -> Step | None:
+    ok = [s for s in steps if _within(s, budget)]
+    return max(ok, key=lambda s: (s.throughput or 0.0, -s.level)) if ok else None
+
+
+def decide(levels: Sequence[int], steps: Sequence[Step], p99_ms: float | None = None) -> Decision:
+    """The next concurrency to measure given the measured ``steps`` (levels must be sorted ascending)."""
+    if p99_ms is not None:
+        return _bisect(levels, steps, p99_ms)
+    measured = {s.level: s for s in steps}
+    seq: list[Step] = []
+    for level in levels:
+        step = measured.get(level)
+        if step is None:
+            return Decision(level, _best(seq, None), f"climbing: c={level} next")
+        seq.append(step)
+        if step.throughput is None:
+            return Decision(None, _best(seq, None), f"stopped: c={level} failed")
+        if len(seq) >= 3 and step.throughput < (1 + GAIN) * (seq[-3].throughput or 0.0):
+            return Decision(None, _best(seq, None), f"stopped at c={level}: throughput gained under "
+                            f"{GAIN:.0%} over the last two steps")
+    return Decision(None, _best(seq, None), "stopped: end of the concurrency list")
+
+
+def _bisect(levels: Sequence[int], steps: Sequence[Step], budget: float) -> Decision:
+    index = {lv: i for i, lv in enumerate(levels)}
+    bad = [index[s.level] for s in steps if s.level in index and not _within(s, budget)]
+    hi = min(bad, default=len(levels))
+    lo = max((index[s.level] for s in steps if s.level in index and _within(s, budget) and index[s.level] < hi),
+             default=-1)
+    best = _best([s for s in steps if s.level in index and index[s.level] <= lo], budget)
+    if hi - lo > 1:
+        nxt = levels[(lo + hi) // 2]
+        return Decision(nxt, best, f"bisecting c={levels[lo] if lo >= 0 else 0}..{levels[hi - 1]}: c={nxt} next")
+    if best is None:
+        return Decision(None, None, f"stopped: c={levels[0]} already exceeds p99 {budget:g} ms")
+    return Decision(None, best, f"stopped: the highest concurrency within p99 {budget:g} ms is c={levels[lo]}; "
+                    f"best throughput at c={best.level}")
+
+
+def first_level(levels: Sequence[int], p99_ms: float | None) -> int:
+    """The concurrency a quick search measures first."""
+    nxt = decide(levels, [], p99_ms).next
+    assert nxt is not None  # an empty search always has a first step
+    return nxt
+
+
+def serving_key(spec: dict[str, Any]) -> tuple[Any, ...]:
+    """A job spec's (JSON) serving configuration: its coordinates less concurrency."""
+    from farm.report import SERVING_GROUP
+    from schemas import SERVING_KEYS
+
+    m = spec.get("measurement") or {}
+    return tuple(m.get(k) if k in SERVING_KEYS else spec[k] for k in SERVING_GROUP)
+
+
+# ---- the scheduler's side: read a request's steps, enqueue the next ones ---------------------------------
+
+SEARCH_LOOKBACK_S = 3600.0  # reconciliation advances the searches of requests with a job finished this recently
+
+
+@dataclass
+class SearchState:
+    """Where one serving configuration's search stands: its measured steps, the step being measured
+    (None: none) and the decision once nothing is pending."""
+
+    key: tuple[Any, ...]
+    steps: list[Step]
+    pending: int | None
+    decision: Decision | None
+    template: dict[str, Any]  # a job spec (JSON) of this configuration, for its next steps
+
+    def describe(self) -> str:
+        """One line for ``farm status``."""
+        measured = ",".join(str(s.level) for s in sorted(self.steps, key=lambda s: s.level)) or "-"
+        if self.pending is not None:
+            return f"measuring c={self.pending} (measured c={measured})"
+        assert self.decision is not None
+        best = self.decision.best
+        pick = f"; best c={best.level} {best.throughput:.1f} infer/s" if best and best.throughput else ""
+        return f"{self.decision.reason} (measured c={measured}){pick}"
+
+
+def search_states(bind: Any, request_id: str) -> list[SearchState]:
+    """The quick searches of a request, one per serving configuration (empty for a brute-force request)."""
+    from sqlalchemy import select
+
+    from farm.db.models import Job, Request, Result
+    from schemas import ProfileRequest
+    from schemas.job import FINAL, JobStatus
+
+    spec = bind.execute(select(Request.spec).where(Request.id == request_id)).scalar_one_or_none()
+    if spec is None:
+        return []
+    request = ProfileRequest.model_validate(spec)
+    if request.measurement.search != "quick":
+        return []
+    metrics = [getattr(Result, n) for n in ("throughput_infer_per_s", "latency_p99_ms")]  # registry columns
+    rows = bind.execute(select(Job.spec, Job.status, Job.concurrency, *metrics)
+                        .outerjoin(Result, Result.job_id == Job.id)
+                        .where(Job.request_id == request_id, Job.edge_profile.is_(None))).all()
+    states: dict[tuple[Any, ...], SearchState] = {}
+    cancelled: set[tuple[Any, ...]] = set()
+    for job_spec, status, c, tput, p99 in rows:
+        key = serving_key(job_spec)
+        st = states.setdefault(key, SearchState(key, [], None, None, job_spec))
+        if status not in FINAL:
+            st.pending = c
+            continue
+        ok = status == JobStatus.succeeded and tput is not None
+        st.steps.append(Step(c, tput if ok else None, p99 if ok else None))
+        if status == JobStatus.cancelled:
+            cancelled.add(key)
+    for st in states.values():
+        if st.pending is not None:
+            continue
+        st.decision = decide(request.concurrency, st.steps, request.measurement.p99_ms)
+        if st.key in cancelled and not st.decision.done:  # farm cancel (or an interrupt): no new step
+            st.decision = Decision(None, st.decision.best, "stopped: a step was cancelled")
+    return list(states.values())
+
+
+def next_steps(bind: Any, request_id: str) -> list[tuple[str, str]]:
+    """Insert the next step (a queued job) of every search of the request that is waiting for one; returns
+    the (job id, queue) pairs inserted. Idempotent: a step's job id is deterministic, and a job already
+    there (another worker advanced the same search) is left alone."""
+    from farm.db.models import Job
+    from farm.db.session import dialect_insert
+    from scheduler.enqueue import job_rows
+    from scheduler.expand import job_id_for
+    from schemas import JobSpec
+
+    new: list[JobSpec] = []
+    for st in search_states(bind, request_id):
+        if st.decision is None or st.decision.next is None:
+            continue
+        t, c = st.template, st.decision.next
+        job_id = job_id_for(request_id, t["device"], t["engine"], t["batch_size"], c, None, t["measurement"])
+        new.append(JobSpec.model_validate({**t, "concurrency": c, "job_id": job_id}))
+    if not new:
+        return []
+    stmt = (dialect_insert(bind, Job.__table__).values(job_rows(request_id, new))  # type: ignore[arg-type]
+            .on_conflict_do_nothing(index_elements=["id"]).returning(Job.__table__.c.id))
+    inserted = set(bind.execute(stmt).scalars().all())
+    return [(j.job_id, j.queue) for j in new if j.job_id in inserted]
+
+
+def advance(request_id: str) -> list[tuple[str, str]]:
+    """Enqueue the next steps of the request's searches (sent to the broker in cluster mode; the embedded
+    loop picks queued jobs up itself); returns the (job id, queue) pairs added."""
+    from farm.db.session import session_scope
+    from farm.settings import get_settings
+    from scheduler.enqueue import enqueue_jobs
+
+    with session_scope() as s:
+        added = next_steps(s, request_id)
+    if added and not get_settings().embedded:
+        enqueue_jobs(added)
+    return added
+
+
+def advance_recent(now: Any = None) -> list[tuple[str, str]]:
+    """Reconciliation's catch-up: advance the searches of requests with a job finished in the last
+    ``SEARCH_LOOKBACK_S`` (a worker may have died between writing a result and enqueuing the next step)."""
+    from datetime import timedelta
+
+    from sqlalchemy import select
+
+    from farm.db.models import Job, Request, utcnow
+    from farm.db.session import session_scope
+
+    since = (now or utcnow()) - timedelta(seconds=SEARCH_LOOKBACK_S)
+    quick = Request.spec["measurement"]["search"].as_string() == "quick"
+    with session_scope() as s:
+        ids = s.execute(select(Job.request_id).join(Request, Request.id == Job.request_id)
+                        .where(Job.finished_at >= since, quick).distinct()).scalars().all()
+    return [pair for rid in ids for pair in advance(rid)]
+
+
+def search_report(request_id: str) -> list[dict[str, Any]]:
+    """Where each quick search of the request stands, for ``farm status`` (empty for brute force): its
+    serving configuration, state line, whether it is done and its best step."""
+    from farm.db.session import session_scope
+    from farm.report import SERVING_GROUP
+    from farm.results import find_request
+
+    rid = find_request(request_id).id
+    with session_scope() as s:
+        states = search_states(s, rid)
+    out = []
+    for st in states:
+        best = st.decision.best if st.decision else None
+        out.append({"config": dict(zip(SERVING_GROUP, st.key, strict=True)),
+                    "state": st.describe(), "done": bool(st.decision and st.decision.done),
+                    "measured": sorted(s.level for s in st.steps),
+                    "best": None if best is None else {"concurrency": best.level, "throughput_infer_per_s":
+                                                       best.throughput, "latency_p99_ms": best.p99_ms}})
+    return out
+
+
+def searches_done(request_id: str) -> bool:
+    """Whether every quick search of the request has decided to stop (True for brute force)."""
+    return all(r["done"] for r in search_report(request_id))
