@@ -68,6 +68,8 @@ def _why_not(row: dict[str, Any], constraints: list[Constraint], require_stable:
         return f"{row['status']}: {row.get('error') or 'no result'}"
     if require_stable and row.get("stable") is False:
         return "measurement did not stabilise"
+    if row.get("client_limited"):
+        return "client-limited: over 1 % of its open-loop sends left late, so its latency is not the server's"
     failed = [str(c) for c in constraints if not c.holds(row)]
     return f"violates {', '.join(failed)}" if failed else None
 

@@ -24,7 +24,8 @@ err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=Tr
 #: the default results table: (metric, short header); every metric is in csv/json
 TABLE_METRICS: tuple[tuple[str, str], ...] = (
     ("throughput_infer_per_s", "infer/s"), ("latency_p50_ms", "p50 ms"), ("latency_p99_ms", "p99 ms"),
-    ("server_compute_p50_ms", "srv p50"), ("stable", "stable"), ("cpu_pct_avg", "cpu %"),
+    ("server_compute_p50_ms", "srv p50"), ("stable", "stable"), ("client_limited", "client-lim"),
+    ("cpu_pct_avg", "cpu %"),
     ("mem_peak_bytes", "mem MiB"),
 )
 

@@ -55,3 +55,10 @@ def test_higher_is_better_constraints_are_lower_bounds() -> None:
     assert str(c) == "throughput_infer_per_s >= 200"
     assert c.holds({"throughput_infer_per_s": 250}) and not c.holds({"throughput_infer_per_s": 150})
     assert not c.holds({"throughput_infer_per_s": None})
+
+
+def test_client_limited_measurements_are_not_ranked() -> None:
+    rows = [*ROWS[:4], _row("x", throughput_infer_per_s=999.0, latency_p99_ms=1.0, client_limited=True)]
+    rep = build_report(rows)
+    assert "x" not in [r["job_id"] for r in rep.ranked]
+    assert dict((r["job_id"], w) for r, w in rep.rejected)["x"].startswith("client-limited")
