@@ -88,7 +88,9 @@ def run_farm(url: str, server_pid: int, model: Model, cell: Cell, rate: float | 
         stack.enter_context(HostSampler())
         r = run_load(url, "model", [TensorSpec(name="x", shape=model.shape)], batch,
                      int(conc) if mode == "closed" else 1, settings, processes=1)
-    m = r.metrics
+    # a client-limited run reports no latency; its latency stays in the details (compared here all the same,
+    # with its late sends shown beside it)
+    m = {**r.metrics, **(r.details["client_limited_latency"] or {})}
     rps = float(m["requests_per_s"])  # type: ignore[arg-type]
     return Fig(rps, float(m["latency_p50_ms"]), float(m["latency_p99_ms"]),  # type: ignore[arg-type]
                float(m["late_send_pct"] or 0.0), float(m["client_busy_pct"]) / 100 / rps * 1e6)  # type: ignore[arg-type]
