@@ -17,7 +17,7 @@ MatMuls on [b, 128, 128], compute-bound). Each figure is the median over the rou
 The host is a shared 2-core VM: the figures are indicative; the steal is printed with them.
 
 Run: ``python benchmarks/vs_perf_analyzer.py [--quick]``. Skips (exit 0) where perf_analyzer is absent:
-install it with ``python benchmarks/_perf_analyzer.py --install``.
+install it with ``python3 -m workers.loadgen.perf_analyzer --install``.
 """
 from __future__ import annotations
 

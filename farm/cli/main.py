@@ -55,6 +55,8 @@ def submit(
     mode: str | None = typer.Option(None, "--mode", help="closed | constant | poisson"),
     rpc: str | None = typer.Option(None, "--rpc", help="unary (default) | stream: ModelInfer calls or "
                                       "ModelStreamInfer streams."),
+    client: str | None = typer.Option(None, "--client", help="farm (default) | perf_analyzer: the load "
+                                      "generator (perf_analyzer: where installed, unary only)."),
     threads: int | None = typer.Option(None, "--threads", help="Server intra-op threads (0 = default)."),
     instances: int | None = typer.Option(None, "--instances", help="Server model instances."),
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
@@ -71,7 +73,8 @@ def submit(
                               model_format, name,
                               dict(duration_s=duration, max_windows=windows, window_s=window, warmup_s=warmup,
                                    stability_pct=stability, rate=rate, mode=mode, threads=threads,
-                                   instances=instances, timeout_s=timeout, rpc=rpc))
+                                   instances=instances, timeout_s=timeout, rpc=rpc,
+                                   client=client))
     request = ProfileRequest.model_validate(data)
     _prepare_db()
     settings = get_settings()

@@ -388,7 +388,8 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
              connect_timeout_s: float = 10.0, seed: int = 0, in_process: bool = False) -> LoadResult:
     """Drive the KServe v2 gRPC server at ``url`` (``host:port``) with inference requests for
     ``model_name`` and measure latency and throughput; ``settings.rpc`` picks unary ModelInfer calls or
-    ModelStreamInfer streams.
+    ModelStreamInfer streams; ``settings.client`` farm's own generator or NVIDIA perf_analyzer
+    (``workers.loadgen.perf_analyzer``).
 
     Closed loop (``settings.mode == "closed"``): ``concurrency`` requests always outstanding, each a
     batch of ``batch_size``. Open loop (``constant``/``poisson``): ``settings.rate`` requests/s, latency
@@ -401,6 +402,11 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
     """
     if batch_size < 1 or concurrency < 1:
         raise LoadGenError(f"batch_size and concurrency must be >= 1, got {batch_size} and {concurrency}")
+    if settings.client == "perf_analyzer":
+        from workers.loadgen.perf_analyzer import run_perf_analyzer
+
+        result: LoadResult = run_perf_analyzer(url, model_name, list(inputs), batch_size, concurrency, settings)
+        return result
     if processes is not None and processes < 1:
         raise LoadGenError(f"processes must be >= 1 or None, got {processes}")
     mode = settings.mode
