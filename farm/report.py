@@ -11,6 +11,7 @@ from typing import Any
 from farm.errors import RequestError
 from schemas.job import JobStatus
 from schemas.metrics import BY_NAME
+from schemas.result import CLIENT_LIMITED_PCT, client_limited
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,9 @@ def _why_not(row: dict[str, Any], constraints: list[Constraint], require_stable:
         return f"{row['status']}: {row.get('error') or 'no result'}"
     if require_stable and row.get("stable") is False:
         return "measurement did not stabilise"
-    if row.get("client_limited"):
-        return "client-limited: over 1 % of its open-loop sends left late, so its latency is not the server's"
+    if client_limited(row):
+        return (f"client-limited: over {CLIENT_LIMITED_PCT:g} % of its open-loop sends left late, so its latency "
+                "is not the server's")
     failed = [str(c) for c in constraints if not c.holds(row)]
     return f"violates {', '.join(failed)}" if failed else None
 

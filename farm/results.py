@@ -21,7 +21,7 @@ JOB_COLUMNS = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_
                "attempts", "worker_id", "error")
 METRIC_NAMES = tuple(m.name for m in JOB_METRICS)
 #: what makes two jobs (of the same or of different requests) repeats of one measurement
-CONFIG_COLUMNS = ("device", "engine", "batch_size", "concurrency", "edge_profile", "rpc")
+CONFIG_COLUMNS = ("device", "engine", "batch_size", "concurrency", "edge_profile", "rpc", "client")
 
 
 def find_request(request_id: str) -> Request:
@@ -51,8 +51,9 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     with session_scope() as s:
         rows = s.execute(stmt).all()
     names = JOB_COLUMNS + PLACEMENT_COLUMNS + METRIC_NAMES
-    rpc = (req.spec.get("measurement") or {}).get("rpc", "unary")  # how every job of it was driven
-    return [{**dict(zip(names, row, strict=True)), "rpc": rpc} for row in rows]
+    measurement = req.spec.get("measurement") or {}  # how every job of it was driven, and by which client
+    rpc, client = measurement.get("rpc", "unary"), measurement.get("client", "farm")
+    return [{**dict(zip(names, row, strict=True)), "rpc": rpc, "client": client} for row in rows]
 
 
 def model_static_metrics(model_sha256: str) -> dict[str, Any]:

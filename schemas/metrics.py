@@ -43,8 +43,6 @@ METRICS: tuple[Metric, ...] = (
     _M("error_count", "requests", False, "sum", "int", "requests that failed, any gRPC status"),
     _M("late_send_pct", "%", False, "mean", description="open loop: sends that left >1 ms after schedule"),
     _M("client_busy_pct", "%", False, "mean", description="load generator CPU busy share"),
-    _M("client_limited", "bool", False, "max", "bool",
-       "open loop: over 1 % of sends left late; the latency measured the client, so it is not reported"),
     _M("stable", "bool", True, "all", "bool", "last windows agreed within the stability bound"),
     _M("windows", "windows", False, "sum", "int", "measurement windows used"),
     _M("gpu_mem_peak_bytes", "B", False, "max", "int", "GPU memory used by the server, peak"),

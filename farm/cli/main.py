@@ -181,10 +181,12 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: 
             title += f" merged with {', '.join(find_request(rid).id for rid in merge_with)}"
         if rows and rows[0]["rpc"] == "stream":
             title += " (load over ModelStreamInfer streams)"
+        if rows and rows[0].get("client", "farm") != "farm":
+            title += f" (load sent by {rows[0]['client']})"
         console.print(views.results_table(rows, title=title))
         for line in views.error_lines(rows):
             console.print(f"[red]{line}[/]", highlight=False)
-        for line in views.steal_lines(rows) + views.shared_lines(rows):
+        for line in views.steal_lines(rows) + views.shared_lines(rows) + views.client_limited_lines(rows):
             console.print(f"[yellow]{line}[/]", highlight=False)
 
 

@@ -58,7 +58,8 @@ def test_higher_is_better_constraints_are_lower_bounds() -> None:
 
 
 def test_client_limited_measurements_are_not_ranked() -> None:
-    rows = [*ROWS[:4], _row("x", throughput_infer_per_s=999.0, latency_p99_ms=1.0, client_limited=True)]
+    rows = [*ROWS[:4], _row("x", throughput_infer_per_s=999.0, late_send_pct=4.0),
+            _row("y", throughput_infer_per_s=998.0, latency_p99_ms=1.0, late_send_pct=0.5)]
     rep = build_report(rows)
-    assert "x" not in [r["job_id"] for r in rep.ranked]
+    assert [r["job_id"] for r in rep.ranked][:1] == ["y"] and "x" not in [r["job_id"] for r in rep.ranked]
     assert dict((r["job_id"], w) for r, w in rep.rejected)["x"].startswith("client-limited")

@@ -33,6 +33,7 @@ import numpy as np
 
 from farm.errors import LoadGenError
 from schemas import MeasurementSettings, TensorSpec
+from schemas.result import CLIENT_LIMITED_NOTE, client_limited
 from workers.loadgen import stats
 
 VERSION = "2.41.0"
@@ -180,7 +181,7 @@ def run_perf_analyzer(url: str, model_name: str, inputs: list[TensorSpec], batch
                       settings: MeasurementSettings) -> Any:
     """Measure with perf_analyzer; returns a ``LoadResult`` read the way farm reads its own generator's
     runs. Raises LoadGenError when perf_analyzer is absent, fails or measured nothing."""
-    from workers.loadgen.run import CLIENT_LIMITED_PCT, LoadResult, _metrics, _Totals
+    from workers.loadgen.run import LoadResult, _metrics, _Totals
 
     if settings.rpc != "unary":
         raise LoadGenError("the perf_analyzer client measures unary ModelInfer calls only; use --rpc unary")
@@ -209,13 +210,13 @@ def run_perf_analyzer(url: str, model_name: str, inputs: list[TensorSpec], batch
                 duration=sum(w["length_s"] for w in windows[len(windows) - n_metric:]), errors={}, sent=sent,
                 late=late, busy_by_proc=[busy], stable=stable, first_error=None)
     metrics = _metrics(t, batch_size, settings.mode, len(windows))
-    limited = bool(metrics["client_limited"])
+    limited = client_limited(metrics)
     notes = [f"measured by NVIDIA perf_analyzer {VERSION} (no warm-up; server breakdown: ModelStatistics "
              "averages in details.server_breakdown_avg_us)"]
     if limited:
-        notes.append(f"client-limited: perf_analyzer sent over {CLIENT_LIMITED_PCT:g} % of its requests late; "
-                     "the latency is not reported (details: client_limited_latency)")
-    details = {"client": CLIENT_NAME, "mode": settings.mode, "rpc": "unary",
+        notes.append(f"{metrics['late_send_pct']:.1f} % late sends; {CLIENT_LIMITED_NOTE} (its latency: "
+                     "details.client_limited_latency)")
+    details = {"client": CLIENT_NAME, "client_limited": limited, "mode": settings.mode, "rpc": "unary",
                "rate": settings.rate if settings.mode != "closed" else None, "concurrency": concurrency,
                "batch_size": batch_size, "processes": 1, "window_s": settings.window_s,
                "metrics_windows": [len(windows) - n_metric, len(windows) - 1],

@@ -13,6 +13,7 @@ import numpy as np
 
 from farm.errors import LoadGenError
 from schemas import MeasurementSettings, TensorSpec
+from schemas.result import CLIENT_LIMITED_NOTE, client_limited
 from workers import grpc_env
 from workers.loadgen import stats
 from workers.loadgen.drivers import Driver, ProcessDriver, ThreadDriver
@@ -30,7 +31,6 @@ from workers.loadgen.worker import WorkerConfig
 
 BUSY_LIMIT_PCT = 80.0  # a client process busier than this cannot be trusted to keep up
 LATE_LIMIT_PCT = 5.0  # open loop: more late sends than this during warm-up means the client lags
-CLIENT_LIMITED_PCT = 1.0  # open loop: a run with more late sends than this measured its own client
 CLIENT_NAME = "farm"  # which client measured a result (details "client"), beside its RPC (details "rpc")
 SPAWN_TIMEOUT_S = 60.0  # worker processes must be connected and ready within this (plus connect timeout)
 START_DELAY_S = 0.05  # margin between "go" and the shared start time (threads)
@@ -302,19 +302,13 @@ def late_pct(t: _Totals, mode: str) -> float | None:
     return (100.0 * t.late / t.sent if t.sent else 0.0) if mode != "closed" else None
 
 
-def client_limited(late_send_pct: float | None) -> bool:
-    """Whether a run measured its own client: open loop with more than ``CLIENT_LIMITED_PCT`` late sends
-    (latency counts from the schedule, so the client's lateness would be charged to the server)."""
-    return late_send_pct is not None and late_send_pct > CLIENT_LIMITED_PCT
-
-
 def _metrics(t: _Totals, batch_size: int, mode: str, windows: int) -> dict[str, float | int | bool | None]:
     """The run's metrics, keyed by ``schemas.metrics`` names. A client-limited run reports no latency
     (its end-to-end latencies stay in the details, ``client_limited_latency``)."""
     queue, compute = t.queue, t.compute
     late = late_pct(t, mode)
     latency = stats.latency_metrics(t.lat, batch_size, t.duration)
-    if client_limited(late):
+    if client_limited({"late_send_pct": late}):
         latency = {k: (None if k.startswith("latency_") else v) for k, v in latency.items()}
     return {
         **latency,
@@ -323,7 +317,6 @@ def _metrics(t: _Totals, batch_size: int, mode: str, windows: int) -> dict[str, 
         "server_compute_p99_ms": stats.percentile(compute, 99) if compute.size else None,
         "error_count": int(sum(t.errors.values())),
         "late_send_pct": late,
-        "client_limited": client_limited(late),
         "client_busy_pct": max(t.busy_by_proc),
         "stable": bool(t.stable),
         "windows": windows,
@@ -335,11 +328,8 @@ def _notes(out: _Outcome, t: _Totals, settings: MeasurementSettings) -> list[str
     """The coordinator's notes, then warnings about a busy client and an unstable measurement."""
     notes = list(out.notes)
     late = late_pct(t, settings.mode)
-    if client_limited(late):
-        notes.append(f"client-limited: {late:.1f} % of the sends left more than 1 ms late (limit "
-                     f"{CLIENT_LIMITED_PCT:g} %), so the latency measured the load generator as much as the "
-                     "server; it is not reported (details: client_limited_latency). Give the load generator "
-                     "its own cores, lower the rate or run fewer jobs on this host")
+    if client_limited({"late_send_pct": late}):
+        notes.append(f"{late:.1f} % late sends; {CLIENT_LIMITED_NOTE} (its latency: details.client_limited_latency)")
     if max(t.busy_by_proc) > BUSY_LIMIT_PCT:
         notes.append(f"load generator process was {max(t.busy_by_proc):.0f} % busy: the client may limit "
                      "the result; give it more processes (processes=) or cores")
@@ -352,9 +342,9 @@ def _notes(out: _Outcome, t: _Totals, settings: MeasurementSettings) -> list[str
 def _details(out: _Outcome, t: _Totals, settings: MeasurementSettings, batch_size: int, mode: str,
              concurrency: int, processes: int) -> dict[str, Any]:
     """Histograms, per-window figures, errors, warm-up counts, the client and the plan the run used."""
-    limited = client_limited(late_pct(t, mode))
+    limited = client_limited({"late_send_pct": late_pct(t, mode)})
     return {
-        "client": CLIENT_NAME, "mode": mode, "rpc": settings.rpc,
+        "client": CLIENT_NAME, "client_limited": limited, "mode": mode, "rpc": settings.rpc,
         "rate": settings.rate if mode != "closed" else None,
         "client_limited_latency": stats.latency_metrics(t.lat, batch_size, t.duration) if limited else None,
         "concurrency": concurrency,

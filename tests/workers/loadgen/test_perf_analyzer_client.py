@@ -40,7 +40,7 @@ def test_perf_analyzer_client_against_farm_server(farm_server_url: str, perf_ana
     assert stats.histogram_quantile(d["latency_histogram"], 50) == pytest.approx(lat["latency_p50_ms"], rel=0.1)
     assert d["server_breakdown_avg_us"]["compute_infer_us"] > 0  # from the server's ModelStatistics
     assert (m["late_send_pct"] is None) == (mode == "closed")
-    assert m["client_limited"] == (m["late_send_pct"] is not None and m["late_send_pct"] > 1.0)
+    assert d["client_limited"] == (m["late_send_pct"] is not None and m["late_send_pct"] > 1.0)
     assert json.loads(json.dumps({"metrics": m, "details": d}))["metrics"] == m  # storable
 
 
