@@ -14,6 +14,8 @@ meet the targets (req/s >= 0.95x, p50 <= 1.05x; open loop: p50 within 5 %, p99 w
 
 Models: ``identity`` (FP32 [b, 64], transport-bound); full runs add ``matmul`` (8 chained 128 x 128
 MatMuls on [b, 128, 128], compute-bound). Each figure is the median over the rounds (3; quick: 1).
+A third client, farm's ``--client perf_analyzer`` backend (perf_analyzer sends, farm reads its per-request
+export into its windows and percentiles), is compared with perf_analyzer run directly in a second table.
 The host is a shared 2-core VM: the figures are indicative; the steal is printed with them.
 
 Run: ``python benchmarks/vs_perf_analyzer.py [--quick]``. Skips (exit 0) where perf_analyzer is absent:
@@ -75,14 +77,16 @@ MODELS: dict[str, Model] = {
 Cell = tuple[str, int, int | float]  # (mode, batch, concurrency or share of capacity)
 
 
-def run_farm(url: str, server_pid: int, model: Model, cell: Cell, rate: float | None, window: float) -> Fig:
-    """farm's generator on ``cell`` with a job's samplers running meanwhile in this process."""
+def run_farm(url: str, server_pid: int, model: Model, cell: Cell, rate: float | None, window: float,
+             client: str = "farm") -> Fig:
+    """farm's measurement of ``cell`` (``client``: its own generator or its perf_analyzer backend) with a
+    job's samplers running meanwhile in this process."""
     from workers.samplers.host import HostSampler
     from workers.samplers.process import ProcessTreeSampler
 
     mode, batch, conc = cell
     settings = MeasurementSettings(warmup_s=window, window_s=window, duration_s=3 * window, mode=mode,
-                                   rate=rate if mode != "closed" else None)
+                                   rate=rate if mode != "closed" else None, client=client)
     with ExitStack() as stack:
         stack.enter_context(ProcessTreeSampler(server_pid))
         stack.enter_context(HostSampler())
@@ -132,7 +136,7 @@ def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: 
     """Every cell of ``cells`` on model ``name``, interleaved rounds; prints one table."""
     client_cpus, server_cpus = cpus
     model = MODELS[name]
-    runs: dict[Cell, dict[str, list[Fig]]] = {c: {"farm": [], "pa": []} for c in cells}
+    runs: dict[Cell, dict[str, list[Fig]]] = {c: {"farm": [], "pa": [], "farm-pa": []} for c in cells}
     rates: dict[Cell, float] = {}
     with tempfile.TemporaryDirectory() as tmp, Steal() as steal:
         path = model.build(Path(tmp) / f"{name}.onnx")
@@ -143,10 +147,11 @@ def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: 
                     if cell[0] != "closed":
                         cap = capacity(runs)
                         rate = rates.setdefault(cell, float(cell[2]) * cap)
-                    order = ("farm", "pa") if r % 2 == 0 else ("pa", "farm")
+                    order = ("farm", "pa", "farm-pa") if r % 2 == 0 else ("farm-pa", "pa", "farm")
                     for who in order:
-                        fig = (run_farm(url, pid, model, cell, rate, window) if who == "farm"
-                               else run_pa(url, model, cell, rate, window, client_cpus))
+                        fig = (run_pa(url, model, cell, rate, window, client_cpus) if who == "pa"
+                               else run_farm(url, pid, model, cell, rate, window,
+                                             "perf_analyzer" if who == "farm-pa" else "farm"))
                         runs[cell][who].append(fig)
     print(f"\n{name}: median of {rounds} round(s), {window:g} s windows; the hypervisor took {steal.pct:.1f} % "
           f"of the CPU time meanwhile{steal_flag(steal.pct)}")
@@ -158,6 +163,11 @@ def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: 
         print(f"  {label(cell, rates.get(cell)):22s} {f.rps:10.0f} {p.rps:7.0f} {f.rps / p.rps:6.2f}  "
               f"{f.p50:8.3f} {p.p50:6.3f} {f.p50 / p.p50:6.2f}  {f.p99:8.3f} {p.p99:6.3f} {f.p99 / p.p99:6.2f}  "
               f"{f.late_pct:10.1f} {p.late_pct:5.1f}  {f.cpu_us:15.0f} {p.cpu_us:6.0f}  {verdict(cell, f, p)}")
+    print("  farm --client perf_analyzer (farm's reading of perf_analyzer's requests) / perf_analyzer run directly:")
+    for cell in cells:
+        b, p = median(runs[cell]["farm-pa"]), median(runs[cell]["pa"])
+        print(f"  {label(cell, rates.get(cell)):22s} req/s {b.rps / p.rps:5.2f}x  p50 {b.p50 / p.p50:5.2f}x  "
+              f"p99 {b.p99 / p.p99:5.2f}x  late {b.late_pct:5.1f} %  {verdict(cell, b, p)}")
 
 
 def capacity(runs: dict[Cell, dict[str, list[Fig]]]) -> float:
