@@ -8,7 +8,7 @@ from typing import Any
 from farm.errors import RequestError
 
 _MEASUREMENT_FLAGS = ("duration_s", "window_s", "warmup_s", "max_windows", "min_windows", "stability_pct",
-                      "rate", "mode", "threads", "instances", "timeout_s", "rpc")
+                      "rate", "mode", "threads", "instances", "timeout_s", "rpc", "client")
 
 
 def parse_int_list(text: str, name: str) -> list[int]:
