@@ -24,6 +24,7 @@ install it with ``python3 -m workers.loadgen.perf_analyzer --install``.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import tempfile
 from collections.abc import Callable
@@ -154,7 +155,8 @@ def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: 
                                              "perf_analyzer" if who == "farm-pa" else "farm"))
                         runs[cell][who].append(fig)
     print(f"\n{name}: median of {rounds} round(s), {window:g} s windows; the hypervisor took {steal.pct:.1f} % "
-          f"of the CPU time meanwhile{steal_flag(steal.pct)}")
+          f"of the CPU time meanwhile{steal_flag(steal.pct)}; load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs (other tenants' processes share these cores)")
     print(f"  {'cell':22s} {'req/s farm':>10s} {'pa':>7s} {'ratio':>6s}  {'p50 farm':>8s} {'pa':>6s} {'ratio':>6s}  "
           f"{'p99 farm':>8s} {'pa':>6s} {'ratio':>6s}  {'late% farm':>10s} {'pa':>5s}  "
           f"{'CPU us/req farm':>15s} {'pa':>6s}  target")
