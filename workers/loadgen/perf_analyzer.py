@@ -2,12 +2,13 @@
 Analyzer drives it: its C++ hot loop sends the requests, farm keeps its own reading of them.
 
 perf_analyzer runs closed loop (``--concurrency-range``) or open loop (``--request-rate-range``, constant
-or Poisson) over unary KServe v2 gRPC, in windows of ``window_s`` until its last 3 agree within
-``stability_pct`` % (at most ``max_windows``). Its profile export (every request's send and answer times,
-the window edges) becomes farm's result: the same windows, latency percentiles over the last
-``min_windows``, histogram and stability check as farm's own generator; its late-send share (open loop)
-feeds the client-limited flag; the server's breakdown comes from its ModelStatistics figures (averages,
-in the details). It has no warm-up and no stream RPC.
+or Poisson) over unary KServe v2 gRPC, for 3 windows of ``window_s`` (``duration_s`` / 3 with a fixed
+duration): it writes nothing for a run it finds unstable, so farm takes its windows and judges their
+stability itself (an unstable run is kept and flagged, not extended to ``max_windows``). Its profile
+export (every request's send and answer times, the window edges) becomes farm's result: the same windows,
+latency percentiles over the last ``min_windows``, histogram and stability check as farm's own generator;
+its late-send share (open loop) feeds the client-limited flag; the server's breakdown comes from its
+ModelStatistics figures (averages, in the details). It has no warm-up and no stream RPC.
 
 Where it is: ``$FARM_PERF_ANALYZER`` or ``~/.cache/farm/perf_analyzer/perf_analyzer``; :func:`install`
 puts it there (the ``tritonclient`` 2.41.0 wheel's binary, Debian ``libb64-0d`` and PyPI
@@ -44,6 +45,7 @@ BINARY_ENV = "FARM_PERF_ANALYZER"
 CLIENT_NAME = "perf_analyzer"
 LATE_RE = re.compile(r"([\d.]+)% of the requests were delayed")
 EXTRA_S = 60.0  # how long perf_analyzer may take beyond its windows (start, connect, metadata)
+PA_WINDOWS = 3  # perf_analyzer's fewest windows: the ones it measures for farm
 
 
 def binary() -> Path:
@@ -112,11 +114,12 @@ def command(url: str, model_name: str, inputs: list[TensorSpec], batch_size: int
             settings: MeasurementSettings, export: Path, table: Path) -> list[str]:
     """perf_analyzer's command line for one job. The batch goes into each input's shape: farm's server
     declares no max batch size, so perf_analyzer sends shapes as given."""
-    window_s = settings.window_s if settings.duration_s is None else settings.duration_s / 3
-    stable_pct = settings.stability_pct if settings.duration_s is None else 1000.0  # fixed: its first 3
+    window_s = settings.window_s if settings.duration_s is None else settings.duration_s / PA_WINDOWS
+    # perf_analyzer writes nothing for a run it finds unstable, where farm keeps the result and flags it:
+    # it measures PA_WINDOWS windows, always reported (stability bound far out of reach); farm judges them
     cmd = [str(binary()), "-m", model_name, "-u", url, "-i", "grpc", "--measurement-interval",
-           str(max(1, round(window_s * 1000))), "--stability-percentage", f"{stable_pct:g}",
-           "--max-trials", str(max(3, settings.max_windows)), "--percentile", "99",
+           str(max(1, round(window_s * 1000))), "--stability-percentage", "1000",
+           "--max-trials", str(PA_WINDOWS), "--percentile", "99",
            "--profile-export-file", str(export), "-f", str(table)]
     for spec in inputs:
         cmd += ["--shape", f"{spec.name}:" + ",".join(map(str, (batch_size, *spec.shape)))]
@@ -191,7 +194,7 @@ def run_perf_analyzer(url: str, model_name: str, inputs: list[TensorSpec], batch
     with tempfile.TemporaryDirectory() as tmp:
         export, table = Path(tmp) / "export.json", Path(tmp) / "table.csv"
         cmd = command(url, model_name, inputs, batch_size, concurrency, settings, export, table)
-        budget = settings.max_windows * (settings.duration_s or settings.window_s) + EXTRA_S
+        budget = PA_WINDOWS * (settings.duration_s or settings.window_s) + EXTRA_S
         out, code, busy = _run(cmd, min(settings.timeout_s, budget))
         if not export.is_file() or not table.is_file():
             tail = " / ".join(ln.strip() for ln in out.strip().splitlines()[-3:])
@@ -211,8 +214,9 @@ def run_perf_analyzer(url: str, model_name: str, inputs: list[TensorSpec], batch
                 late=late, busy_by_proc=[busy], stable=stable, first_error=None)
     metrics = _metrics(t, batch_size, settings.mode, len(windows))
     limited = client_limited(metrics)
-    notes = [f"measured by NVIDIA perf_analyzer {VERSION} (no warm-up; server breakdown: ModelStatistics "
-             "averages in details.server_breakdown_avg_us)"]
+    notes = [f"measured by NVIDIA perf_analyzer {VERSION}: {len(windows)} windows, no warm-up, stability judged "
+             "by farm (not extended to max_windows); server breakdown: ModelStatistics averages in "
+             "details.server_breakdown_avg_us"]
     if limited:
         notes.append(f"{metrics['late_send_pct']:.1f} % late sends; {CLIENT_LIMITED_NOTE} (its latency: "
                      "details.client_limited_latency)")
