@@ -127,6 +127,14 @@ def farm_server(model: Path, threads: int = 1, instances: int = 1,
                 cpu_set: set[int] | None = None, extra: tuple[str, ...] = ()) -> Iterator[str]:
     """farm's built-in server for ``model`` (name ``model``), pinned to ``cpu_set``, with ``extra`` server
     options (e.g. ``--max-queue-delay-us 500``); yields ``host:port`` once ready and always stops it."""
+    with farm_server_pid(model, threads, instances, cpu_set, extra) as (url, _):
+        yield url
+
+
+@contextmanager
+def farm_server_pid(model: Path, threads: int = 1, instances: int = 1, cpu_set: set[int] | None = None,
+                    extra: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
+    """:func:`farm_server`, yielding ``(host:port, server pid)`` (for samplers watching it)."""
     from workers.engines.ready import wait_ready
     from workers.runners.process import ServerProcess
 
@@ -140,4 +148,4 @@ def farm_server(model: Path, threads: int = 1, instances: int = 1,
         server.wait_port(START_TIMEOUT_S)
         url = f"127.0.0.1:{server.port}"
         wait_ready(url, "model", 30.0, alive=server.alive)
-        yield url
+        yield url, server.pid

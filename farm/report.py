@@ -12,6 +12,7 @@ from farm.errors import RequestError
 from schemas import COORDINATE_KEYS
 from schemas.job import JobStatus
 from schemas.metrics import BY_NAME
+from schemas.result import CLIENT_LIMITED_PCT, client_limited
 
 #: what a serving configuration is: a job's coordinates less its concurrency and edge profile
 SERVING_GROUP = tuple(k for k in COORDINATE_KEYS if k not in ("concurrency", "edge_profile"))
@@ -74,6 +75,9 @@ def _why_not(row: dict[str, Any], constraints: list[Constraint], require_stable:
         return f"{row['status']}: {row.get('error') or 'no result'}"
     if require_stable and row.get("stable") is False:
         return "measurement did not stabilise"
+    if client_limited(row):
+        return (f"client-limited: over {CLIENT_LIMITED_PCT:g} % of its open-loop sends left late, so its latency "
+                "is not the server's")
     failed = [str(c) for c in constraints if not c.holds(row)]
     return f"violates {', '.join(failed)}" if failed else None
 

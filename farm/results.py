@@ -26,7 +26,7 @@ COORDINATE_COLUMNS = COORDINATE_KEYS
 #: per-job serving dimensions kept in the job's spec (``jobs.spec -> measurement``; ``schemas.SERVING_KEYS``)
 MEASUREMENT_COLUMNS = SERVING_KEYS
 #: what makes two jobs (of the same or of different requests) repeats of one measurement
-CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "rpc")
+CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "rpc", "client")
 #: how a row was measured (the ``measured`` column): serving jobs end to end through a gRPC client, edge
 #: jobs inside the container with no transport, so an edge row's throughput is not comparable to a serving one
 MEASURED_SERVING = "end-to-end over gRPC ({rpc} calls: client, network stack, server)"
@@ -66,11 +66,13 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     with session_scope() as s:
         rows = s.execute(stmt).all()
     names = JOB_COLUMNS + PLACEMENT_COLUMNS + METRIC_NAMES
-    rpc = (req.spec.get("measurement") or {}).get("rpc", "unary")  # how every job of it was driven
+    measurement = req.spec.get("measurement") or {}  # how every job of it was driven, and by which client
+    rpc, client = measurement.get("rpc", "unary"), measurement.get("client", "farm")
     out = []
-    for *values, measurement in rows:
+    for *values, job_measurement in rows:
         row = dict(zip(names, values, strict=True))
-        r = {**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **serving_values(measurement), **row, "rpc": rpc}
+        r = {**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **serving_values(job_measurement), **row, "rpc": rpc,
+             "client": client}
         out.append({**r, "measured": measured(r)})
     if any(serving_values(None) != {k: r[k] for k in SERVING_KEYS} for r in out):
         out.sort(key=_matrix_order)  # several serving configurations: each one's concurrency steps together

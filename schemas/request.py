@@ -149,6 +149,10 @@ class MeasurementSettings(_Strict):
         default="unary",
         description="how the load generator calls the server: unary ModelInfer calls (what most clients "
                     "do) or ModelStreamInfer streams (cheaper per request on both ends)")
+    client: Literal["farm", "perf_analyzer"] = Field(
+        default="farm",
+        description="which client sends the load: farm's generator, or NVIDIA perf_analyzer where installed "
+                    "(unary calls only; farm reads its per-request export into the same windows and figures)")
 
     @model_validator(mode="after")
     def _check(self) -> MeasurementSettings:

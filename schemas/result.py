@@ -1,6 +1,7 @@
 """The outcome of one job: metric values keyed by the metric registry's names."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
@@ -30,6 +31,21 @@ class Placement(BaseModel):
 PLACEMENT_COLUMNS: tuple[str, ...] = tuple(Placement.model_fields)
 SHARED_NOTE = ("another farm job ran on this host during the measurement without core isolation "
                "(FARM_ISOLATION=off or an older worker): rerun it before comparing")
+
+
+CLIENT_LIMITED_PCT = 1.0  # open loop: more late sends (%) than this and the run measured its own client
+CLIENT_LIMITED_NOTE = (f"client-limited: over {CLIENT_LIMITED_PCT:g} % of its open-loop sends left more than 1 ms "
+                       "late, so its latency measured the load generator as much as the server and is not "
+                       "reported; give the load generator its own cores, lower the rate or use --client "
+                       "perf_analyzer")
+
+
+def client_limited(row: Mapping[str, Any]) -> bool:
+    """True for a results row (or metrics) whose open-loop late sends (``late_send_pct``) exceed
+    ``CLIENT_LIMITED_PCT``: latency counts from the schedule, so the client's lateness would be charged
+    to the server. Derived from the stored metric, so merged repeats are judged on their mean."""
+    late = row.get("late_send_pct")
+    return late is not None and float(late) > CLIENT_LIMITED_PCT
 
 
 def shared_unisolated(row: dict[str, Any]) -> bool:

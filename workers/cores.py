@@ -15,9 +15,9 @@ Every farm process on a host shares one directory (``FARM_HOST_LOCK_DIR``, defau
 How many cores a job takes (``cores_for``) depends on the job and the host, never on contention, so a job
 measures the same alone or among others: a serving job takes ``FARM_JOB_CORES`` (0: all cores allowed to
 this process, divided among the worker's slots, at least 2); an edge job its profile's cpuset, or
-``ceil(cpus)`` cores. When fewer are free, the job waits. Within a lease of 4 or more cores the load
-generator gets its own ``ceil(n/4)`` (``split``); below that server and load generator share the lease's
-cores, as they share the host when a job runs alone. ``FARM_ISOLATION=off`` takes no core locks (the
+``ceil(cpus)`` cores. When fewer are free, the job waits. Within a lease of 2 or more cores the load
+generator gets its own ``ceil(n/4)`` (``split``), disjoint from the server's; a 1-core lease is shared.
+``FARM_ISOLATION=off`` takes no core locks (the
 journal still records the job, so results say they shared the host).
 """
 from __future__ import annotations
@@ -88,8 +88,9 @@ def cores_for(spec: JobSpec, allowed: list[int], slots: int = 1, job_cores: int 
 
 def split(cores: list[int]) -> tuple[list[int], list[int]]:
     """(server cores, load-generator cores) of a lease: the last ``ceil(n/4)`` cores for the load generator
-    when the lease has 4 or more, else both share all of them."""
-    if len(cores) < 4:
+    when the lease has 2 or more (disjoint sets: a client sharing the server's cores charges its own CPU
+    time to the server, ``benchmarks/vs_perf_analyzer.py``), else both share the one core."""
+    if len(cores) < 2:
         return list(cores), list(cores)
     k = math.ceil(len(cores) / 4)
     return list(cores[:-k]), list(cores[-k:])

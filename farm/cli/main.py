@@ -65,6 +65,8 @@ def submit(
                                       "walks or bisects concurrency per serving configuration)."),
     p99: float | None = typer.Option(None, "--p99", help="Quick search latency budget, ms: the highest "
                                      "throughput with p99 within it."),
+    client: str | None = typer.Option(None, "--client", help="farm (default) | perf_analyzer: the load "
+                                      "generator (perf_analyzer: where installed, unary only)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
     wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"request_id\": ...} (and results with --wait)."),
@@ -80,7 +82,8 @@ def submit(
                               dict(duration_s=duration, max_windows=windows, window_s=window, warmup_s=warmup,
                                    stability_pct=stability, rate=rate, mode=mode, threads=threads,
                                    instances=instances, timeout_s=timeout, rpc=rpc, max_queue_delay_us=queue_delay,
-                                   preferred_batch_size=preferred_batch, search=search, p99_ms=p99))
+                                   preferred_batch_size=preferred_batch, search=search, p99_ms=p99,
+                                   client=client))
     request = ProfileRequest.model_validate(data)
     _prepare_db()
     settings = get_settings()
@@ -188,12 +191,14 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: 
             title += f" merged with {', '.join(find_request(rid).id for rid in merge_with)}"
         if rows and rows[0]["rpc"] == "stream":
             title += " (load over ModelStreamInfer streams)"
+        if rows and rows[0].get("client", "farm") != "farm":
+            title += f" (load sent by {rows[0]['client']})"
         console.print(views.results_table(rows, title=title))
         for line in views.measured_lines(rows):
             console.print(line, highlight=False)
         for line in views.error_lines(rows):
             console.print(f"[red]{line}[/]", highlight=False)
-        for line in views.steal_lines(rows) + views.shared_lines(rows):
+        for line in views.steal_lines(rows) + views.shared_lines(rows) + views.client_limited_lines(rows):
             console.print(f"[yellow]{line}[/]", highlight=False)
 
 

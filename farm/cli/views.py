@@ -13,9 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 from schemas.metrics import BY_NAME
-from schemas.result import SHARED_NOTE, shared_unisolated
+from schemas.result import CLIENT_LIMITED_NOTE, SHARED_NOTE, client_limited, shared_unisolated
 
 SHARED_MARK = "!"  # after a job id: measured beside another farm job without core isolation
+CLIENT_LIMITED_MARK = "~"  # after a job id: open-loop run whose own late sends exceeded the limit
 
 #: the CLI's consoles; piped output is not squeezed to 80 columns (a terminal keeps its own width)
 console = Console() if sys.stdout.isatty() else Console(width=140)
@@ -76,7 +77,14 @@ def config_label(config: dict[str, Any]) -> str:
 
 def job_label(row: dict[str, Any]) -> str:
     """The short job id, marked when the job shared its host without isolation (see ``shared_lines``)."""
-    return row["job_id"][:6] + (SHARED_MARK if shared_unisolated(row) else "")
+    return (row["job_id"][:6] + (SHARED_MARK if shared_unisolated(row) else "")
+            + (CLIENT_LIMITED_MARK if client_limited(row) else ""))
+
+
+def client_limited_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The footnote for client-limited jobs (marked by ``job_label``): one line naming them (or none)."""
+    marked = [r["job_id"][:6] for r in rows if client_limited(r)]
+    return [f"{CLIENT_LIMITED_MARK} {', '.join(marked)}: {CLIENT_LIMITED_NOTE}"] if marked else []
 
 
 def shared_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -72,6 +72,25 @@ def test_stream_rpc_request_runs_and_says_so(tmp_path: Path) -> None:
     assert "ModelStreamInfer" in farm("results", rid).stdout
 
 
+def test_perf_analyzer_client_request_runs_and_says_so(tmp_path: Path) -> None:
+    """``--client perf_analyzer``: NVIDIA perf_analyzer sends the load, farm reads it; rows and table say so."""
+    from workers.loadgen.perf_analyzer import missing
+
+    if why := missing():
+        pytest.skip(why)
+    model = tmp_path / "demo.onnx"
+    farm("example-model", str(model))
+    farm("submit", str(model), "--client", "perf_analyzer", *FAST)
+    rid = json.loads(farm("status", "--json").stdout)[0]["request_id"]
+    rows = json.loads(farm("results", rid, "--format", "json").stdout)
+    assert len(rows) == 1 and rows[0]["status"] == "succeeded", rows[0]["error"]
+    row = rows[0]
+    assert row["client"] == "perf_analyzer" and row["rpc"] == "unary" and row["requests_per_s"] > 0
+    assert row["latency_p50_ms"] is not None and row["latency_p50_ms"] <= row["latency_p99_ms"]
+    assert row["loadgen_cpus"] and row["server_cpus"]
+    assert "perf_analyzer" in farm("results", rid).stdout
+
+
 def test_results_merge_repeats_of_two_requests(tmp_path: Path) -> None:
     """Two requests of the same matrix read as one: each metric combined by its declared aggregation."""
     model = tmp_path / "demo.onnx"

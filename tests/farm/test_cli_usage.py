@@ -106,6 +106,7 @@ def test_misspelt_command_or_value_is_a_usage_error(args: list[str], needle: str
     (["results", "x", "--format", "xml"], "--format"),
     (["submit", "MODEL", "--mode", "burst"], "mode"),
     (["submit", "MODEL", "--rpc", "grpc"], "rpc"),
+    (["submit", "MODEL", "--client", "locust"], "client"),
 ])
 def test_bad_choice_exits_2_with_one_line(args: list[str], needle: str, example_onnx: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:

@@ -84,3 +84,11 @@ def test_report_groups_by_serving_configuration() -> None:
     assert [r["job_id"] for r in rep.best_per_serving] == ["e", "c", "b"]
     assert [(r["instances"], r["max_queue_delay_us"]) for r in rep.best_per_serving] == [(1, 500), (2, None),
                                                                                           (1, None)]
+
+
+def test_client_limited_measurements_are_not_ranked() -> None:
+    rows = [*ROWS[:4], _row("x", throughput_infer_per_s=999.0, late_send_pct=4.0),
+            _row("y", throughput_infer_per_s=998.0, latency_p99_ms=1.0, late_send_pct=0.5)]
+    rep = build_report(rows)
+    assert [r["job_id"] for r in rep.ranked][:1] == ["y"] and "x" not in [r["job_id"] for r in rep.ranked]
+    assert dict((r["job_id"], w) for r, w in rep.rejected)["x"].startswith("client-limited")

@@ -9,7 +9,7 @@ from farm.results import JOB_COLUMNS, METRIC_NAMES, merge_repeats
 def _row(job_id: str, batch: int, status: str = "succeeded", **metrics: Any) -> dict[str, Any]:
     row: dict[str, Any] = dict.fromkeys(JOB_COLUMNS + METRIC_NAMES)
     row.update(job_id=job_id, device="cpu", engine="onnxruntime", batch_size=batch, concurrency=1,
-               edge_profile=None, status=status, attempts=1, rpc="unary", **metrics)
+               edge_profile=None, status=status, attempts=1, rpc="unary", client="farm", **metrics)
     return row
 
 
@@ -48,3 +48,17 @@ def test_repeats_of_different_serving_configurations_stay_apart() -> None:
     merged = merge_repeats(rows)
     assert [(r["job_id"], r["repeats"], r["throughput_infer_per_s"]) for r in merged] == [
         ("i1", 2, 15.0), ("i2", 1, 30.0), ("q5", 1, 50.0)]
+
+
+def test_client_limited_runs_are_marked_and_repeats_judged_on_their_mean_late_sends() -> None:
+    from farm.cli.views import CLIENT_LIMITED_MARK, client_limited_lines, job_label
+
+    rows = [_row("a1", 1, throughput_infer_per_s=10.0, late_send_pct=0.2),
+            _row("a2", 1, throughput_infer_per_s=30.0, late_send_pct=3.0),
+            _row("b1", 2, throughput_infer_per_s=99.0)]  # closed loop: no late count
+    assert [job_label(r) for r in rows] == ["a1", "a2" + CLIENT_LIMITED_MARK, "b1"]
+    lines = client_limited_lines(rows)
+    assert len(lines) == 1 and "a2" in lines[0] and "a1" not in lines[0] and "client-limited" in lines[0]
+    a, b = merge_repeats(rows)
+    assert a["late_send_pct"] == 1.6 and job_label(a) == "a1" + CLIENT_LIMITED_MARK
+    assert client_limited_lines([b]) == []

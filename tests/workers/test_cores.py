@@ -72,7 +72,8 @@ def test_how_many_cores_a_job_takes_depends_on_the_job_and_host_only() -> None:
     assert cores_for(_spec(EdgeProfile(cpus=1.5, memory="256m")), eight) == 2
     assert cores_for(_spec(EdgeProfile(cpus=1, memory="256m", cpuset="2-3")), eight) == [2, 3]
     assert cores_for(_spec(EdgeProfile(cpus=1, memory="256m", cpuset="99")), eight) == 1  # not ours: any one
-    assert split([0, 1]) == ([0, 1], [0, 1])  # small leases: server and load generator share
+    assert split([0, 1]) == ([0], [1])  # disjoint from 2 cores on: the client never runs on the server's
+    assert split([3]) == ([3], [3])  # one core: nothing to split
     assert split(list(range(8))) == ([0, 1, 2, 3, 4, 5], [6, 7])
 
 
@@ -96,7 +97,7 @@ def test_two_processes_wanting_all_cores_take_turns(tmp_path: Path) -> None:
     for out in (out1, out2):
         placement = json.loads(out)
         assert placement["isolated"] is True and placement["host_shared"] is False  # one after the other
-        assert placement["server_cpus"] == cpu_list(CORES)
+        assert placement["server_cpus"] == cpu_list(split(CORES)[0])  # the whole host, the client's share apart
     assert list((tmp_path / "wait").iterdir()) == []
 
 

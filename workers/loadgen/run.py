@@ -13,6 +13,7 @@ import numpy as np
 
 from farm.errors import LoadGenError
 from schemas import MeasurementSettings, TensorSpec
+from schemas.result import CLIENT_LIMITED_NOTE, client_limited
 from workers import grpc_env
 from workers.loadgen import stats
 from workers.loadgen.drivers import Driver, ProcessDriver, ThreadDriver
@@ -30,6 +31,7 @@ from workers.loadgen.worker import WorkerConfig
 
 BUSY_LIMIT_PCT = 80.0  # a client process busier than this cannot be trusted to keep up
 LATE_LIMIT_PCT = 5.0  # open loop: more late sends than this during warm-up means the client lags
+CLIENT_NAME = "farm"  # which client measured a result (details "client"), beside its RPC (details "rpc")
 SPAWN_TIMEOUT_S = 60.0  # worker processes must be connected and ready within this (plus connect timeout)
 START_DELAY_S = 0.05  # margin between "go" and the shared start time (threads)
 START_DELAY_PROC_S = 0.25  # the same for worker processes
@@ -123,7 +125,8 @@ def _wait_ready(driver: Driver, connect_timeout_s: float) -> None:
     """Wait until every worker reported Ready; raise LoadGenError on a worker error or after the timeout."""
     n = driver.n
     ready: set[int] = set()
-    deadline = time.monotonic() + connect_timeout_s + (SPAWN_TIMEOUT_S if n > 1 else 5.0)
+    spawned = isinstance(driver, ProcessDriver)
+    deadline = time.monotonic() + connect_timeout_s + (SPAWN_TIMEOUT_S if spawned else 5.0)
     while len(ready) < n:
         for i, msg in driver.recv(0.05):
             if isinstance(msg, WorkerError):
@@ -215,7 +218,7 @@ def _drive(driver: Driver, settings: MeasurementSettings, batch_size: int, mode:
            escalate_cap: int, concurrency: int, connect_timeout_s: float) -> _Outcome:
     """Run the workers of ``driver`` through warm-up and windows; stop on stability, errors or time."""
     _wait_ready(driver, connect_timeout_s)
-    t_start = time.monotonic() + (START_DELAY_PROC_S if driver.n > 1 else START_DELAY_S)
+    t_start = time.monotonic() + (START_DELAY_PROC_S if isinstance(driver, ProcessDriver) else START_DELAY_S)
     driver.go(t_start)
     return _Coordinator(driver, settings, batch_size, mode, escalate_cap, concurrency, t_start).run()
 
@@ -294,16 +297,26 @@ def _totals(out: _Outcome, settings: MeasurementSettings, processes: int) -> _To
     )
 
 
+def late_pct(t: _Totals, mode: str) -> float | None:
+    """Open loop: the share (%) of sends that left late; None in closed loop."""
+    return (100.0 * t.late / t.sent if t.sent else 0.0) if mode != "closed" else None
+
+
 def _metrics(t: _Totals, batch_size: int, mode: str, windows: int) -> dict[str, float | int | bool | None]:
-    """The run's metrics, keyed by ``schemas.metrics`` names."""
+    """The run's metrics, keyed by ``schemas.metrics`` names. A client-limited run reports no latency
+    (its end-to-end latencies stay in the details, ``client_limited_latency``)."""
     queue, compute = t.queue, t.compute
+    late = late_pct(t, mode)
+    latency = stats.latency_metrics(t.lat, batch_size, t.duration)
+    if client_limited({"late_send_pct": late}):
+        latency = {k: (None if k.startswith("latency_") else v) for k, v in latency.items()}
     return {
-        **stats.latency_metrics(t.lat, batch_size, t.duration),
+        **latency,
         "server_queue_p50_ms": stats.percentile(queue, 50) if queue.size else None,
         "server_compute_p50_ms": stats.percentile(compute, 50) if compute.size else None,
         "server_compute_p99_ms": stats.percentile(compute, 99) if compute.size else None,
         "error_count": int(sum(t.errors.values())),
-        "late_send_pct": (100.0 * t.late / t.sent if t.sent else 0.0) if mode != "closed" else None,
+        "late_send_pct": late,
         "client_busy_pct": max(t.busy_by_proc),
         "stable": bool(t.stable),
         "windows": windows,
@@ -314,6 +327,9 @@ def _metrics(t: _Totals, batch_size: int, mode: str, windows: int) -> dict[str, 
 def _notes(out: _Outcome, t: _Totals, settings: MeasurementSettings) -> list[str]:
     """The coordinator's notes, then warnings about a busy client and an unstable measurement."""
     notes = list(out.notes)
+    late = late_pct(t, settings.mode)
+    if client_limited({"late_send_pct": late}):
+        notes.append(f"{late:.1f} % late sends; {CLIENT_LIMITED_NOTE} (its latency: details.client_limited_latency)")
     if max(t.busy_by_proc) > BUSY_LIMIT_PCT:
         notes.append(f"load generator process was {max(t.busy_by_proc):.0f} % busy: the client may limit "
                      "the result; give it more processes (processes=) or cores")
@@ -325,9 +341,12 @@ def _notes(out: _Outcome, t: _Totals, settings: MeasurementSettings) -> list[str
 
 def _details(out: _Outcome, t: _Totals, settings: MeasurementSettings, batch_size: int, mode: str,
              concurrency: int, processes: int) -> dict[str, Any]:
-    """Histograms, per-window figures, errors, warm-up counts and the plan the run used."""
+    """Histograms, per-window figures, errors, warm-up counts, the client and the plan the run used."""
+    limited = client_limited({"late_send_pct": late_pct(t, mode)})
     return {
-        "mode": mode, "rpc": settings.rpc, "rate": settings.rate if mode != "closed" else None,
+        "client": CLIENT_NAME, "client_limited": limited, "mode": mode, "rpc": settings.rpc,
+        "rate": settings.rate if mode != "closed" else None,
+        "client_limited_latency": stats.latency_metrics(t.lat, batch_size, t.duration) if limited else None,
         "concurrency": concurrency,
         "batch_size": batch_size, "processes": processes,
         "warmup_s": settings.warmup_s, "window_s": settings.window_s,
@@ -356,19 +375,28 @@ def _result(out: _Outcome, settings: MeasurementSettings, batch_size: int, mode:
 
 def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: int, concurrency: int,
              settings: MeasurementSettings, *, processes: int | None = None,
-             connect_timeout_s: float = 10.0, seed: int = 0) -> LoadResult:
+             connect_timeout_s: float = 10.0, seed: int = 0, in_process: bool = False) -> LoadResult:
     """Drive the KServe v2 gRPC server at ``url`` (``host:port``) with inference requests for
     ``model_name`` and measure latency and throughput; ``settings.rpc`` picks unary ModelInfer calls or
-    ModelStreamInfer streams.
+    ModelStreamInfer streams; ``settings.client`` farm's own generator or NVIDIA perf_analyzer
+    (``workers.loadgen.perf_analyzer``).
 
     Closed loop (``settings.mode == "closed"``): ``concurrency`` requests always outstanding, each a
     batch of ``batch_size``. Open loop (``constant``/``poisson``): ``settings.rate`` requests/s, latency
     counted from each request's scheduled send time. ``processes``: client processes to spread the load
-    over (None: one, more only when it cannot keep up and ``auto_process_cap()`` allows).
+    over (None: one, more only when it cannot keep up and ``auto_process_cap()`` allows). Every client
+    process is one of its own, away from the caller's threads (a job's samplers, this coordinator) and
+    their GIL; ``in_process`` runs a single one as a thread of this process instead (a daemonic caller,
+    which may not start processes, always does). ``details["client_process"]`` says which.
     Raises LoadGenError when the server is unreachable or no request succeeded.
     """
     if batch_size < 1 or concurrency < 1:
         raise LoadGenError(f"batch_size and concurrency must be >= 1, got {batch_size} and {concurrency}")
+    if settings.client == "perf_analyzer":
+        from workers.loadgen.perf_analyzer import run_perf_analyzer
+
+        result: LoadResult = run_perf_analyzer(url, model_name, list(inputs), batch_size, concurrency, settings)
+        return result
     if processes is not None and processes < 1:
         raise LoadGenError(f"processes must be >= 1 or None, got {processes}")
     mode = settings.mode
@@ -392,7 +420,8 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
                          connect_timeout_s=connect_timeout_s, seed=seed + i, rpc=settings.rpc)
             for i, (c, r, phase) in enumerate(plan)
         ]
-        with (ThreadDriver(configs) if len(configs) == 1 else ProcessDriver(configs)) as driver:
+        threaded = len(configs) == 1 and (in_process or mp.current_process().daemon)
+        with (ThreadDriver(configs) if threaded else ProcessDriver(configs)) as driver:
             out = _drive(driver, settings, batch_size, mode, cap, concurrency, connect_timeout_s)
         if out.escalate_to is None:
             break
@@ -400,8 +429,9 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
         notes.append(f"one client process was {w.busy_pct:.0f} % busy ({w.late} of {w.sent} sends "
                      f"late) during warm-up; re-ran with {out.escalate_to} processes")
         n_proc, cap = out.escalate_to, 1
-    if len(configs) == 1 and not grpc_env.EFFECTIVE:  # one client: it ran in this process
+    if threaded and not grpc_env.EFFECTIVE:  # one client: it ran in this process
         notes.append(grpc_env.LATE_NOTE)
     result = _result(out, settings, batch_size, mode, concurrency, len(configs))
+    result.details["client_process"] = "thread of the measuring process" if threaded else "own process"
     result.details["notes"] = notes + result.details["notes"]
     return result

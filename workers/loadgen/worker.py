@@ -174,6 +174,11 @@ class LoadWorker:
         else:
             self._record_ok(start, done, msg.infer_response)
 
+    def _count_late(self, scheduled: float, issued: float) -> None:
+        """Count an open-loop send as late when the call was issued more than ``LATE_S`` after its schedule."""
+        if issued - scheduled > LATE_S:
+            self._late += 1
+
     def _record_err(self, done: float, name: str, text: str) -> None:
         self._err_t.append(done)
         self._err_name.append(name)
@@ -247,21 +252,21 @@ class LoadWorker:
         now = time.monotonic
         while not self._stopping:
             delay = t - WAKE_LEAD_S - now()
-            if delay > 0:
-                await asyncio.sleep(delay)
-                if self._stopping:
-                    return
+            # behind schedule: still yield once, so the calls sent so far start and answers are read
+            await asyncio.sleep(max(delay, 0.0))
+            if self._stopping:
+                return
             sent_at = now()
             self._sent += 1
-            if sent_at - t > LATE_S:
-                self._late += 1
             if sender.outstanding() >= cfg.max_outstanding:
+                self._count_late(t, sent_at)
                 self._record_err(sent_at, BACKLOG_STATUS,
                                  f"{BACKLOG_STATUS}: {cfg.max_outstanding} requests already in flight")
             else:
                 # latency counts from the schedule (a stall delays the schedule, not the clock) or from
-                # the actual send when it left a little early
-                await sender.send(min(t, sent_at))
+                # the actual send when it left a little early; the sender counts a late send when the
+                # call actually starts
+                await sender.send(t, sent_at)
             t += rng.expovariate(cfg.rate) if poisson else interval
 
     # ----------------------------------------------------------------- control
@@ -384,8 +389,9 @@ class _UnarySender:
     def outstanding(self) -> int:
         return len(self.inflight)
 
-    async def _one(self, start: float) -> None:
+    async def _one(self, scheduled: float, start: float) -> None:
         w = self.w
+        w._count_late(scheduled, time.monotonic())  # the call starts now, a loop turn after the send
         try:
             resp = await self.infer(w.cfg.request)
         except grpc.RpcError as exc:
@@ -394,8 +400,8 @@ class _UnarySender:
             return
         w._record_ok(start, time.monotonic(), resp)
 
-    async def send(self, start: float) -> None:
-        task = asyncio.get_running_loop().create_task(self._one(start))
+    async def send(self, scheduled: float, sent_at: float) -> None:
+        task = asyncio.get_running_loop().create_task(self._one(scheduled, min(scheduled, sent_at)))
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
 
@@ -446,13 +452,15 @@ class _StreamSender:
         if self.call is call:
             self.call = None
 
-    async def send(self, start: float) -> None:
+    async def send(self, scheduled: float, sent_at: float) -> None:
+        start = min(scheduled, sent_at)
         if self.call is None:
             self.call = self.open_stream()
             self.reader = asyncio.create_task(self._read(self.call))
         rid = str(self.next_id)
         self.next_id += 1
         self.pending[rid] = start
+        self.w._count_late(scheduled, time.monotonic())
         try:
             await self.call.write(with_id(self.w.cfg.request, rid))
         except (grpc.RpcError, asyncio.InvalidStateError) as exc:

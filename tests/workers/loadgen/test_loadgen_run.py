@@ -24,9 +24,15 @@ def _metric_windows(r: LoadResult) -> list[dict[str, Any]]:
     return [w for w in r.details["windows"] if first <= w["k"] <= last]
 
 
+def _latency(r: LoadResult) -> dict[str, Any]:
+    """The metrics with the latency a client-limited run keeps in its details put back (this host is shared:
+    an open-loop test run may send late)."""
+    return {**r.metrics, **(r.details["client_limited_latency"] or {})}
+
+
 def _check_consistent(r: LoadResult, batch: int) -> None:
     """Counts agree across metrics, windows and the histogram; keys are registry names."""
-    m = r.metrics
+    m = _latency(r)
     assert set(m) <= set(BY_NAME), set(m) - set(BY_NAME)
     used = _metric_windows(r)
     n_ok = sum(w["requests"] for w in used)
@@ -42,7 +48,7 @@ def _check_consistent(r: LoadResult, batch: int) -> None:
     assert 0 < m["client_busy_pct"] < 1000
     hist_p50 = stats.histogram_quantile(r.details["latency_histogram"], 50)
     assert hist_p50 == pytest.approx(m["latency_p50_ms"], rel=0.1)
-    assert json.loads(json.dumps({"metrics": m, "details": r.details}))["metrics"] == m  # storable
+    assert json.loads(json.dumps({"metrics": r.metrics, "details": r.details}))["metrics"] == r.metrics  # storable
 
 
 @pytest.mark.parametrize("rpc", ["unary", "stream"])
@@ -89,7 +95,7 @@ def test_open_loop_stall_shows_in_tail(fake_server, rpc: str) -> None:
                                    rpc=rpc)
     with fake_server("--stall-after-s", "1.2", "--stall-ms", "200") as url, StallWatch() as stalls:
         r = run_load(url, "model", INPUTS, 1, 1, settings)
-    m = r.metrics
+    m = _latency(r)
     assert m["latency_max_ms"] >= 150
     assert m["latency_p99_ms"] >= 150
     assert m["late_send_pct"] is not None and 0 <= m["late_send_pct"] <= 100
@@ -205,3 +211,39 @@ def test_hung_server_raises_after_first_window(fake_server, rpc: str) -> None:
     with fake_server("--compute-ms", "60000") as url:
         with pytest.raises(LoadGenError, match="no request succeeded.*no responses at all"):
             run_load(url, "model", INPUTS, 1, 2, MeasurementSettings(**QUICK, rpc=rpc))
+
+
+def test_client_limited_threshold() -> None:
+    """More than 1 % late sends flags a run; closed loop (no late count) never is."""
+    from schemas.result import CLIENT_LIMITED_PCT, client_limited
+
+    assert client_limited({"late_send_pct": CLIENT_LIMITED_PCT + 0.5})
+    assert not client_limited({"late_send_pct": CLIENT_LIMITED_PCT}) and not client_limited({"late_send_pct": None})
+    assert not client_limited({})
+
+
+def test_open_loop_beyond_the_client_is_flagged_client_limited(fake_server) -> None:
+    """An open-loop rate one client process cannot send on time: the run is flagged client-limited, its
+    latency is not reported as the server's (kept in the details) and a note says what to do."""
+    # 8000 req/s: beyond one Python process's ~100 us of CPU per request, below the 10000 in flight allowed
+    settings = MeasurementSettings(mode="constant", rate=8000, warmup_s=0.2, window_s=0.3, duration_s=0.6)
+    with fake_server() as url:
+        r = run_load(url, "model", INPUTS, 1, 1, settings, processes=1)
+    m = r.metrics
+    assert m["late_send_pct"] is not None and m["late_send_pct"] > 1.0
+    assert r.details["client_limited"] is True
+    assert all(m[name] is None for name in PCTS) and m["latency_mean_ms"] is None
+    kept = r.details["client_limited_latency"]
+    assert kept["latency_p50_ms"] > 0 and m["requests_per_s"] == kept["requests_per_s"]
+    assert any("client-limited:" in n for n in r.details["notes"])
+    assert r.details["client"] == "farm" and r.details["rpc"] == "unary"
+    assert r.details["client_process"] == "own process"
+
+
+def test_closed_loop_is_never_client_limited(fake_server) -> None:
+    settings = MeasurementSettings(warmup_s=0.2, window_s=0.3, duration_s=0.6)
+    with fake_server() as url:
+        r = run_load(url, "model", INPUTS, 1, 1, settings, in_process=True)
+    assert r.details["client_limited"] is False and r.metrics["latency_p50_ms"] is not None
+    assert r.details["client_limited_latency"] is None
+    assert r.details["client_process"] == "thread of the measuring process"

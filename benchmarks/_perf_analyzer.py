@@ -1,0 +1,85 @@
+"""NVIDIA perf_analyzer run directly, as a user would, for ``vs_perf_analyzer.py``: its figures and its
+process's CPU time. Installing and finding it is ``workers.loadgen.perf_analyzer``'s (``python3 -m
+workers.loadgen.perf_analyzer --install``; ``.ci/run`` does it before the benchmarks).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import _serve  # noqa: F401 (puts the repository on sys.path)
+
+from workers.loadgen.perf_analyzer import VERSION, binary, env, missing
+
+__all__ = ["VERSION", "PaFigures", "binary", "missing", "run"]
+# perf_analyzer's windows must agree within this (%) before it reports; set wide so it always reports
+# its first 3 windows, as farm's fixed-duration runs do (this host is too noisy for 10 %)
+STABILITY_PCT = 1000
+
+
+@dataclass(frozen=True)
+class PaFigures:
+    """One perf_analyzer measurement: requests/s, client-side p50/p99 latency (ms), its process's CPU
+    seconds per request (us), and its late-send note (open loop) if it printed one."""
+
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    cpu_us_per_request: float
+    warning: str | None
+
+
+def run(url: str, model: str, shape: str, *, concurrency: int | None = None,
+        rate: float | None = None, distribution: str = "constant", window_ms: int = 2000,
+        cpu_set: set[int] | None = None) -> PaFigures:
+    """Measure ``model`` at ``url`` with input ``shape`` (``name:d0,d1,...``, batch dimension included:
+    farm's server declares no max batch size, so perf_analyzer sends the shape as given) over unary
+    gRPC (``-i grpc``, non-streaming, sync API as default):
+    closed loop at ``concurrency`` or open loop at ``rate`` req/s (``distribution`` constant|poisson),
+    ``window_ms`` per window; the figures are its first 3 windows' (``STABILITY_PCT``)."""
+    import psutil
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out_csv = Path(tmp) / "pa.csv"
+        cmd = [str(binary()), "-m", model, "-u", url, "-i", "grpc", "--shape", shape,
+               "--measurement-interval", str(window_ms), "--percentile", "50", "-f", str(out_csv),
+               "--max-trials", "10", "--stability-percentage", str(STABILITY_PCT)]
+        if rate is not None:
+            cmd += ["--request-rate-range", f"{rate:g}", "--request-distribution", distribution]
+        else:
+            cmd += ["--concurrency-range", str(concurrency or 1)]
+        proc = psutil.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if cpu_set:
+            proc.cpu_affinity(sorted(cpu_set))
+        cpu = 0.0
+        try:
+            while proc.poll() is None:
+                try:
+                    t = proc.cpu_times()
+                    cpu = t.user + t.system + t.children_user + t.children_system
+                except psutil.Error:
+                    pass
+                try:
+                    proc.wait(0.05)
+                except psutil.TimeoutExpired:
+                    pass
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        text = proc.stdout.read() if proc.stdout else ""
+        if proc.returncode != 0 or not out_csv.is_file():
+            raise RuntimeError(f"perf_analyzer failed (exit {proc.returncode}): {text.strip()[-400:]}")
+        row = next(csv.DictReader(io.StringIO(out_csv.read_text())))
+    rps = float(row["Inferences/Second"])  # one request per inference: no batch dimension declared
+    warn = next((ln.strip() for ln in text.splitlines() if "WARNING" in ln.upper() and "delay" in ln.lower()), None)
+    # perf_analyzer's CPU covers every trial; its requests: windows x rate; the CPU per request is
+    # therefore its whole CPU over (all trials' requests) -- approximated by the number of windows run
+    trials = max(1, sum(1 for ln in text.splitlines() if ln.strip().startswith("Pass [")))
+    requests = rps * window_ms / 1e3 * trials
+    return PaFigures(requests_per_s=rps, p50_ms=float(row["p50 latency"]) / 1e3,
+                     p99_ms=float(row["p99 latency"]) / 1e3, cpu_us_per_request=cpu / max(requests, 1) * 1e6,
+                     warning=warn)
