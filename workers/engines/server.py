@@ -124,16 +124,12 @@ class _Model:
             t.start()
 
     def config(self) -> object:
-        """A Triton-style ModelConfig of what is served (tensors omitted when the engine cannot tell)."""
-        from workers.engines.triton import model_config
+        """A Triton-style ModelConfig of what is served (see workers.engines.repository.served_config)."""
+        from workers.engines.repository import served_config
 
         c = self.cfg
-        try:
-            return model_config(c.model_name, c.model_format, self.inputs, self.outputs,
-                                max_batch_size=0, instances=c.instances, device=c.device, threads=c.threads)
-        except ServerError:
-            return model_config(c.model_name, c.model_format, [], [], max_batch_size=0,
-                                instances=c.instances, device=c.device, threads=c.threads)
+        return served_config(c.model_name, c.model_format, c.engine, self.inputs, self.outputs,
+                             instances=c.instances, device=c.device, threads=c.threads)
 
     def _work(self, backend: Backend) -> None:
         """One instance's thread: take the next request, run it on this thread's own backend, hand the
@@ -249,6 +245,11 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         if not self._known(request.name, request.version):
             await self._not_found(context, request.name)
         return pb.ModelConfigResponse(config=self.model.config())
+
+    async def RepositoryIndex(self, request, context):  # noqa: N802
+        from workers.engines.repository import repository_index
+
+        return repository_index(self.name, MODEL_VERSION, ready=True)
 
     async def ModelStatistics(self, request, context):  # noqa: N802
         if request.name and not self._known(request.name, request.version):
