@@ -39,7 +39,8 @@ def find_request(request_id: str) -> Request:
 
 def result_rows(request_id: str) -> list[dict[str, Any]]:
     """Every job of the request with where it was measured (``schemas.Placement`` fields) and its result
-    metrics (None where not measured), in matrix order."""
+    metrics (None where not measured), in matrix order; ``rpc`` and ``input_data`` (``random``, ``zeros``
+    or ``file:NAME``) say how the request drove its jobs."""
     req = find_request(request_id)
     metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + METRIC_NAMES]
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
@@ -52,7 +53,9 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
         rows = s.execute(stmt).all()
     names = JOB_COLUMNS + PLACEMENT_COLUMNS + METRIC_NAMES
     rpc = (req.spec.get("measurement") or {}).get("rpc", "unary")  # how every job of it was driven
-    return [{**dict(zip(names, row, strict=True)), "rpc": rpc} for row in rows]
+    data = req.spec.get("input_data") or {"kind": "random"}  # which values every job of it sent
+    input_data = f"file:{data.get('source')}" if data.get("kind") == "file" else data.get("kind", "random")
+    return [{**dict(zip(names, row, strict=True)), "rpc": rpc, "input_data": input_data} for row in rows]
 
 
 def model_static_metrics(model_sha256: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from farm.artifacts import store_model
 from farm.db.models import Job, Request, utcnow
 from farm.db.session import session_scope
 from farm.errors import RequestError, SchedulerError
+from farm.input_data import resolve_input_data
 from farm.models.info import inspect_model
 from farm.results import live_workers
 from farm.settings import get_settings
@@ -31,6 +32,7 @@ class Submission:
 
     request_id: str
     expansion: Expansion
+    request: ProfileRequest | None = None  # as expanded: its input data file read and checked
 
 
 def online_gpu_products(session: Session) -> list[str]:
@@ -48,6 +50,9 @@ def plan(request: ProfileRequest, request_id: str | None = None) -> tuple[Submis
                            f"visibility timeout ({settings.visibility_timeout_s} s, FARM_VISIBILITY_TIMEOUT_S)")
     ref = ModelRef(sha256=info.sha256, format=info.format, filename=path.name, inputs=tuple(info.inputs),
                    static_batch=info.static_batch)
+    data = resolve_input_data(request.input_data, list(info.inputs))
+    if data is not request.input_data:
+        request = request.model_copy(update={"input_data": data})
     rid = request_id or str(uuid.uuid4())
     with session_scope() as s:
         products = online_gpu_products(s)
@@ -58,7 +63,7 @@ def plan(request: ProfileRequest, request_id: str | None = None) -> tuple[Submis
     if len(expansion.jobs) > settings.job_limit:
         raise RequestError(f"the request expands to {len(expansion.jobs)} jobs, above the limit of "
                            f"{settings.job_limit}; shrink the matrix or raise FARM_JOB_LIMIT")
-    return Submission(rid, expansion), path, ref
+    return Submission(rid, expansion, request), path, ref
 
 
 def submit(request: ProfileRequest, send: bool | None = None) -> Submission:
@@ -68,6 +73,7 @@ def submit(request: ProfileRequest, send: bool | None = None) -> Submission:
     re-enqueues them; it is reported as a SchedulerError.
     """
     sub, path, ref = plan(request)
+    request = sub.request or request
     with session_scope() as s:
         store_model(s, path, ref.sha256, ref.format, [t.model_dump(mode="json") for t in ref.inputs])
         s.add(Request(id=sub.request_id, name=request.name, model_sha256=ref.sha256,

@@ -73,7 +73,8 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
     result = Expansion(excluded=excluded)
     inputs = list(model.inputs)
     common: dict[str, Any] = dict(request_id=request_id, model_sha256=model.sha256, model_format=model.format,
-                  model_filename=model.filename, inputs=inputs, measurement=request.measurement)
+                  model_filename=model.filename, inputs=inputs, measurement=request.measurement,
+                  input_data=request.input_data)
     batches = [b for b in request.batch_sizes if model.static_batch in (None, b)]
     for b in request.batch_sizes:
         if b not in batches:

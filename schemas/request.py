@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 
 from schemas.dtypes import DTYPES
 from schemas.engines import ENGINES
+from schemas.input_data import InputData
 
 _MEMORY_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgKMG]?)(?:i?[bB])?$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -66,6 +67,20 @@ class TensorSpec(_Strict):
         if any(d <= 0 for d in v):
             raise ValueError(f"shape {list(v)} has a dimension <= 0; give concrete sizes (batch excluded)")
         return v
+
+    value_range: tuple[float, float] | None = Field(
+        default=None, description="random values in [low, high] (integers: both ends included); "
+                                  "--input ids:INT64:128:0..30521")
+
+    @model_validator(mode="after")
+    def _range(self) -> TensorSpec:
+        r = self.value_range
+        if r is not None:
+            if r[0] > r[1]:
+                raise ValueError(f"input {self.name!r}: value range {r[0]:g}..{r[1]:g} has low > high")
+            if not self.dtype.startswith(("FP", "BOOL")) and any(v != int(v) for v in r):
+                raise ValueError(f"input {self.name!r} is {self.dtype}: its value range needs whole numbers")
+        return self
 
 
 class EdgeProfile(_Strict):
@@ -174,6 +189,7 @@ class ProfileRequest(_Strict):
     edge: list[EdgeProfile] = Field(default_factory=list)
     measurement: MeasurementSettings = Field(default_factory=MeasurementSettings)
     name: str | None = Field(default=None, max_length=200)
+    input_data: InputData | None = Field(default=None, description="random (default), zeros or a file's rows")
 
     @field_validator("devices")
     @classmethod

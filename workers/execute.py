@@ -42,7 +42,7 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     with Measurement(spec, gpu_uuids or [], slots) as m, runner.serve(spec, model_path, m.server_cpus) as target:
         with m.watch(Served(pid=target.pid, cgroup=target.cgroup_path, reused=target.reused)):
             load = run_load(target.url, target.model_name, spec.inputs, spec.batch_size, spec.concurrency,
-                            spec.measurement)
+                            spec.measurement, data=spec.input_data)
     metrics: dict[str, Any] = {**load.metrics, **m.metrics()}
     details: dict[str, Any] = {"load": load.details, "runner": runner.name, "notes": [*target.notes, *m.notes],
                                "wall_s": round(time.monotonic() - started, 3), **m.details()}

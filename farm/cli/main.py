@@ -58,6 +58,8 @@ def submit(
     threads: int | None = typer.Option(None, "--threads", help="Server intra-op threads (0 = default)."),
     instances: int | None = typer.Option(None, "--instances", help="Server model instances."),
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
+    input_data: str | None = typer.Option(None, "--input-data", help="random (default) | zeros | FILE (.npz or "
+                                          ".json, one array per input, rows cycled)."),
     wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"request_id\": ...} (and results with --wait)."),
 ) -> None:
@@ -71,7 +73,8 @@ def submit(
                               model_format, name,
                               dict(duration_s=duration, max_windows=windows, window_s=window, warmup_s=warmup,
                                    stability_pct=stability, rate=rate, mode=mode, threads=threads,
-                                   instances=instances, timeout_s=timeout, rpc=rpc))
+                                   instances=instances, timeout_s=timeout, rpc=rpc),
+                              extra=dict(input_data=input_data))
     request = ProfileRequest.model_validate(data)
     _prepare_db()
     settings = get_settings()

@@ -13,6 +13,7 @@ import numpy as np
 
 from farm.errors import LoadGenError
 from schemas import MeasurementSettings, TensorSpec
+from schemas.input_data import InputData
 from workers import grpc_env
 from workers.loadgen import stats
 from workers.loadgen.drivers import Driver, ProcessDriver, ThreadDriver
@@ -356,7 +357,7 @@ def _result(out: _Outcome, settings: MeasurementSettings, batch_size: int, mode:
 
 def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: int, concurrency: int,
              settings: MeasurementSettings, *, processes: int | None = None,
-             connect_timeout_s: float = 10.0, seed: int = 0) -> LoadResult:
+             connect_timeout_s: float = 10.0, seed: int = 0, data: InputData | None = None) -> LoadResult:
     """Drive the KServe v2 gRPC server at ``url`` (``host:port``) with inference requests for
     ``model_name`` and measure latency and throughput; ``settings.rpc`` picks unary ModelInfer calls or
     ModelStreamInfer streams.
@@ -365,6 +366,8 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
     batch of ``batch_size``. Open loop (``constant``/``poisson``): ``settings.rate`` requests/s, latency
     counted from each request's scheduled send time. ``processes``: client processes to spread the load
     over (None: one, more only when it cannot keep up and ``auto_process_cap()`` allows).
+    ``data``: which values the tensors hold (None: random; see ``request.input_tensor``); the result's
+    details record it (``input_data``).
     Raises LoadGenError when the server is unreachable or no request succeeded.
     """
     if batch_size < 1 or concurrency < 1:
@@ -373,7 +376,7 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
         raise LoadGenError(f"processes must be >= 1 or None, got {processes}")
     mode = settings.mode
     try:
-        request = serialized_request(model_name, list(inputs), batch_size, seed)
+        request = serialized_request(model_name, list(inputs), batch_size, seed, data)
     except ValueError as exc:
         raise LoadGenError(f"cannot build the request: {exc}") from exc
     n_proc = processes or 1
@@ -404,4 +407,5 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
         notes.append(grpc_env.LATE_NOTE)
     result = _result(out, settings, batch_size, mode, concurrency, len(configs))
     result.details["notes"] = notes + result.details["notes"]
+    result.details["input_data"] = (data or InputData()).describe()
     return result
