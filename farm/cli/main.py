@@ -60,6 +60,9 @@ def submit(
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
     input_data: str | None = typer.Option(None, "--input-data", help="random (default) | zeros | FILE (.npz or "
                                           ".json, one array per input, rows cycled)."),
+    endpoint: str | None = typer.Option(None, "--endpoint", help="HOST:PORT of a running KServe v2 gRPC server "
+                                        "to profile instead of a model file (with --model-name)."),
+    served_name: str | None = typer.Option(None, "--model-name", help="The model to profile on --endpoint."),
     wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"request_id\": ...} (and results with --wait)."),
 ) -> None:
@@ -74,7 +77,7 @@ def submit(
                               dict(duration_s=duration, max_windows=windows, window_s=window, warmup_s=warmup,
                                    stability_pct=stability, rate=rate, mode=mode, threads=threads,
                                    instances=instances, timeout_s=timeout, rpc=rpc),
-                              extra=dict(input_data=input_data))
+                              extra=dict(input_data=input_data, endpoint=endpoint, model_name=served_name))
     request = ProfileRequest.model_validate(data)
     _prepare_db()
     settings = get_settings()
@@ -181,6 +184,8 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: 
             title += f" merged with {', '.join(find_request(rid).id for rid in merge_with)}"
         if rows and rows[0]["rpc"] == "stream":
             title += " (load over ModelStreamInfer streams)"
+        if rows and (rows[0].get("server") or rows[0].get("input_data", "random") != "random"):
+            title += "".join(f"; {k} {rows[0][k]}" for k in ("server", "input_data") if rows[0].get(k))
         console.print(views.results_table(rows, title=title))
         for line in views.error_lines(rows):
             console.print(f"[red]{line}[/]", highlight=False)
