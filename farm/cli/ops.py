@@ -75,7 +75,8 @@ def worker(
 def serve(
     model: Path = typer.Argument(..., help="Model file."),
     model_format: str | None = typer.Option(None, "--format", help="onnx | torchscript (default: detected)."),
-    engine: str | None = typer.Option(None, "--engine", help="onnxruntime | torchscript (default: by format)."),
+    engine: str | None = typer.Option(None, "--engine", help="onnxruntime | torchscript | openvino "
+                                      "(default: by format)."),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8001, "--port", help="gRPC port; 0 picks a free one."),
     device: str = typer.Option("cpu", "--device", help="cpu | gpu:<product>"),

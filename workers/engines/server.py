@@ -32,7 +32,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from farm.errors import FarmError, NotFoundError, ServerError
 from schemas.dtypes import parse_input_spec
-from schemas.engines import FORMAT_ENGINE
+from schemas.engines import FORMAT_ENGINE, IN_PROCESS, incompatibility
 from workers.engines.base import (
     COMPUTE_PARAM,
     QUEUE_PARAM,
@@ -86,12 +86,9 @@ class _Model:
     def __init__(self, cfg: ServerConfig) -> None:
         if cfg.instances < 1:
             raise ServerError(f"instances must be >= 1, got {cfg.instances}")
-        wants = FORMAT_ENGINE.get(cfg.model_format)
-        if wants is not None and cfg.engine != wants:
-            raise ServerError(
-                f"a {cfg.model_format} model is served by the {wants} engine, not {cfg.engine!r}; "
-                f"pass --engine {wants}"
-            )
+        why = incompatibility(cfg.engine, cfg.model_format, cfg.device) if cfg.engine in IN_PROCESS else None
+        if why is not None:
+            raise ServerError(f"{why}; pass --engine {FORMAT_ENGINE.get(cfg.model_format, 'onnxruntime')}")
         self.cfg = cfg
         self.backends: list[Backend] = []
         try:
@@ -447,7 +444,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m workers.engines.server", description=__doc__.splitlines()[0])
     p.add_argument("model", type=Path, help="model file")
     p.add_argument("--format", dest="model_format", default="onnx", choices=["onnx", "torchscript"])
-    p.add_argument("--engine", default="onnxruntime", choices=["onnxruntime", "torchscript"])
+    p.add_argument("--engine", default="onnxruntime", choices=list(IN_PROCESS))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
     p.add_argument("--device", default="cpu", help="cpu or gpu:<slug>")
