@@ -184,8 +184,10 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: 
             title += f" merged with {', '.join(find_request(rid).id for rid in merge_with)}"
         if rows and rows[0]["rpc"] == "stream":
             title += " (load over ModelStreamInfer streams)"
-        if rows and (rows[0].get("server") or rows[0].get("input_data", "random") != "random"):
-            title += "".join(f"; {k} {rows[0][k]}" for k in ("server", "input_data") if rows[0].get(k))
+        if rows and rows[0].get("server"):
+            title += f"; server {rows[0]['server']}"
+        if rows and rows[0].get("input_data", "random") != "random":
+            title += f"; input data {rows[0]['input_data']}"
         console.print(views.results_table(rows, title=title))
         for line in views.error_lines(rows):
             console.print(f"[red]{line}[/]", highlight=False)
