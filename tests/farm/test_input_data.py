@@ -152,3 +152,61 @@ def test_edge_bench_honours_value_ranges_and_zeros() -> None:
     argv = bench_command(spec, "/m.onnx")
     sent = json.loads(argv[argv.index("--inputs") + 1])
     assert sent == [{"name": "ids", "dtype": "INT64", "shape": [8], "value_range": [0, 49], "zeros": True}]
+
+
+class _Recorder:
+    """A real gRPC KServe v2 server (in this process) that answers every ModelInfer (unary or streamed)
+    and records the first INT64 value of each request's first input."""
+
+    def __init__(self) -> None:
+        from concurrent import futures
+
+        import grpc
+        from tritonclient.grpc import service_pb2 as pb
+        from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+        seen = self.seen = set[int]()
+
+        class Service(pb_grpc.GRPCInferenceServiceServicer):
+            def ServerReady(self, request, context):  # noqa: N802
+                return pb.ServerReadyResponse(ready=True)
+
+            def ModelReady(self, request, context):  # noqa: N802
+                return pb.ModelReadyResponse(ready=True)
+
+            def ModelInfer(self, request, context):  # noqa: N802
+                seen.add(int(np.frombuffer(request.raw_input_contents[0], np.int64)[0]))
+                return pb.ModelInferResponse(model_name=request.model_name)
+
+            def ModelStreamInfer(self, request_iterator, context):  # noqa: N802
+                for request in request_iterator:
+                    resp = self.ModelInfer(request, context)
+                    resp.id = request.id
+                    yield pb.ModelStreamInferResponse(infer_response=resp)
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(Service(), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+
+    def __enter__(self) -> _Recorder:
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop(grace=None)
+
+
+@pytest.mark.parametrize("rpc", ["unary", "stream"])
+def test_every_row_of_the_file_is_sent(tmp_path: Path, rpc: str) -> None:
+    """Five rows at batch 2: the generator sends requests starting at rows 0, 2 and 4 in turn."""
+    from schemas import MeasurementSettings
+    from workers.loadgen import run_load
+
+    ids = np.arange(5 * 8, dtype=np.int64).reshape(5, 8)
+    np.savez(tmp_path / "rows.npz", ids=ids)
+    data = resolve_input_data(InputData.model_validate(str(tmp_path / "rows.npz")), [IDS])
+    settings = MeasurementSettings(warmup_s=0.1, duration_s=0.5, rpc=rpc)
+    with _Recorder() as server:
+        result = run_load(f"127.0.0.1:{server.port}", "m", [IDS], 2, 1, settings, processes=1, data=data)
+    assert server.seen == {0, 16, 32}  # the first id of rows 0, 2 and 4
+    assert result.details["input_data"]["kind"] == "file" and result.details["input_data"]["rows"] == {"ids": 5}

@@ -13,6 +13,8 @@ from schemas.input_data import InputData
 
 # KServe v2 datatype -> numpy dtype (little-endian, as the protocol's raw contents are), for each
 # datatype a TensorSpec accepts.
+#: most distinct requests built from a data file (its further rows are left out)
+MAX_DISTINCT_REQUESTS = 256
 V2_NUMPY: dict[str, np.dtype] = {name: np.dtype(V2_NUMPY_NAME[name]).newbyteorder("<") for name in DTYPES}
 
 
@@ -38,9 +40,10 @@ def random_tensor(spec: TensorSpec, batch_size: int, seed: int = 0) -> np.ndarra
     return rng.integers(int(low), int(high), size=shape, endpoint=True).astype(dtype)
 
 
-def input_tensor(spec: TensorSpec, batch_size: int, data: InputData | None, seed: int = 0) -> np.ndarray:
+def input_tensor(spec: TensorSpec, batch_size: int, data: InputData | None, seed: int = 0,
+                 first_row: int = 0) -> np.ndarray:
     """The tensor sent for ``spec``: random (``data`` None or ``random``), zeros, or the file's rows in
-    order, cycled when the batch is larger than the file."""
+    order from ``first_row``, cycled past the file's end."""
     if data is None or data.kind == "random":
         return random_tensor(spec, batch_size, seed)
     dtype = V2_NUMPY[spec.dtype]
@@ -53,18 +56,18 @@ def input_tensor(spec: TensorSpec, batch_size: int, data: InputData | None, seed
     if tuple(rows.shape[1:]) != tuple(spec.shape) or arr.dtype != spec.dtype:
         raise ValueError(f"the input data of {spec.name!r} has rows of {list(rows.shape[1:])} {arr.dtype}, "
                          f"the model expects {list(spec.shape)} {spec.dtype}")
-    return np.ascontiguousarray(rows[np.arange(batch_size) % rows.shape[0]])
+    return np.ascontiguousarray(rows[(first_row + np.arange(batch_size)) % rows.shape[0]])
 
 
 def build_request(model_name: str, inputs: list[TensorSpec], batch_size: int,
-                  seed: int = 0, data: InputData | None = None) -> pb.ModelInferRequest:
+                  seed: int = 0, data: InputData | None = None, first_row: int = 0) -> pb.ModelInferRequest:
     """The ModelInferRequest for ``model_name``: one tensor per input (see :func:`input_tensor`), sent
     as raw contents."""
     if not inputs:
         raise ValueError("inputs must name at least one tensor (name, dtype, shape without batch)")
     req = pb.ModelInferRequest(model_name=model_name)
     for i, spec in enumerate(inputs):
-        arr = input_tensor(spec, batch_size, data, seed=seed + i)
+        arr = input_tensor(spec, batch_size, data, seed=seed + i, first_row=first_row)
         tensor = req.inputs.add()
         tensor.name = spec.name
         tensor.datatype = spec.dtype
@@ -77,3 +80,14 @@ def serialized_request(model_name: str, inputs: list[TensorSpec], batch_size: in
                        data: InputData | None = None) -> bytes:
     """:func:`build_request` serialized once; the generator sends these same bytes for every request."""
     return build_request(model_name, inputs, batch_size, seed, data).SerializeToString()
+
+
+def serialized_requests(model_name: str, inputs: list[TensorSpec], batch_size: int, seed: int = 0,
+                        data: InputData | None = None) -> list[bytes]:
+    """The requests the generator sends in turn: one, or for a data file enough to send each of its rows
+    (request k starts at row ``k * batch_size``), at most :data:`MAX_DISTINCT_REQUESTS`."""
+    rows = max((a.shape[0] if a.shape else 1 for a in (data.arrays or {}).values()), default=1) \
+        if data is not None and data.kind == "file" else 1
+    count = min(MAX_DISTINCT_REQUESTS, max(1, -(-rows // batch_size)))
+    return [build_request(model_name, inputs, batch_size, seed, data, k * batch_size).SerializeToString()
+            for k in range(count)]

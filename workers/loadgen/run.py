@@ -26,7 +26,7 @@ from workers.loadgen.messages import (
     WorkerError,
     WorkerMessage,
 )
-from workers.loadgen.request import serialized_request
+from workers.loadgen.request import serialized_requests
 from workers.loadgen.worker import WorkerConfig
 
 BUSY_LIMIT_PCT = 80.0  # a client process busier than this cannot be trusted to keep up
@@ -376,7 +376,7 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
         raise LoadGenError(f"processes must be >= 1 or None, got {processes}")
     mode = settings.mode
     try:
-        request = serialized_request(model_name, list(inputs), batch_size, seed, data)
+        request, *more = serialized_requests(model_name, list(inputs), batch_size, seed, data)
     except ValueError as exc:
         raise LoadGenError(f"cannot build the request: {exc}") from exc
     n_proc = processes or 1
@@ -392,7 +392,8 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
         configs = [
             WorkerConfig(url=url, model_name=model_name, request=request, mode=mode, concurrency=c, rate=r,
                          phase_s=phase, warmup_s=settings.warmup_s, window_lengths_s=window_lengths(settings),
-                         connect_timeout_s=connect_timeout_s, seed=seed + i, rpc=settings.rpc)
+                         connect_timeout_s=connect_timeout_s, seed=seed + i, rpc=settings.rpc,
+                         more_requests=tuple(more))
             for i, (c, r, phase) in enumerate(plan)
         ]
         with (ThreadDriver(configs) if len(configs) == 1 else ProcessDriver(configs)) as driver:
