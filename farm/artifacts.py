@@ -32,6 +32,8 @@ def static_metrics(path: Path, model_format: str, inputs: list[dict]) -> dict:
     from farm.models.analysis import analyze
     from schemas import TensorSpec
 
+    if model_format == "endpoint":  # a running server's descriptor (farm.endpoint): no graph to count
+        return {"error": "a running server's model: no model file to analyse"}
     try:
         report = analyze(path, model_format, [TensorSpec.model_validate(t) for t in inputs])
     except Exception as exc:  # analysis is informative; a model that serves must not be refused for it

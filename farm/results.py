@@ -1,6 +1,7 @@
 """Results queries shared by the CLI, reports and tests: one row per job, metrics from the registry."""
 from __future__ import annotations
 
+import json
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -54,7 +55,9 @@ def find_request(request_id: str) -> Request:
 def result_rows(request_id: str) -> list[dict[str, Any]]:
     """Every job of the request with its serving dimensions (:data:`MEASUREMENT_COLUMNS`), how and where it
     was measured (``measured``; ``schemas.Placement`` fields) and its result metrics (None where not measured),
-    in matrix order."""
+    in matrix order; ``rpc``, ``client`` and ``input_data`` (``random``, ``zeros`` or ``file:NAME``) say how
+    the request drove its jobs; ``server`` (``NAME VERSION``) names the running server an endpoint request
+    profiled."""
     req = find_request(request_id)
     metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + METRIC_NAMES]
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
@@ -65,14 +68,18 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
                       Job.concurrency))
     with session_scope() as s:
         rows = s.execute(stmt).all()
+        server = _endpoint_server(s, req)
     names = JOB_COLUMNS + PLACEMENT_COLUMNS + METRIC_NAMES
     measurement = req.spec.get("measurement") or {}  # how every job of it was driven, and by which client
     rpc, client = measurement.get("rpc", "unary"), measurement.get("client", "farm")
+    data = req.spec.get("input_data") or {"kind": "random"}  # which values every job of it sent
+    input_data = f"file:{data.get('source')}" if data.get("kind") == "file" else data.get("kind", "random")
+    extra: dict[str, Any] = {"rpc": rpc, "client": client, "input_data": input_data,
+                             **({"server": server} if server else {})}
     out = []
     for *values, job_measurement in rows:
         row = dict(zip(names, values, strict=True))
-        r = {**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **serving_values(job_measurement), **row, "rpc": rpc,
-             "client": client}
+        r = {**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **serving_values(job_measurement), **row, **extra}
         out.append({**r, "measured": measured(r)})
     if any(serving_values(None) != {k: r[k] for k in SERVING_KEYS} for r in out):
         out.sort(key=_matrix_order)  # several serving configurations: each one's concurrency steps together
@@ -110,6 +117,19 @@ def load_details(details: dict[str, Any]) -> dict[str, Any]:
     """The load generator's part of a result's ``details`` (``latency_histogram``, ``windows``,
     ``metrics_windows``, ...; see ``workers.loadgen.run``); empty for a job that stored none (edge runs)."""
     return details.get("load") or {}
+
+
+def _endpoint_server(session: Session, req: Request) -> str | None:
+    """``NAME VERSION`` of the running server an endpoint request profiled (its ServerMetadata at
+    submission, kept in the request's descriptor artifact); None for a model file."""
+    if not req.spec.get("endpoint"):
+        return None
+    content = session.execute(select(ModelArtifact.content).where(ModelArtifact.sha256 == req.model_sha256)).scalar()
+    try:
+        server = json.loads(content or b"{}").get("server") or {}
+    except ValueError:
+        return None
+    return f"{server.get('name', '?')} {server.get('version', '?')}"
 
 
 def model_static_metrics(model_sha256: str) -> dict[str, Any]:
@@ -163,7 +183,8 @@ def recent_requests(limit: int = 20) -> list[dict[str, Any]]:
             for rid, status, n in s.execute(select(Job.request_id, Job.status, func.count())
                                             .where(Job.request_id.in_(ids)).group_by(Job.request_id, Job.status)):
                 counts[rid][status] = n
-    return [{"request_id": r.id, "name": r.name, "created_at": r.created_at, "model": r.spec.get("model"),
+    return [{"request_id": r.id, "name": r.name, "created_at": r.created_at,
+             "model": r.spec.get("model") or f"{r.spec.get('model_name')}@{r.spec.get('endpoint')}",
              "counts": dict(counts[r.id])} for r in reqs]
 
 

@@ -14,11 +14,12 @@ from farm.artifacts import store_model
 from farm.db.models import Job, Request, utcnow
 from farm.db.session import session_scope
 from farm.errors import RequestError, SchedulerError
-from farm.models.info import inspect_model
+from farm.input_data import resolve_input_data
+from farm.models.info import inspect_model, sha256_file
 from farm.results import live_workers
 from farm.settings import get_settings
 from scheduler.expand import Expansion, ModelRef, expand
-from schemas import JobSpec, ProfileRequest
+from schemas import JobSpec, ProfileRequest, TensorSpec
 from schemas.job import JobStatus
 
 #: JobSpec fields that differ between the jobs of one request (the rest is dumped once per request)
@@ -31,6 +32,7 @@ class Submission:
 
     request_id: str
     expansion: Expansion
+    request: ProfileRequest | None = None  # as expanded: its input data file read and checked
 
 
 def online_gpu_products(session: Session) -> list[str]:
@@ -38,16 +40,32 @@ def online_gpu_products(session: Session) -> list[str]:
     return [g.get("name", "") for hw, _ in live_workers(session) for g in hw.get("gpus", [])]
 
 
+def _model_ref(request: ProfileRequest) -> tuple[Path, ModelRef]:
+    """The artifact to store and what expansion needs of it: the model file, or the endpoint's
+    descriptor (``farm.endpoint``)."""
+    if request.endpoint is not None:
+        from farm.endpoint import FORMAT, describe_endpoint
+
+        path, desc = describe_endpoint(request)
+        return path, ModelRef(sha256=sha256_file(path), format=FORMAT, filename=path.name, static_batch=
+                              desc["static_batch"], inputs=tuple(TensorSpec.model_validate(t) for t in desc["inputs"]))
+    assert request.model is not None
+    path = Path(request.model).expanduser()
+    info = inspect_model(path, request.format, request.inputs)
+    return path, ModelRef(sha256=info.sha256, format=info.format, filename=path.name, inputs=tuple(info.inputs),
+                          static_batch=info.static_batch)
+
+
 def plan(request: ProfileRequest, request_id: str | None = None) -> tuple[Submission, Path, ModelRef]:
     """Inspect the model and expand the request, touching nothing; raises RequestError on bad input."""
     settings = get_settings()
-    path = Path(request.model).expanduser()
-    info = inspect_model(path, request.format, request.inputs)
     if request.measurement.timeout_s >= settings.visibility_timeout_s:
         raise RequestError(f"measurement timeout_s {request.measurement.timeout_s:g} must be below the broker "
                            f"visibility timeout ({settings.visibility_timeout_s} s, FARM_VISIBILITY_TIMEOUT_S)")
-    ref = ModelRef(sha256=info.sha256, format=info.format, filename=path.name, inputs=tuple(info.inputs),
-                   static_batch=info.static_batch)
+    path, ref = _model_ref(request)
+    data = resolve_input_data(request.input_data, list(ref.inputs))
+    if data is not request.input_data:
+        request = request.model_copy(update={"input_data": data})
     rid = request_id or str(uuid.uuid4())
     with session_scope() as s:
         products = online_gpu_products(s)
@@ -58,7 +76,7 @@ def plan(request: ProfileRequest, request_id: str | None = None) -> tuple[Submis
     if len(expansion.jobs) > settings.job_limit:
         raise RequestError(f"the request expands to {len(expansion.jobs)} jobs, above the limit of "
                            f"{settings.job_limit}; shrink the matrix or raise FARM_JOB_LIMIT")
-    return Submission(rid, expansion), path, ref
+    return Submission(rid, expansion, request), path, ref
 
 
 def submit(request: ProfileRequest, send: bool | None = None) -> Submission:
@@ -68,6 +86,7 @@ def submit(request: ProfileRequest, send: bool | None = None) -> Submission:
     re-enqueues them; it is reported as a SchedulerError.
     """
     sub, path, ref = plan(request)
+    request = sub.request or request
     with session_scope() as s:
         store_model(s, path, ref.sha256, ref.format, [t.model_dump(mode="json") for t in ref.inputs])
         s.add(Request(id=sub.request_id, name=request.name, model_sha256=ref.sha256,

@@ -1,11 +1,11 @@
 """Expansion of a request into jobs: pure functions, no I/O.
 
 One job per (device x engine x batch size x serving configuration x concurrency) plus one per (edge profile
-x batch size), where a serving configuration is one combination of the request's instances x threads x
-max queue delay (``ProfileRequest.serving_configs``), held by each job's ``measurement``. A quick search
-(``measurement.search == "quick"``) gets only the first concurrency step of each serving configuration;
-``scheduler.search`` adds the next ones as results land. Job ids are deterministic from the request id and
-the job's coordinates.
+x in-process engine x batch size), where a serving configuration is one combination of the request's
+instances x threads x max queue delay (``ProfileRequest.serving_configs``), held by each job's
+``measurement``. A quick search (``measurement.search == "quick"``) gets only the first concurrency step of
+each serving configuration; ``scheduler.search`` adds the next ones as results land. Job ids are
+deterministic from the request id and the job's coordinates.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas import JobSpec, ProfileRequest, TensorSpec
-from schemas.engines import FORMAT_ENGINE, incompatibility
+from schemas.engines import FORMAT_ENGINE, IN_PROCESS, incompatibility
 from schemas.queues import EDGE_QUEUE, queue_for
 from schemas.request import device_slug
 
@@ -82,7 +82,7 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
     result = Expansion(excluded=excluded)
     inputs = list(model.inputs)
     common: dict[str, Any] = dict(request_id=request_id, model_sha256=model.sha256, model_format=model.format,
-                  model_filename=model.filename, inputs=inputs)
+                  model_filename=model.filename, inputs=inputs, input_data=request.input_data)
     batches = [b for b in request.batch_sizes if model.static_batch in (None, b)]
     for b in request.batch_sizes:
         if b not in batches:
@@ -102,17 +102,18 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
                             job_id=job_id_for(request_id, device, engine, b, c, None, serving), device=device,
                             engine=engine, batch_size=b, concurrency=c, queue=queue_for(device), measurement=m,
                             **common))
-    edge_engine = FORMAT_ENGINE.get(model.format)
+    engines = edge_engines(request.engines, model.format)
     for profile in request.edge:
-        if edge_engine is None:
+        if not engines:
             result.excluded.append({"edge_profile": profile.name,
                                     "reason": f"no in-process engine for {model.format} models"})
             continue
-        for b in batches:
-            result.jobs.append(JobSpec(
-                job_id=job_id_for(request_id, "cpu", edge_engine, b, 1, profile.name), device="cpu",
-                engine=edge_engine, batch_size=b, concurrency=1, edge_profile=profile, queue=EDGE_QUEUE,
-                measurement=request.measurement, **common))
+        for edge_engine in engines:
+            for b in batches:
+                result.jobs.append(JobSpec(
+                    job_id=job_id_for(request_id, "cpu", edge_engine, b, 1, profile.name), device="cpu",
+                    engine=edge_engine, batch_size=b, concurrency=1, edge_profile=profile, queue=EDGE_QUEUE,
+                    measurement=request.measurement, **common))
     return result
 
 
@@ -125,8 +126,17 @@ def _levels(request: ProfileRequest) -> list[int]:
     return list(request.concurrency)
 
 
+def edge_engines(engines: list[str], model_format: str) -> list[str]:
+    """The engines edge runs use: the request's in-process engines that load ``model_format`` on a CPU
+    (``--engine openvino``), else the format's default in-process engine (none for an endpoint)."""
+    chosen = [e for e in engines if e in IN_PROCESS and incompatibility(e, model_format, "cpu") is None]
+    default = FORMAT_ENGINE.get(model_format)
+    return chosen or ([default] if default else [])
+
+
 def matrix_size(request: ProfileRequest, n_devices: int | None = None) -> int:
     """Upper bound of the job count before compatibility filtering (for the job limit)."""
     devices = n_devices if n_devices is not None else len(request.devices)
     return (devices * len(request.engines) * len(request.batch_sizes) * len(request.concurrency)
-            * len(request.serving_configs()) + len(request.edge) * len(request.batch_sizes))
+            * len(request.serving_configs())
+            + len(request.edge) * len(request.batch_sizes) * max(1, sum(e in IN_PROCESS for e in request.engines)))

@@ -1,5 +1,5 @@
 """The engine/format rules: which engine serves which model format on which device class, and which
-engine loads each format in-process (edge runs, the built-in server)."""
+engines load models in-process (edge runs, the built-in server), the default one per format."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,13 +17,24 @@ RULES: dict[str, EngineRule] = {
     "onnxruntime": EngineRule(frozenset({"onnx"}), frozenset({"cpu", "gpu"})),
     "torchscript": EngineRule(frozenset({"torchscript"}), frozenset({"cpu", "gpu"})),
     "triton": EngineRule(frozenset({"onnx", "torchscript"}), frozenset({"cpu", "gpu"})),
+    "openvino": EngineRule(frozenset({"onnx"}), frozenset({"cpu"})),  # x86 CPUs: edge boxes and servers
+    # a running KServe v2 server farm only drives: its "model" is the endpoint's descriptor, and the
+    # job's device is where the load generator runs
+    "endpoint": EngineRule(frozenset({"endpoint"}), frozenset({"cpu"})),
 }
 
-#: the engine that loads each model format in-process: edge runs, farm's built-in server, ``farm serve``
+#: the engine of ``farm submit --endpoint`` requests (set by the request, never chosen with --engine)
+ENDPOINT_ENGINE = "endpoint"
+
+#: the engine that loads each model format in-process by default: edge runs, farm's built-in server,
+#: ``farm serve``
 FORMAT_ENGINE: dict[str, str] = {"onnx": "onnxruntime", "torchscript": "torchscript"}
+#: the engines that run in-process (farm's built-in server and edge runs), each for its RULES formats
+IN_PROCESS: tuple[str, ...] = ("onnxruntime", "torchscript", "openvino")
 
 MODEL_FORMATS: tuple[str, ...] = tuple(FORMAT_ENGINE)
-ENGINES: tuple[str, ...] = tuple(RULES)
+#: the engines a request may name with --engine
+ENGINES: tuple[str, ...] = tuple(e for e in RULES if e != ENDPOINT_ENGINE)
 
 
 def incompatibility(engine: str, model_format: str, device: str) -> str | None:

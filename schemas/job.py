@@ -5,6 +5,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from schemas.input_data import InputData
 from schemas.request import EdgeProfile, MeasurementSettings, TensorSpec
 
 
@@ -50,6 +51,7 @@ class JobSpec(BaseModel):
     edge_profile: EdgeProfile | None = None
     queue: str
     measurement: MeasurementSettings
+    input_data: InputData | None = None  # None: random
 
     @property
     def is_edge(self) -> bool:

@@ -7,11 +7,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from schemas.dtypes import DTYPES
-from schemas.engines import ENGINES
+from schemas.engines import ENDPOINT_ENGINE, ENGINES
+from schemas.input_data import InputData
 
 _MEMORY_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgKMG]?)(?:i?[bB])?$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,199}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
+_ENDPOINT_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9][A-Za-z0-9_.-]*):\d{1,5}$")
 _DEVICE_RE = re.compile(r"^(cpu|gpu(:[a-z0-9][a-z0-9_.-]{0,62})?)$")
 
 
@@ -66,6 +68,20 @@ class TensorSpec(_Strict):
         if any(d <= 0 for d in v):
             raise ValueError(f"shape {list(v)} has a dimension <= 0; give concrete sizes (batch excluded)")
         return v
+
+    value_range: tuple[float, float] | None = Field(
+        default=None, description="random values in [low, high] (integers: both ends included); "
+                                  "--input ids:INT64:128:0..30521")
+
+    @model_validator(mode="after")
+    def _range(self) -> TensorSpec:
+        r = self.value_range
+        if r is not None:
+            if r[0] > r[1]:
+                raise ValueError(f"input {self.name!r}: value range {r[0]:g}..{r[1]:g} has low > high")
+            if not self.dtype.startswith(("FP", "BOOL")) and any(v != int(v) for v in r):
+                raise ValueError(f"input {self.name!r} is {self.dtype}: its value range needs whole numbers")
+        return self
 
 
 class EdgeProfile(_Strict):
@@ -189,7 +205,8 @@ def _positive_unique(name: str, values: list[int], upper: int, lower: int = 1) -
 class ProfileRequest(_Strict):
     """What to profile: one model over devices x engines x batch sizes x concurrency, plus edge runs."""
 
-    model: str = Field(min_length=1, max_length=4096, description="path of the model file")
+    model: str | None = Field(default=None, min_length=1, max_length=4096,
+                              description="path of the model file (none with endpoint)")
     format: Literal["onnx", "torchscript"] | None = None
     inputs: list[TensorSpec] | None = None
     devices: list[str] = Field(default_factory=lambda: ["cpu"])
@@ -203,6 +220,11 @@ class ProfileRequest(_Strict):
     max_queue_delay_us: list[StrictInt] | None = None
     measurement: MeasurementSettings = Field(default_factory=MeasurementSettings)
     name: str | None = Field(default=None, max_length=200)
+    input_data: InputData | None = Field(default=None, description="random (default), zeros or a file's rows")
+    endpoint: str | None = Field(default=None, max_length=300,
+                                 description="HOST:PORT of a running KServe v2 gRPC server to profile")
+    model_name: str | None = Field(default=None, min_length=1, max_length=256,
+                                   description="the model to profile on the endpoint")
 
     @field_validator("devices")
     @classmethod
@@ -226,7 +248,7 @@ class ProfileRequest(_Strict):
         out: list[str] = []
         for e in v:
             e = e.strip().lower()
-            if e not in ENGINES:
+            if e not in ENGINES and e != ENDPOINT_ENGINE:
                 raise ValueError(f"engine {e!r} is unknown; allowed: {', '.join(ENGINES)}")
             if e not in out:
                 out.append(e)
@@ -292,3 +314,23 @@ class ProfileRequest(_Strict):
             if not v:
                 raise ValueError("inputs must not be empty when given; omit it to infer from the model")
         return v
+
+    @model_validator(mode="after")
+    def _model_or_endpoint(self) -> ProfileRequest:
+        """A model file, or an endpoint and model name (engine ``endpoint``, no format, no edge runs)."""
+        if self.endpoint is None:
+            if self.model is None:
+                raise ValueError("give a model file (model), or an endpoint and model_name to profile a running server")
+            if ENDPOINT_ENGINE in self.engines or self.model_name is not None:
+                raise ValueError("engine endpoint and model_name go with an endpoint (--endpoint HOST:PORT)")
+            return self
+        if not _ENDPOINT_RE.match(self.endpoint):
+            raise ValueError(f"endpoint {self.endpoint!r} is not HOST:PORT (e.g. 10.0.0.5:8001)")
+        if self.model is not None or self.format is not None or self.edge:
+            raise ValueError("an endpoint is profiled without a model file: drop the model, format and edge runs")
+        if self.model_name is None:
+            raise ValueError(f"endpoint {self.endpoint} needs model_name: the model to profile (--model-name)")
+        if "engines" in self.model_fields_set and self.engines != [ENDPOINT_ENGINE]:
+            raise ValueError(f"an endpoint runs its own engine: drop engines {', '.join(self.engines)}")
+        object.__setattr__(self, "engines", [ENDPOINT_ENGINE])
+        return self

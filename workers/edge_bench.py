@@ -34,8 +34,9 @@ MARKER = "edge_bench"
 
 def make_inputs(model_inputs: list[Any], given: list[dict[str, Any]] | None, batch_size: int,
                 seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs for one batch. ``given`` (name, dtype, per-sample shape) wins over the model's
-    declared shapes; otherwise dynamic dims are 1 and the first dim is the batch."""
+    """Random inputs for one batch. ``given`` (name, dtype, per-sample shape, optional ``value_range``
+    [low, high] and ``zeros``) wins over the model's declared shapes; otherwise dynamic dims are 1 and the
+    first dim is the batch."""
     from workers.engines.base import V2_TO_NP
 
     rng = np.random.default_rng(seed)
@@ -54,12 +55,15 @@ def make_inputs(model_inputs: list[Any], given: list[dict[str, Any]] | None, bat
         dtype = V2_TO_NP.get(dtype_name)
         if dtype is None:
             raise ValueError(f"input {spec.name!r} has datatype {dtype_name}, which edge_bench cannot generate")
-        if dtype.kind == "f":
-            arr = rng.random(shape, dtype=np.float32).astype(dtype)
+        low, high = (g or {}).get("value_range") or (0, 1 if dtype.kind == "f" else 9)
+        if (g or {}).get("zeros"):
+            arr = np.zeros(shape, dtype=dtype)
+        elif dtype.kind == "f":
+            arr = (low + (high - low) * rng.random(shape, dtype=np.float32)).astype(dtype)
         elif dtype.kind == "b":
             arr = rng.random(shape) < 0.5
         else:
-            arr = rng.integers(0, 10, size=shape).astype(dtype)
+            arr = rng.integers(int(low), int(high), size=shape, endpoint=True).astype(dtype)
         out[spec.name] = arr
     return out
 

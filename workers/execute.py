@@ -4,7 +4,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 from farm.artifacts import ensure_in_store, fetch_model
@@ -12,12 +13,13 @@ from farm.errors import FarmError
 from farm.lifecycle import failure_result
 from farm.settings import get_settings
 from schemas import JobResult, JobSpec, Placement
+from schemas.engines import ENDPOINT_ENGINE
 from schemas.job import JobStatus
 from schemas.result import SHARED_NOTE, shared_unisolated
 from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
 from workers.measure import Measurement, Served, lease_for
-from workers.runners.base import Runner
+from workers.runners.base import Runner, ServingTarget
 from workers.samplers.host import steal_note
 from workers.spool import Spool, SpooledResult, is_transient, retry_db
 
@@ -39,18 +41,30 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     if spec.is_edge:
         return runner.run_edge(spec, model_path)
     started = time.monotonic()
-    with Measurement(spec, gpu_uuids or [], slots) as m, runner.serve(spec, model_path, m.server_cpus) as target:
+    with Measurement(spec, gpu_uuids or [], slots) as m, _serving(spec, runner, model_path, m) as target:
         with m.watch(Served(pid=target.pid, cgroup=target.cgroup_path, reused=target.reused)):
             load = run_load(target.url, target.model_name, spec.inputs, spec.batch_size, spec.concurrency,
-                            spec.measurement)
+                            spec.measurement, data=spec.input_data)
     metrics: dict[str, Any] = {**load.metrics, **m.metrics()}
     details: dict[str, Any] = {"load": load.details, "runner": runner.name, "notes": [*target.notes, *m.notes],
                                "wall_s": round(time.monotonic() - started, 3), **m.details()}
+    if target.server is not None:
+        details["server"] = target.server
     shared = shared_unisolated(m.placement.model_dump())
     for note in (steal_note(metrics.get("cpu_steal_pct")), SHARED_NOTE if shared else None):
         if note is not None:
             details["notes"].append(note)
     return JobResult(job_id=spec.job_id, metrics=metrics, details=details, placement=m.placement)
+
+
+def _serving(spec: JobSpec, runner: Runner, model_path: Path, m: Measurement) -> AbstractContextManager[ServingTarget]:
+    """The job's server: started by the runner on the lease's server cores, or the running endpoint named
+    by the job's descriptor (engine ``endpoint``)."""
+    if spec.engine == ENDPOINT_ENGINE:
+        from workers.runners.endpoint import endpoint_target
+
+        return endpoint_target(spec, model_path)
+    return runner.serve(spec, model_path, m.server_cpus)
 
 
 def placed(result: JobResult, slot: int, gpu_uuid: str | None) -> JobResult:

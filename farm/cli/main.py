@@ -68,6 +68,11 @@ def submit(
     client: str | None = typer.Option(None, "--client", help="farm (default) | perf_analyzer: the load "
                                       "generator (perf_analyzer: where installed, unary only)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
+    input_data: str | None = typer.Option(None, "--input-data", help="random (default) | zeros | FILE (.npz or "
+                                          ".json, one array per input, rows cycled)."),
+    endpoint: str | None = typer.Option(None, "--endpoint", help="HOST:PORT of a running KServe v2 gRPC server "
+                                        "to profile instead of a model file (with --model-name)."),
+    served_name: str | None = typer.Option(None, "--model-name", help="The model to profile on --endpoint."),
     wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"request_id\": ...} (and results with --wait)."),
 ) -> None:
@@ -83,7 +88,8 @@ def submit(
                                    stability_pct=stability, rate=rate, mode=mode, threads=threads,
                                    instances=instances, timeout_s=timeout, rpc=rpc, max_queue_delay_us=queue_delay,
                                    preferred_batch_size=preferred_batch, search=search, p99_ms=p99,
-                                   client=client))
+                                   client=client),
+                              extra=dict(input_data=input_data, endpoint=endpoint, model_name=served_name))
     request = ProfileRequest.model_validate(data)
     _prepare_db()
     settings = get_settings()
@@ -193,6 +199,10 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: 
             title += " (load over ModelStreamInfer streams)"
         if rows and rows[0].get("client", "farm") != "farm":
             title += f" (load sent by {rows[0]['client']})"
+        if rows and rows[0].get("server"):
+            title += f"; server {rows[0]['server']}"
+        if rows and rows[0].get("input_data", "random") != "random":
+            title += f"; input data {rows[0]['input_data']}"
         console.print(views.results_table(rows, title=title))
         for line in views.measured_lines(rows):
             console.print(line, highlight=False)

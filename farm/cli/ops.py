@@ -78,22 +78,25 @@ def worker(
 def serve(
     model: Path = typer.Argument(..., help="Model file."),
     model_format: str | None = typer.Option(None, "--format", help="onnx | torchscript (default: detected)."),
-    engine: str | None = typer.Option(None, "--engine", help="onnxruntime | torchscript (default: by format)."),
+    engine: str | None = typer.Option(None, "--engine", help="onnxruntime | torchscript | openvino "
+                                      "(default: by format)."),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8001, "--port", help="gRPC port; 0 picks a free one."),
     device: str = typer.Option("cpu", "--device", help="cpu | gpu:<product>"),
     threads: int = typer.Option(0, "--threads", help="Intra-op threads (0 = engine default)."),
     instances: int = typer.Option(1, "--instances", help="Model instances (parallel sessions)."),
-    model_name: str = typer.Option("model", "--model-name"),
+    model_name: str | None = typer.Option(None, "--model-name", help="Served name (default: the file's stem)."),
 ) -> None:
     """Serve MODEL over the KServe v2 gRPC protocol (farm's built-in server)."""
     from farm.models.info import detect_format
     from schemas.engines import FORMAT_ENGINE
+    from workers.engines.repository import default_model_name
     from workers.engines.server import ServerConfig, run_server
 
     fmt = model_format or detect_format(model)
     run_server(ServerConfig(model_path=model, model_format=fmt, engine=engine or FORMAT_ENGINE[fmt], host=host,
-                            port=port, device=device, threads=threads, instances=instances, model_name=model_name))
+                            port=port, device=device, threads=threads, instances=instances,
+                            model_name=model_name or default_model_name(model)))
 
 
 def db_upgrade(revision: str = typer.Argument("head")) -> None:

@@ -59,22 +59,29 @@ def load_request_file(path: Path) -> dict[str, Any]:
         raise RequestError(f"request file {path} is not valid YAML/JSON: {' '.join(str(exc).split())[:200]}") from None
     if not isinstance(data, dict):
         raise RequestError(f"request file {path} must hold a mapping of request fields")
-    model = data.get("model")
-    if isinstance(model, str) and not Path(model).is_absolute():
-        data["model"] = str((path.parent / model).resolve())
+    for key in ("model", "input_data"):  # relative paths resolve against the request file
+        value = data.get(key)
+        if isinstance(value, str) and value.lower() not in ("random", "zeros") and not Path(value).is_absolute():
+            data[key] = str((path.parent / value).resolve())
     return data
 
 
 def build_request_dict(base: dict[str, Any], model: str | None, engines: list[str] | None,
                        devices: list[str] | None, batch_sizes: str | None, concurrency: str | None,
                        edges: list[str] | None, inputs: list[str] | None, fmt: str | None, name: str | None,
-                       measurement: dict[str, Any]) -> dict[str, Any]:
-    """Merge command-line options over the request file's fields (options win)."""
+                       measurement: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Merge command-line options over the request file's fields (options win). ``extra``: further
+    top-level fields given on the command line (``input_data``, ``endpoint``, ``model_name``), None where not
+    given."""
     data = dict(base)
+    data.update({k: v for k, v in (extra or {}).items() if v is not None})
+    if isinstance(data.get("input_data"), str) and data["input_data"].strip().lower() not in ("random", "zeros"):
+        data["input_data"] = str(Path(data["input_data"]).expanduser().resolve())
     if model:
         data["model"] = model
-    if "model" not in data:
-        raise RequestError("give a model file: farm submit MODEL, or -f request.yaml with a model: field")
+    if "model" not in data and "endpoint" not in data:
+        raise RequestError("give a model file: farm submit MODEL, or -f request.yaml with a model: field, or a "
+                           "running server: --endpoint HOST:PORT --model-name NAME")
     if engines:
         data["engines"] = engines
     if devices:

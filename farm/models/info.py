@@ -12,9 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from farm.errors import ModelError, RequestError
 from schemas import TensorSpec
 from schemas.dtypes import DTYPES, INPUT_SPEC_HINT, ONNX_TO_V2, parse_input_spec
+from schemas.input_data import split_value_range
 
 if TYPE_CHECKING:
     import onnx
@@ -71,9 +74,11 @@ def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:
 # --------------------------------------------------------------------------------------------- parsing
 def tensor_spec(text: str) -> TensorSpec:
     """The TensorSpec of an ``--input`` text (grammar: ``schemas.dtypes.parse_input_spec``), e.g.
-    ``input:FP32:3x224x224``: the shape is per sample, so every dimension is > 0. RequestError otherwise."""
+    ``input:FP32:3x224x224``, or ``ids:INT64:128:0..30521`` (random values in 0..30521): the shape is per
+    sample, so every dimension is > 0. RequestError otherwise."""
     try:
-        name, dtype, shape = parse_input_spec(text)
+        rest, value_range = split_value_range(text)
+        name, dtype, shape = parse_input_spec(rest)
     except ValueError as exc:
         raise RequestError(str(exc)) from None
     if dtype not in DTYPES:
@@ -82,12 +87,16 @@ def tensor_spec(text: str) -> TensorSpec:
         raise RequestError(
             f"input spec {text!r}: every dimension must be > 0 and the batch dimension is left out; {INPUT_SPEC_HINT}"
         )
-    return TensorSpec(name=name, dtype=dtype, shape=shape)
+    try:
+        return TensorSpec(name=name, dtype=dtype, shape=shape, value_range=value_range)
+    except ValidationError as exc:  # the value range does not fit the dtype
+        raise RequestError(f"input spec {text!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
 
 
 def format_input_spec(spec: TensorSpec) -> str:
     """The CLI form of a spec: ``name:DTYPE:3x224x224`` (inverse of ``tensor_spec``)."""
-    return f"{spec.name}:{spec.dtype}:{'x'.join(str(d) for d in spec.shape)}"
+    text = f"{spec.name}:{spec.dtype}:{'x'.join(str(d) for d in spec.shape)}"
+    return text if spec.value_range is None else f"{text}:{spec.value_range[0]:g}..{spec.value_range[1]:g}"
 
 
 # ------------------------------------------------------------------------------------------ detection

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from scheduler.enqueue import job_rows, spec_json
-from scheduler.expand import ModelRef, expand, resolve_devices
+from scheduler.expand import ModelRef, edge_engines, expand, resolve_devices
 from schemas import ENGINES, ProfileRequest, TensorSpec
 from schemas.engines import incompatibility
 from schemas.queues import queue_for
@@ -40,7 +40,9 @@ def test_job_count_is_the_product_over_compatible_combinations(req: ProfileReque
     compatible = [(d, e) for d in devices for e in req.engines if incompatibility(e, fmt, d) is None]
     serving = [j for j in exp.jobs if not j.is_edge]
     assert len(serving) == len(compatible) * len(req.batch_sizes) * len(req.concurrency)
-    assert len([j for j in exp.jobs if j.is_edge]) == len(req.edge) * len(req.batch_sizes)
+    edge = [j for j in exp.jobs if j.is_edge]  # one per edge profile x in-process engine x batch size
+    assert len(edge) == len(req.edge) * len(edge_engines(req.engines, fmt)) * len(req.batch_sizes)
+    assert {j.engine for j in edge} <= set(edge_engines(req.engines, fmt))
     assert len(exp.excluded) == len(devices) * len(req.engines) - len(compatible)
     assert {(j.device, j.engine) for j in serving} == set(compatible)
 

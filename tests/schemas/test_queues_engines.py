@@ -17,9 +17,14 @@ def test_queue_names() -> None:
 
 
 def test_each_format_engine_can_load_its_format_on_every_device_class() -> None:
-    assert MODEL_FORMATS == ("onnx", "torchscript") and ENGINES == ("onnxruntime", "torchscript", "triton")
+    assert MODEL_FORMATS == ("onnx", "torchscript")
+    assert ENGINES == ("onnxruntime", "torchscript", "triton", "openvino")
     for fmt, engine in FORMAT_ENGINE.items():
         assert fmt in RULES[engine].formats
         assert incompatibility(engine, fmt, "cpu") is None and incompatibility(engine, fmt, "gpu:t4") is None
     assert "cannot load onnx" in (incompatibility("torchscript", "onnx", "cpu") or "")
     assert "unknown engine" in (incompatibility("tvm", "onnx", "cpu") or "")
+    assert incompatibility("openvino", "onnx", "cpu") is None  # OpenVINO loads ONNX files, on CPUs
+    assert "cannot load torchscript" in (incompatibility("openvino", "torchscript", "cpu") or "")
+    assert "does not run on gpu" in (incompatibility("openvino", "onnx", "gpu:t4") or "")
+    assert "endpoint" not in ENGINES and incompatibility("endpoint", "endpoint", "cpu") is None

@@ -17,7 +17,7 @@ from schemas.dtypes import V2_NUMPY_NAME
 QUEUE_PARAM = "farm_queue_ns"  # waiting for a free model instance
 COMPUTE_PARAM = "farm_compute_ns"  # the engine call
 
-BACKEND_ENGINES: tuple[str, ...] = ("onnxruntime", "torchscript")
+BACKEND_ENGINES: tuple[str, ...] = ("onnxruntime", "torchscript", "openvino")
 
 # KServe v2 datatype -> numpy dtype (BYTES/BF16 have no fixed-width numpy twin and are not served).
 V2_TO_NP: dict[str, np.dtype] = {name: np.dtype(np_name) for name, np_name in V2_NUMPY_NAME.items()}
@@ -113,7 +113,7 @@ def parse_device(device: str) -> tuple[str, str | None]:
 
 
 def make_backend(engine: str) -> Backend:
-    """A fresh, unloaded backend for ``engine`` ("onnxruntime" or "torchscript")."""
+    """A fresh, unloaded backend for ``engine`` (one of :data:`BACKEND_ENGINES`)."""
     e = engine.strip().lower()
     if e == "onnxruntime":
         from workers.engines.onnxruntime_backend import OnnxRuntimeBackend
@@ -123,6 +123,10 @@ def make_backend(engine: str) -> Backend:
         from workers.engines.torchscript_backend import TorchScriptBackend
 
         return TorchScriptBackend()
+    if e == "openvino":
+        from workers.engines.openvino_backend import OpenVinoBackend
+
+        return OpenVinoBackend()
     if e == "triton":
         raise ServerError(
             "engine 'triton' is served by the official Triton server, not the built-in one; "

@@ -32,7 +32,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from farm.errors import FarmError, NotFoundError, ServerError
 from schemas.dtypes import parse_input_spec
-from schemas.engines import FORMAT_ENGINE
+from schemas.engines import FORMAT_ENGINE, IN_PROCESS, incompatibility
 from workers.engines.base import (
     COMPUTE_PARAM,
     QUEUE_PARAM,
@@ -89,12 +89,9 @@ class _Model:
     def __init__(self, cfg: ServerConfig) -> None:
         if cfg.instances < 1:
             raise ServerError(f"instances must be >= 1, got {cfg.instances}")
-        wants = FORMAT_ENGINE.get(cfg.model_format)
-        if wants is not None and cfg.engine != wants:
-            raise ServerError(
-                f"a {cfg.model_format} model is served by the {wants} engine, not {cfg.engine!r}; "
-                f"pass --engine {wants}"
-            )
+        why = incompatibility(cfg.engine, cfg.model_format, cfg.device) if cfg.engine in IN_PROCESS else None
+        if why is not None:
+            raise ServerError(f"{why}; pass --engine {FORMAT_ENGINE.get(cfg.model_format, 'onnxruntime')}")
         self.cfg = cfg
         self.backends: list[Backend] = []
         try:
@@ -127,16 +124,12 @@ class _Model:
             t.start()
 
     def config(self) -> object:
-        """A Triton-style ModelConfig of what is served (tensors omitted when the engine cannot tell)."""
-        from workers.engines.triton import model_config
+        """A Triton-style ModelConfig of what is served (see workers.engines.repository.served_config)."""
+        from workers.engines.repository import served_config
 
         c = self.cfg
-        try:
-            return model_config(c.model_name, c.model_format, self.inputs, self.outputs,
-                                max_batch_size=0, instances=c.instances, device=c.device, threads=c.threads)
-        except ServerError:
-            return model_config(c.model_name, c.model_format, [], [], max_batch_size=0,
-                                instances=c.instances, device=c.device, threads=c.threads)
+        return served_config(c.model_name, c.model_format, c.engine, self.inputs, self.outputs,
+                             instances=c.instances, device=c.device, threads=c.threads)
 
     def _work(self, backend: Backend) -> None:
         """One instance's thread: take the next request, run it on this thread's own backend, hand the
@@ -254,6 +247,11 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         if not self._known(request.name, request.version):
             await self._not_found(context, request.name)
         return pb.ModelConfigResponse(config=self.model.config())
+
+    async def RepositoryIndex(self, request, context):  # noqa: N802
+        from workers.engines.repository import repository_index
+
+        return repository_index(self.name, MODEL_VERSION, ready=True)
 
     async def ModelStatistics(self, request, context):  # noqa: N802
         if request.name and not self._known(request.name, request.version):
@@ -453,7 +451,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m workers.engines.server", description=__doc__.splitlines()[0])
     p.add_argument("model", type=Path, help="model file")
     p.add_argument("--format", dest="model_format", default="onnx", choices=["onnx", "torchscript"])
-    p.add_argument("--engine", default="onnxruntime", choices=["onnxruntime", "torchscript"])
+    p.add_argument("--engine", default="onnxruntime", choices=list(IN_PROCESS))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
     p.add_argument("--device", default="cpu", help="cpu or gpu:<slug>")

@@ -13,6 +13,7 @@ import numpy as np
 
 from farm.errors import LoadGenError
 from schemas import MeasurementSettings, TensorSpec
+from schemas.input_data import InputData
 from schemas.result import CLIENT_LIMITED_NOTE, client_limited
 from workers import grpc_env
 from workers.loadgen import stats
@@ -26,7 +27,7 @@ from workers.loadgen.messages import (
     WorkerError,
     WorkerMessage,
 )
-from workers.loadgen.request import serialized_request
+from workers.loadgen.request import serialized_requests
 from workers.loadgen.worker import WorkerConfig
 
 BUSY_LIMIT_PCT = 80.0  # a client process busier than this cannot be trusted to keep up
@@ -375,7 +376,8 @@ def _result(out: _Outcome, settings: MeasurementSettings, batch_size: int, mode:
 
 def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: int, concurrency: int,
              settings: MeasurementSettings, *, processes: int | None = None,
-             connect_timeout_s: float = 10.0, seed: int = 0, in_process: bool = False) -> LoadResult:
+             connect_timeout_s: float = 10.0, seed: int = 0, in_process: bool = False,
+             data: InputData | None = None) -> LoadResult:
     """Drive the KServe v2 gRPC server at ``url`` (``host:port``) with inference requests for
     ``model_name`` and measure latency and throughput; ``settings.rpc`` picks unary ModelInfer calls or
     ModelStreamInfer streams; ``settings.client`` farm's own generator or NVIDIA perf_analyzer
@@ -388,6 +390,8 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
     process is one of its own, away from the caller's threads (a job's samplers, this coordinator) and
     their GIL; ``in_process`` runs a single one as a thread of this process instead (a daemonic caller,
     which may not start processes, always does). ``details["client_process"]`` says which.
+    ``data``: which values the tensors hold (None: random; see ``request.input_tensor``); the result's
+    details record it (``input_data``).
     Raises LoadGenError when the server is unreachable or no request succeeded.
     """
     if batch_size < 1 or concurrency < 1:
@@ -401,7 +405,7 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
         raise LoadGenError(f"processes must be >= 1 or None, got {processes}")
     mode = settings.mode
     try:
-        request = serialized_request(model_name, list(inputs), batch_size, seed)
+        request, *more = serialized_requests(model_name, list(inputs), batch_size, seed, data)
     except ValueError as exc:
         raise LoadGenError(f"cannot build the request: {exc}") from exc
     n_proc = processes or 1
@@ -417,7 +421,8 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
         configs = [
             WorkerConfig(url=url, model_name=model_name, request=request, mode=mode, concurrency=c, rate=r,
                          phase_s=phase, warmup_s=settings.warmup_s, window_lengths_s=window_lengths(settings),
-                         connect_timeout_s=connect_timeout_s, seed=seed + i, rpc=settings.rpc)
+                         connect_timeout_s=connect_timeout_s, seed=seed + i, rpc=settings.rpc,
+                         more_requests=tuple(more))
             for i, (c, r, phase) in enumerate(plan)
         ]
         threaded = len(configs) == 1 and (in_process or mp.current_process().daemon)
@@ -434,4 +439,5 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
     result = _result(out, settings, batch_size, mode, concurrency, len(configs))
     result.details["client_process"] = "thread of the measuring process" if threaded else "own process"
     result.details["notes"] = notes + result.details["notes"]
+    result.details["input_data"] = (data or InputData()).describe()
     return result

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import math
 import random
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +77,11 @@ class WorkerConfig:
     max_outstanding: int = 10000
     check_ready: bool = True
     rpc: str = "unary"  # "unary": one ModelInfer call per request; "stream": ModelStreamInfer messages
+    more_requests: tuple[bytes, ...] = ()  # sent in turn after ``request`` (a data file's further rows)
+
+    def request_cycle(self) -> Iterator[bytes]:
+        """The requests to send, in turn, endlessly: ``request`` then ``more_requests``."""
+        return itertools.cycle((self.request, *self.more_requests))
 
 
 class Control(ABC):
@@ -204,13 +211,13 @@ class LoadWorker:
 
     # ----------------------------------------------------------------- traffic
     async def _closed_loop(self, infer: Any) -> None:
-        req = self.cfg.request
+        reqs = self.cfg.request_cycle()
         now = time.monotonic
         while not self._stopping:
             self._sent += 1
             t0 = now()
             try:
-                resp = await infer(req)
+                resp = await infer(next(reqs))
             except grpc.RpcError as exc:
                 if self._stopping:
                     return
@@ -221,7 +228,7 @@ class LoadWorker:
     async def _closed_stream(self, open_stream: Any) -> None:
         """One closed-loop slot on its own stream: write a request, read its answer, repeat; a broken
         stream is counted as one error and replaced."""
-        req = self.cfg.request
+        reqs = self.cfg.request_cycle()
         now = time.monotonic
         while not self._stopping:
             call = open_stream()
@@ -229,7 +236,7 @@ class LoadWorker:
                 while not self._stopping:
                     self._sent += 1
                     t0 = now()
-                    await call.write(req)
+                    await call.write(next(reqs))
                     msg = await call.read()
                     if msg is grpc.aio.EOF:
                         self._record_err(now(), STREAM_CLOSED_STATUS, STREAM_CLOSED_TEXT)
@@ -384,6 +391,7 @@ class _UnarySender:
     def __init__(self, worker: LoadWorker, infer: Any) -> None:
         self.w = worker
         self.infer = infer
+        self.reqs = worker.cfg.request_cycle()
         self.inflight: set[asyncio.Task[None]] = set()
 
     def outstanding(self) -> int:
@@ -393,7 +401,7 @@ class _UnarySender:
         w = self.w
         w._count_late(scheduled, time.monotonic())  # the call starts now, a loop turn after the send
         try:
-            resp = await self.infer(w.cfg.request)
+            resp = await self.infer(next(self.reqs))
         except grpc.RpcError as exc:
             if not w._stopping:
                 w._record_err(time.monotonic(), _status_name(exc), _describe(exc))
@@ -420,6 +428,7 @@ class _StreamSender:
     def __init__(self, worker: LoadWorker, open_stream: Any) -> None:
         self.w = worker
         self.open_stream = open_stream
+        self.reqs = worker.cfg.request_cycle()
         self.call: Any = None
         self.reader: asyncio.Task[None] | None = None
         self.pending: dict[str, float] = {}  # request id -> start time, in send order
@@ -462,7 +471,7 @@ class _StreamSender:
         self.pending[rid] = start
         self.w._count_late(scheduled, time.monotonic())
         try:
-            await self.call.write(with_id(self.w.cfg.request, rid))
+            await self.call.write(with_id(next(self.reqs), rid))
         except (grpc.RpcError, asyncio.InvalidStateError) as exc:
             if self.pending.pop(rid, None) is not None and not self.w._stopping:
                 self.w._record_err(time.monotonic(), _status_name(exc), _describe(exc))

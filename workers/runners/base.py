@@ -27,6 +27,7 @@ class ServingTarget:
     gpu_uuids: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     reused: bool = False  # a kept container: its cgroup's peak counters cover earlier jobs
+    server: dict[str, str] | None = None  # a server farm did not start: its name, version, url (endpoint)
 
     @property
     def url(self) -> str:

@@ -54,7 +54,10 @@ def edge_duration_s(spec: JobSpec) -> float:
 
 def bench_command(spec: JobSpec, model_inside: str) -> list[str]:
     """argv of the built-in edge bench for ``spec`` (``argv[0]`` is ``python``, as in the runtime image)."""
-    inputs = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in spec.inputs]
+    zeros = spec.input_data is not None and spec.input_data.kind == "zeros"
+    inputs = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape),
+               **({"value_range": list(t.value_range)} if t.value_range else {}), **({"zeros": True} if zeros else {})}
+              for t in spec.inputs]
     return [
         "python", "-m", "workers.edge_bench", "--model", model_inside, "--format", spec.model_format,
         "--engine", spec.engine, "--batch-size", str(spec.batch_size),

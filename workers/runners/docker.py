@@ -59,6 +59,13 @@ def _server_command(spec: JobSpec, model_inside: str, device: str) -> list[str]:
     ]
 
 
+#: engine -> (module, farm extra, host distributions its image variant adds)
+_ENGINE_DISTRIBUTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "torchscript": ("torch", "torch", ("torch",)),
+    "openvino": ("openvino", "openvino", ("openvino", "openvino-telemetry")),
+}
+
+
 class DockerRunner(Runner):
     """Runs serving engines and edge jobs in containers of ``image``.
 
@@ -95,7 +102,7 @@ class DockerRunner(Runner):
         self.worker_id = worker_id
         self.image = image or DEFAULT_TAG
         self._builds_images = build_image and self.image == DEFAULT_TAG
-        self._torch_image: str | None = None
+        self._variant_images: dict[str, str] = {}  # engine -> local image with its Python package
         self.gpus = list(gpus)
         if ready_timeout_s is None:
             ready_timeout_s = get_settings().server_ready_timeout_s
@@ -155,26 +162,28 @@ class DockerRunner(Runner):
                                  "(docker load) or set FARM_TRITON_IMAGE / FARM_TRITON_URL") from None
 
     def image_for(self, spec: JobSpec) -> str:
-        """The image a (non-Triton) job runs in: this runner's, or for a TorchScript job on farm's own
-        local image its PyTorch variant, built from the host's torch on first use (cached like the
-        base image). ContainerError when the host has no PyTorch to put in it."""
-        if spec.engine != "torchscript" or not self._builds_images:
+        """The image a (non-Triton) job runs in: this runner's, or for a TorchScript or OpenVINO job on
+        farm's own local image its variant with the engine's package, built from the host's copy on first
+        use (cached like the base image). ContainerError when the host has no such package to put in it."""
+        variant = _ENGINE_DISTRIBUTIONS.get(spec.engine)
+        if variant is None or not self._builds_images:
             return self.image
+        module, extra, dists = variant
         with self._lock:
-            if self._torch_image is None:
+            if spec.engine not in self._variant_images:
                 import importlib.util
 
                 from workers.images import build_local_image
 
-                if importlib.util.find_spec("torch") is None:
+                if importlib.util.find_spec(module) is None:
                     raise ContainerError(
-                        f"job {spec.job_id} is a TorchScript job, and farm's image takes PyTorch from this "
-                        "worker's Python, which has none; pip install 'farm[torch]' here, or run it with "
-                        "the onnxruntime engine")
-                tag = f"{self.image}-torch"
-                build_local_image(tag, client=self.client, extra_distributions=["torch"])
-                self._torch_image = tag
-            return self._torch_image
+                        f"job {spec.job_id} runs on the {spec.engine} engine, and farm's image takes {module} "
+                        f"from this worker's Python, which has none; pip install 'farm[{extra}]' here, or run "
+                        "it with the onnxruntime engine")
+                tag = f"{self.image}-{extra}"
+                build_local_image(tag, client=self.client, extra_distributions=list(dists))
+                self._variant_images[spec.engine] = tag
+            return self._variant_images[spec.engine]
 
     def _start_server(self, spec: JobSpec, model_path: Path, key: str,
                       cpus: set[int] | None) -> tuple[Any, ServingTarget]:

@@ -283,3 +283,35 @@ def test_torchscript_job_on_a_worker_without_torch_is_refused_with_a_fix(
     assert {c.id for c in _farm_containers(docker_client)} == before, "a container was started anyway"
     with runner.serve(make_spec(models["mlp"]), models["mlp"]) as target:
         assert target.port > 0
+
+
+@pytest.mark.slow
+def test_openvino_job_runs_in_the_images_openvino_variant(make_runner: Any, docker_client: Any, make_spec: Any,
+                                                          models: dict[str, Path]) -> None:
+    """An OpenVINO job gets the image's ``-openvino`` variant (built from the host's openvino) and computes
+    what ONNX Runtime computes in-process on the same file."""
+    pytest.importorskip("openvino", reason="OpenVINO jobs need farm[openvino] on the worker")
+    import tritonclient.grpc as grpcclient
+
+    from schemas import TensorSpec
+    from workers.engines.base import make_backend
+    from workers.images import DEFAULT_TAG
+
+    spec = make_spec(models["mlp"], inputs=[TensorSpec(name="input", shape=(256,))]).model_copy(
+        update={"engine": "openvino"})
+    runner = make_runner(build_image=True)
+    name = spec.inputs[0].name
+    x = np.random.default_rng(3).random((2, *spec.inputs[0].shape), dtype=np.float32)
+    with make_backend("onnxruntime") as ort:
+        ort.load(models["mlp"], "cpu", 1)
+        expected = ort.infer({name: x})
+    with runner.serve(spec, models["mlp"]) as target:
+        image = docker_client.containers.get(target.container_id).attrs["Config"]["Image"]
+        client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{target.port}")
+        inp = grpcclient.InferInput(name, list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        result = client.infer(target.model_name, [inp])
+        client.close()
+    assert image == f"{DEFAULT_TAG}-openvino"
+    for out, want in expected.items():
+        np.testing.assert_allclose(result.as_numpy(out), want, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,156 @@
+"""``farm submit --endpoint HOST:PORT --model-name NAME``: profiling running KServe v2 gRPC servers that
+farm did not start, without a model file. A real third-party server (MLServer with its scikit-learn
+runtime, from PyPI) and ``farm serve``; embedded and cluster mode."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import FAST, farm, farm_env, results_json, start_worker, wait_done
+from tests.workers.engines.conftest import build_mlp
+from tests.workers.engines.test_engine_repository import farm_serve
+from workers.engines.ready import wait_ready
+
+MLSERVER_START_S = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_sklearn_repo(root: Path) -> Path:
+    """A tiny logistic regression (4 FP64 features -> INT64 class) saved with joblib, with the
+    model-settings.json of MLServer's scikit-learn runtime, under ``root/iris``."""
+    import joblib
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 4))
+    folder = root / "iris"
+    folder.mkdir(parents=True)
+    joblib.dump(LogisticRegression().fit(x, (x[:, 0] > 0.5).astype(int)), folder / "model.joblib")
+    (folder / "model-settings.json").write_text(json.dumps({
+        "name": "iris", "implementation": "mlserver_sklearn.SKLearnModel",
+        "parameters": {"uri": "./model.joblib", "version": "v1"},
+        "inputs": [{"name": "features", "datatype": "FP64", "shape": [-1, 4]}],
+        "outputs": [{"name": "predict", "datatype": "INT64", "shape": [-1, 1]}]}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLServer serving the sklearn model over gRPC; yields HOST:PORT."""
+    exe = shutil.which("mlserver")
+    if exe is None:
+        pytest.skip("mlserver is not installed (pip install '.[test]')")
+    root = write_sklearn_repo(tmp_path_factory.mktemp("mlserver"))
+    grpc_port = _free_port()
+    (root / "settings.json").write_text(json.dumps({
+        "http_port": _free_port(), "grpc_port": grpc_port, "metrics_port": _free_port(), "parallel_workers": 0,
+        "metrics_endpoint": None, "host": "127.0.0.1"}))
+    log = open(root / "mlserver.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen([exe, "start", str(root)], cwd=root, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"127.0.0.1:{grpc_port}"
+    try:
+        wait_ready(url, "iris", MLSERVER_START_S, alive=lambda: proc.poll() is None)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+
+
+def _check_rows(rows: list[dict[str, object]], server: str, batches: list[int]) -> None:
+    assert sorted(r["batch_size"] for r in rows) == batches  # type: ignore[type-var]
+    for row in rows:
+        assert row["status"] == "succeeded", row
+        assert row["engine"] == "endpoint" and row["server"] == server
+        assert row["error_count"] == 0 and row["throughput_infer_per_s"] > 0  # type: ignore[operator]
+
+
+@pytest.mark.slow
+def test_profiles_mlserver_without_a_model_file(mlserver: str) -> None:
+    farm("submit", "--endpoint", mlserver, "--model-name", "iris", "--batch-sizes", "1,8", *FAST)
+    rid = json.loads(farm("status", "--json").stdout)[0]["request_id"]
+    _check_rows(results_json(rid, farm_env()), f"mlserver {version('mlserver')}", [1, 8])
+    assert "mlserver" in farm("results", rid).stdout
+
+
+def test_profiles_farm_serve_with_dynamic_dims_from_input(tmp_path: Path) -> None:
+    model = build_mlp(tmp_path / "mlp.onnx")
+    with farm_serve(model) as url:
+        bad = farm("submit", "--endpoint", url, "--model-name", "nope", check=False)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert "nope" in bad.stderr and "Traceback" not in bad.stderr
+        wrong = farm("submit", "--endpoint", url, "--model-name", "mlp", "--input", "x:FP32:15", check=False)
+        assert wrong.returncode == 2 and "x" in wrong.stderr and "[-1, 16]" in wrong.stderr, wrong.stderr
+        farm("submit", "--endpoint", url, "--model-name", "mlp", "--input", "x:FP32:16", "--input-data", "zeros",
+             *FAST)
+        rid = json.loads(farm("status", "--json").stdout)[0]["request_id"]
+        rows = results_json(rid, farm_env())
+    _check_rows(rows, "farm 0.1.0", [1])
+    assert rows[0]["input_data"] == "zeros"
+    assert rows[0]["server_compute_p50_ms"] is not None  # farm's server reports its compute time
+
+
+def test_dynamic_dims_need_input(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper, save
+
+    g = helper.make_graph([helper.make_node("Relu", ["tokens"], ["y"])], "seq",
+                          [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["N", "S"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "S"])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    save(m, str(tmp_path / "seq.onnx"))
+    with farm_serve(tmp_path / "seq.onnx") as url:
+        proc = farm("submit", "--endpoint", url, "--model-name", "seq", check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "'tokens'" in lines[0] and "--input tokens:FP32:N" in lines[0]
+
+
+def test_bad_endpoint_options_are_one_line_errors(example_onnx: Path) -> None:
+    for args, needle in ((["--endpoint", "localhost"], "HOST:PORT"),
+                         (["--endpoint", "127.0.0.1:1"], "model_name"),
+                         ([str(example_onnx), "--endpoint", "127.0.0.1:1", "--model-name", "m"], "without a model"),
+                         (["--endpoint", "127.0.0.1:1", "--model-name", "m", "--engine", "triton"], "drop engines")):
+        proc = farm("submit", *args, check=False)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode != 0 and len(lines) == 1 and needle in lines[0], (args, proc.stderr)
+
+
+@pytest.mark.slow
+def test_cluster_worker_profiles_the_endpoint(cluster_env: dict[str, str], mlserver: str, tmp_path: Path) -> None:
+    env = farm_env(**cluster_env)
+    worker = start_worker(env, "--runner", "process", log=tmp_path / "worker.log")
+    try:
+        out = farm("submit", "--endpoint", mlserver, "--model-name", "iris", "--batch-sizes", "2", "--json", *FAST,
+                   env=env)
+        rid = json.loads(out.stdout)["request_id"]
+        counts = wait_done(rid, env)
+        rows = results_json(rid, env)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    assert counts == {"succeeded": 1}, (tmp_path / "worker.log").read_text()[-3000:]
+    _check_rows(rows, f"mlserver {version('mlserver')}", [2])
+
+

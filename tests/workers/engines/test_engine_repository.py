@@ -1,0 +1,104 @@
+"""farm's server answers Triton's tools as Triton would: ModelConfig (max_batch_size and per-sample dims
+for a dynamic batch axis, 0 and full dims otherwise), RepositoryIndex, and ``farm serve m.onnx`` naming
+the model ``m``. Real ``farm serve`` subprocesses, queried with tritonclient (and perf_analyzer where it
+is installed)."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tc
+
+from tests.workers.engines.conftest import ROOT, _save, read_port_line
+from workers.engines.triton import DEFAULT_MAX_BATCH
+
+
+@contextmanager
+def farm_serve(model: Path, *args: str) -> Iterator[str]:
+    """``farm serve MODEL --port 0 ARGS`` as a subprocess; yields its HOST:PORT, always stops it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "farm", "serve", str(model), "--port", "0", "--threads", "1",
+                             *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        host, port = read_port_line(proc)
+        yield f"{host}:{port}"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def build_static(path: Path) -> Path:
+    """x: FP32 [2, 4] -> y = Relu(x): a model without a batch axis."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "static",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return _save(m, path)
+
+
+@pytest.fixture(scope="module")
+def mlp_serve(mlp_onnx: Path) -> Iterator[str]:
+    with farm_serve(mlp_onnx) as url:
+        yield url
+
+
+def test_farm_serve_names_the_model_after_the_file(mlp_serve: str) -> None:
+    c = tc.InferenceServerClient(mlp_serve)
+    assert c.is_model_ready("mlp")
+    assert c.get_model_metadata("mlp").name == "mlp"
+    assert not c.is_model_ready("model")
+
+
+def test_repository_index_lists_the_model_ready(mlp_serve: str) -> None:
+    idx = tc.InferenceServerClient(mlp_serve).get_model_repository_index()
+    assert [(m.name, m.version, m.state) for m in idx.models] == [("mlp", "1", "READY")]
+
+
+def test_dynamic_batch_model_config_has_max_batch_size_and_sample_dims(mlp_serve: str) -> None:
+    cfg = tc.InferenceServerClient(mlp_serve).get_model_config("mlp").config
+    assert cfg.name == "mlp" and cfg.backend == "onnxruntime"
+    assert cfg.max_batch_size == DEFAULT_MAX_BATCH
+    assert [(i.name, list(i.dims)) for i in cfg.input] == [("x", [16])]
+    assert [(o.name, list(o.dims)) for o in cfg.output] == [("y", [4])]
+
+
+def test_static_model_config_has_zero_max_batch_and_full_dims(tmp_path: Path) -> None:
+    model = build_static(tmp_path / "fixed.onnx")
+    with farm_serve(model, "--model-name", "custom") as url:
+        c = tc.InferenceServerClient(url)
+        cfg = c.get_model_config("custom").config
+        assert cfg.max_batch_size == 0
+        assert [(i.name, list(i.dims)) for i in cfg.input] == [("x", [2, 4])]
+        assert [(o.name, list(o.dims)) for o in cfg.output] == [("y", [2, 4])]
+        assert [m.name for m in c.get_model_repository_index().models] == ["custom"]
+        x = tc.InferInput("x", [2, 4], "FP32")
+        x.set_data_from_numpy(np.full((2, 4), -1.0, np.float32))
+        assert (c.infer("custom", [x]).as_numpy("y") == 0).all()
+
+
+@pytest.mark.skipif(shutil.which("perf_analyzer") is None, reason="perf_analyzer is not installed")
+def test_perf_analyzer_batches_against_farm_serve(mlp_serve: str) -> None:
+    proc = subprocess.run(["perf_analyzer", "-m", "mlp", "-u", mlp_serve, "-i", "grpc", "-b", "4",
+                           "--concurrency-range", "1", "--measurement-interval", "500"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Batch size: 4" in proc.stdout

@@ -1,0 +1,34 @@
+"""The ``endpoint`` engine: drive a running KServe v2 gRPC server that farm did not start, named by the
+job's descriptor artifact (``farm.endpoint``). Nothing is started or stopped; the server's resources are
+not sampled (it may be on another host), and the result names the server from its ServerMetadata."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from farm.errors import ServerError
+from farm.settings import get_settings
+from schemas import JobSpec
+from workers.engines.triton import attach
+from workers.runners.base import ServingTarget
+
+
+@contextmanager
+def endpoint_target(spec: JobSpec, descriptor_path: Path) -> Iterator[ServingTarget]:
+    """The endpoint of ``descriptor_path``, once it serves the model; ServerError when it does not."""
+    try:
+        desc = json.loads(descriptor_path.read_text())
+        url, model_name = str(desc["endpoint"]), str(desc["model_name"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise ServerError(f"job {spec.job_id}: the endpoint descriptor is unreadable ({exc}); submit again") from None
+    server = attach(url, model_name, get_settings().server_ready_timeout_s)
+    facts = {"name": server.server_name, "version": server.server_version, "url": url, "model_name": model_name,
+             "platform": server.platform}
+    notes = [f"profiled the running {server.server_name} {server.server_version} at {url} (model {model_name}); "
+             "its resources are not sampled"]
+    was = desc.get("server") or {}
+    if (was.get("name"), was.get("version")) != (server.server_name, server.server_version):
+        notes.append(f"the endpoint was {was.get('name')} {was.get('version')} at submission")
+    yield ServingTarget(host=server.host, port=server.port, model_name=model_name, notes=notes, server=facts)
