@@ -5,7 +5,6 @@ is installed)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -95,10 +94,16 @@ def test_static_model_config_has_zero_max_batch_and_full_dims(tmp_path: Path) ->
         assert (c.infer("custom", [x]).as_numpy("y") == 0).all()
 
 
-@pytest.mark.skipif(shutil.which("perf_analyzer") is None, reason="perf_analyzer is not installed")
 def test_perf_analyzer_batches_against_farm_serve(mlp_serve: str) -> None:
-    proc = subprocess.run(["perf_analyzer", "-m", "mlp", "-u", mlp_serve, "-i", "grpc", "-b", "4",
+    """NVIDIA's perf_analyzer (installed by scripts/test: ``python3 -m workers.loadgen.perf_analyzer
+    --install``) reads the ModelConfig and sends batches of 4 to farm's server."""
+    from workers.loadgen import perf_analyzer as pa
+
+    why = pa.missing()
+    if why is not None:
+        pytest.skip(why)
+    proc = subprocess.run([str(pa.binary()), "-m", "mlp", "-u", mlp_serve, "-i", "grpc", "-b", "4",
                            "--concurrency-range", "1", "--measurement-interval", "500"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=pa.env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Batch size: 4" in proc.stdout
