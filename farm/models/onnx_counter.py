@@ -244,6 +244,19 @@ def _symbolic_shape_inference() -> Any:
     return module.SymbolicShapeInference
 
 
+def _symbolic_infer(model: Any) -> Any:
+    """ONNX Runtime's symbolic shape inference on ``model`` (auto-merging dims), keeping what it inferred when
+    it could not infer everything. Its own ``SymbolicShapeInference.infer_shapes`` would then write
+    ``sym_shape_infer_temp.onnx`` and external-data files into the current directory before it raises, so
+    farm drives the same steps itself, without that last one."""
+    sym = _symbolic_shape_inference()(2**31 - 1, True, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
+    sym._preprocess(model)
+    while sym.run_:
+        sym._infer_impl()
+    sym._update_output_from_vi()
+    return sym.out_mp_
+
+
 def infer_shapes(model: Any, inputs: list[TensorSpec], batch: int = 1) -> tuple[Any, dict[str, Shape | None],
                                                                                  dict[str, int]]:
     """(inferred model, name -> concrete dims or None, name -> elem_type) with the graph inputs fixed to
@@ -255,7 +268,7 @@ def infer_shapes(model: Any, inputs: list[TensorSpec], batch: int = 1) -> tuple[
     if not _unresolved(inferred, shapes):
         return inferred, shapes, types
     try:
-        symbolic = _symbolic_shape_inference().infer_shapes(fixed, auto_merge=True)
+        symbolic = _symbolic_infer(fixed)
     except Exception:  # noqa: BLE001 - ops it does not know, or no sympy; keep what ONNX inferred
         return inferred, shapes, types
     more_shapes, more_types = _shape_table(symbolic)

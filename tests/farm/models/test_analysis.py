@@ -1,6 +1,7 @@
 """Tests for farm.models.analysis: MACs/FLOPs against hand-computed formulas, params, activation bytes."""
 from __future__ import annotations
 
+import os
 from math import prod
 from pathlib import Path
 
@@ -290,3 +291,27 @@ def test_quantized_convnet(tmp_path: Path) -> None:
     assert r["dtype"] == "UINT8"
     assert r["complete"] is False and r["unknown_ops"]
     assert all(r["ops"][op]["macs"] is None for op in r["unknown_ops"])
+
+
+def test_incomplete_shape_inference_writes_nothing_in_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Reshape whose target shape comes from an op nobody knows leaves ONNX's and ONNX Runtime's shape
+    inference incomplete; analysis still counts the rest, and leaves no file behind where it ran (ONNX
+    Runtime's own entry point writes ``sym_shape_infer_temp.onnx`` and external data there)."""
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["g"], transB=1), helper.make_node("Shape", ["g"], ["s"]),
+             helper.make_node("Mystery", ["s"], ["s2"], domain="com.example"),
+             helper.make_node("Reshape", ["g", "s2"], ["y"])]
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "n"])],
+                              [numpy_helper.from_array(np.ones((4, 8), np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    p = tmp_path / "mystery.onnx"
+    onnx.save(model, str(p))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    r = analyze(p)
+    assert r["macs_at_least"] == 8 * 4 and r["complete"] is False
+    assert sorted(os.listdir(cwd)) == []

@@ -147,8 +147,16 @@ def read_port_line(proc: subprocess.Popen[bytes], timeout_s: float = START_TIMEO
 @contextmanager
 def running_server(model: Path, *args: str) -> Iterator[ServerProc]:
     """Start the server subprocess, yield it once its port line is read, always stop it."""
+    with running_command(server_cmd(model, *args)) as server:
+        yield server
+
+
+@contextmanager
+def running_command(cmd: list[str]) -> Iterator[ServerProc]:
+    """Start ``cmd`` (a server printing its port line) from the repository root, yield it once that line is
+    read, always stop it (SIGTERM, then SIGKILL after 30 s) and close its pipes."""
     proc = subprocess.Popen(
-        server_cmd(model, *args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
     )
     try:

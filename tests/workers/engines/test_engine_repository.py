@@ -4,8 +4,6 @@ the model ``m``. Real ``farm serve`` subprocesses, queried with tritonclient (an
 is installed)."""
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,30 +14,16 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tc
 
-from tests.workers.engines.conftest import ROOT, _save, read_port_line
+from tests.workers.engines.conftest import _save, running_command
 from workers.engines.triton import DEFAULT_MAX_BATCH
 
 
 @contextmanager
 def farm_serve(model: Path, *args: str) -> Iterator[str]:
     """``farm serve MODEL --port 0 ARGS`` as a subprocess; yields its HOST:PORT, always stops it."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen([sys.executable, "-m", "farm", "serve", str(model), "--port", "0", "--threads", "1",
-                             *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    try:
-        host, port = read_port_line(proc)
-        yield f"{host}:{port}"
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+    with running_command([sys.executable, "-m", "farm", "serve", str(model), "--port", "0", "--threads", "1",
+                          *args]) as server:
+        yield server.url
 
 
 def build_static(path: Path) -> Path:
