@@ -68,8 +68,12 @@ def _jobs(request_id: str, env: dict[str, str]) -> dict[str, dict[str, object]]:
     return {r["job_id"]: r for r in rows}
 
 
-def _left(processes: list[psutil.Process]) -> list[str]:
-    """The command lines of those of ``processes`` still alive (zombies count as gone)."""
+def _left(processes: list[psutil.Process], grace_s: float = 5.0) -> list[str]:
+    """The command lines of those of ``processes`` still alive ``grace_s`` after `farm submit` exited (zombies
+    count as gone). The grace is for helpers that end on their own once their parent is gone, such as
+    multiprocessing's resource tracker (it exits when its pipe closes, a moment after the process that
+    started the load generator's process); a server or load process farm failed to stop is still there."""
+    psutil.wait_procs(processes, timeout=grace_s)
     alive = []
     for p in processes:
         try:
