@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -54,6 +55,39 @@ def wait_done(request_id: str, env: dict[str, str], timeout: float = 240) -> dic
 
 def results_json(request_id: str, env: dict[str, str]) -> list[dict[str, Any]]:
     return json.loads(farm("results", request_id, "--format", "json", env=env).stdout)
+
+
+def submit_to_worker(env: dict[str, str], submit_args: list[str], log: Path
+                     ) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Run one real ``farm worker`` (process runner, output in ``log``), ``farm submit SUBMIT_ARGS --json``
+    to it, wait for every job and stop the worker; returns (status counts, ``farm results`` rows)."""
+    worker = start_worker(env, "--runner", "process", log=log)
+    try:
+        out = farm("submit", *submit_args, "--json", *FAST, env=env)
+        request_id = json.loads(out.stdout)["request_id"]
+        counts = wait_done(request_id, env)
+        rows = results_json(request_id, env)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    return counts, rows
+
+
+def gather_model(path: Path, rows: int, width: int, seq: int, out_name: str = "y") -> Path:
+    """An embedding lookup: ids INT64 [N, seq] -> Gather over a [rows, width] table (values 0, 1, ...) ->
+    ``out_name`` FP32 [N, seq, width]; an id outside 0..rows-1 fails the inference."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.arange(rows * width, dtype=np.float32).reshape(rows, width), "table")
+    g = helper.make_graph([helper.make_node("Gather", ["table", "ids"], [out_name], axis=0)], "lookup",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", seq])],
+                          [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, ["N", seq, width])], [table])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
 
 
 def start_submit(model: Path, err_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

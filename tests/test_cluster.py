@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from farm.db.models import Job, Result, Worker
 from farm.db.session import session_scope
 from scheduler.enqueue import submit
 from schemas import ProfileRequest
-from tests.helpers import FAST, farm, farm_env, results_json, start_worker, wait_done
+from tests.helpers import farm, farm_env, start_worker, submit_to_worker
 
 pytestmark = pytest.mark.slow
 
@@ -24,15 +23,7 @@ RESULT_KEYS = {"job_id", "device", "engine", "batch_size", "concurrency", "edge_
 def test_two_job_request_runs_to_completion_on_a_worker_process(cluster_env: dict[str, str], example_onnx: Path,
                                                                 tmp_path: Path) -> None:
     env = farm_env(**cluster_env)
-    worker = start_worker(env, "--runner", "process", log=tmp_path / "worker.log")
-    try:
-        out = farm("submit", str(example_onnx), "--batch-sizes", "1,4", "--json", *FAST, env=env)
-        request_id = json.loads(out.stdout)["request_id"]
-        counts = wait_done(request_id, env)
-        rows = results_json(request_id, env)
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=60)
+    counts, rows = submit_to_worker(env, [str(example_onnx), "--batch-sizes", "1,4"], tmp_path / "worker.log")
     assert counts == {"succeeded": 2}, (tmp_path / "worker.log").read_text()[-3000:]
     assert len(rows) == 2 and RESULT_KEYS <= set(rows[0])
     for row in rows:

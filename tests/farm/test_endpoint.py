@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import FAST, farm, farm_env, results_json, start_worker, wait_done
+from tests.helpers import FAST, farm, farm_env, results_json, submit_to_worker
 from tests.workers.engines.conftest import build_mlp
 from tests.workers.engines.test_engine_repository import farm_serve
 from workers.engines.ready import wait_ready
@@ -140,16 +140,8 @@ def test_bad_endpoint_options_are_one_line_errors(example_onnx: Path) -> None:
 @pytest.mark.slow
 def test_cluster_worker_profiles_the_endpoint(cluster_env: dict[str, str], mlserver: str, tmp_path: Path) -> None:
     env = farm_env(**cluster_env)
-    worker = start_worker(env, "--runner", "process", log=tmp_path / "worker.log")
-    try:
-        out = farm("submit", "--endpoint", mlserver, "--model-name", "iris", "--batch-sizes", "2", "--json", *FAST,
-                   env=env)
-        rid = json.loads(out.stdout)["request_id"]
-        counts = wait_done(rid, env)
-        rows = results_json(rid, env)
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=60)
+    counts, rows = submit_to_worker(env, ["--endpoint", mlserver, "--model-name", "iris", "--batch-sizes", "2"],
+                                    tmp_path / "worker.log")
     assert counts == {"succeeded": 1}, (tmp_path / "worker.log").read_text()[-3000:]
     _check_rows(rows, f"mlserver {version('mlserver')}", [2])
 

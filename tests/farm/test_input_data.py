@@ -15,7 +15,7 @@ from farm.input_data import resolve_input_data
 from farm.models.info import format_input_spec, tensor_spec
 from schemas import TensorSpec
 from schemas.input_data import InputData
-from tests.helpers import FAST, farm
+from tests.helpers import FAST, farm, gather_model
 from workers.engines.base import IOSpec
 from workers.engines.decode import decode_inputs
 from workers.loadgen.request import build_request, input_tensor, random_tensor
@@ -27,17 +27,7 @@ X = TensorSpec(name="x", dtype="FP32", shape=(2,))
 
 def build_lookup(path: Path) -> Path:
     """ids: INT64 [N, 8] -> Gather over a [VOCAB, 4] table -> emb: FP32 [N, 8, 4]."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    table = numpy_helper.from_array(np.arange(VOCAB * 4, dtype=np.float32).reshape(VOCAB, 4), "table")
-    g = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0)], "lookup",
-                          [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 8])],
-                          [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["N", 8, 4])], [table])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
-    onnx.save(m, str(path))
-    return path
+    return gather_model(path, VOCAB, 4, 8, out_name="emb")
 
 
 def test_value_range_parses_and_bounds_random_values() -> None:

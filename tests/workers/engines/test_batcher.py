@@ -13,23 +13,14 @@ import tritonclient.grpc as tc
 from tritonclient.utils import InferenceServerException
 
 from farm.errors import ServerError
+from tests.helpers import gather_model
 from workers.engines.base import make_backend
 from workers.engines.batcher import DynamicBatcher, Outputs
 
 
 def build_gather(path: Path) -> Path:
     """ids: INT64 [N, 3] -> Gather(table[10, 4]) -> y: FP32 [N, 3, 4]; an id outside 0..9 fails the inference."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    table = numpy_helper.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "table")
-    g = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["y"])], "gather",
-                          [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 3])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 4])], [table])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
-    onnx.save(m, str(path))
-    return path
+    return gather_model(path, 10, 4, 3)
 
 
 def _runner(model: Path, calls: list[int]):  # noqa: ANN202 (a RunFn)
