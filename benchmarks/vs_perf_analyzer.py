@@ -13,10 +13,12 @@ of its process, samplers included, per request), then the ratios farm / perf_ana
 meet the targets (req/s >= 0.95x, p50 <= 1.05x; open loop: p50 within 5 %, p99 within 10 %, late < 1 %).
 
 Models: ``identity`` (FP32 [b, 64], transport-bound); full runs add ``matmul`` (8 chained 128 x 128
-MatMuls on [b, 128, 128], compute-bound). Each figure is the median over the rounds (3; quick: 1).
-A third client, farm's ``--client perf_analyzer`` backend (perf_analyzer sends, farm reads its per-request
-export into its windows and percentiles), is compared with perf_analyzer run directly in a second table.
-The host is a shared 2-core VM: the figures are indicative; the steal is printed with them.
+MatMuls on [b, 128, 128], compute-bound). Four clients take turns on each cell in every round, the order
+rotating from round to round: farm's generator, perf_analyzer, farm's ``--client perf_analyzer`` backend
+(perf_analyzer sends, farm reads its per-request export into its windows and percentiles), and perf_analyzer
+again, the A/A yardstick: how far two runs of the very same client differ on this host. Each ratio is the
+median over the rounds (5; quick: 1) of that round's ratio to perf_analyzer, with its range.
+The host is a shared 2-core VM: the steal and load average are printed with the figures.
 
 Run: ``python benchmarks/vs_perf_analyzer.py [--quick]``. Skips (exit 0) where perf_analyzer is absent:
 install it with ``python3 -m workers.loadgen.perf_analyzer --install``.
@@ -118,13 +120,28 @@ def median(figs: list[Fig]) -> Fig:
     return Fig(*(float(np.median([getattr(f, k) for f in figs])) for k in Fig.__dataclass_fields__))
 
 
-def verdict(cell: Cell, farm: Fig, ref: Fig) -> str:
-    """Whether farm met the issue's targets against perf_analyzer in this cell."""
+def paired(a: list[Fig], b: list[Fig]) -> Fig:
+    """Field-wise median of the per-round ratios a / b (each round's two runs taken minutes apart at most,
+    so a slow stretch of the host hits both); late sends stay a's median, not a ratio."""
+    ratios = {k: float(np.median([getattr(x, k) / getattr(y, k) for x, y in zip(a, b, strict=True)]))
+              for k in ("rps", "p50", "p99", "cpu_us")}
+    return Fig(late_pct=median(a).late_pct, **ratios)
+
+
+def spread(a: list[Fig], b: list[Fig], key: str) -> str:
+    """The range of the per-round ratios a / b on ``key``, e.g. ``0.97-1.04``."""
+    r = [getattr(x, key) / getattr(y, key) for x, y in zip(a, b, strict=True)]
+    return f"{min(r):.2f}-{max(r):.2f}"
+
+
+def verdict(cell: Cell, ratio: Fig) -> str:
+    """Whether a client met the issue's targets against perf_analyzer in this cell (``ratio``: the
+    median per-round ratios, :func:`paired`)."""
     if cell[0] == "closed":
-        ok = farm.rps >= RPS_MIN * ref.rps and farm.p50 <= P50_MAX * ref.p50
+        ok = ratio.rps >= RPS_MIN and ratio.p50 <= P50_MAX
     else:
-        ok = (abs(farm.p50 / ref.p50 - 1) <= OPEN_P50_TOL and abs(farm.p99 / ref.p99 - 1) <= OPEN_P99_TOL
-              and farm.late_pct < LATE_MAX_PCT)
+        ok = (abs(ratio.p50 - 1) <= OPEN_P50_TOL and abs(ratio.p99 - 1) <= OPEN_P99_TOL
+              and ratio.late_pct < LATE_MAX_PCT)
     return "ok" if ok else "MISS"
 
 
@@ -133,11 +150,24 @@ def label(cell: Cell, rate: float | None) -> str:
     return f"c={conc} b={batch}" if mode == "closed" else f"{mode} {conc:.0%} ({rate:.0f}/s)"
 
 
+CLIENTS = ("farm", "pa", "farm-pa", "pa2")  # farm's generator, perf_analyzer, farm's perf_analyzer backend, A/A
+
+
+def measure_cell(url: str, pid: int, model: Model, cell: Cell, rate: float | None, window: float,
+                 client_cpus: set[int] | None, who: str) -> Fig:
+    """One client's run of ``cell``: ``pa``/``pa2`` perf_analyzer run directly, ``farm`` farm's own
+    generator, ``farm-pa`` farm's perf_analyzer backend."""
+    if who in ("pa", "pa2"):
+        return run_pa(url, model, cell, rate, window, client_cpus)
+    return run_farm(url, pid, model, cell, rate, window, "perf_analyzer" if who == "farm-pa" else "farm")
+
+
 def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: tuple[set[int] | None, ...]) -> None:
-    """Every cell of ``cells`` on model ``name``, interleaved rounds; prints one table."""
+    """Every cell of ``cells`` on model ``name``: in each round every client measures the cell in turn, the
+    order rotating from round to round; prints one table."""
     client_cpus, server_cpus = cpus
     model = MODELS[name]
-    runs: dict[Cell, dict[str, list[Fig]]] = {c: {"farm": [], "pa": [], "farm-pa": []} for c in cells}
+    runs: dict[Cell, dict[str, list[Fig]]] = {c: {who: [] for who in CLIENTS} for c in cells}
     rates: dict[Cell, float] = {}
     with tempfile.TemporaryDirectory() as tmp, Steal() as steal:
         path = model.build(Path(tmp) / f"{name}.onnx")
@@ -146,30 +176,33 @@ def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: 
                 for cell in cells:
                     rate = None
                     if cell[0] != "closed":
-                        cap = capacity(runs)
-                        rate = rates.setdefault(cell, float(cell[2]) * cap)
-                    order = ("farm", "pa", "farm-pa") if r % 2 == 0 else ("farm-pa", "pa", "farm")
-                    for who in order:
-                        fig = (run_pa(url, model, cell, rate, window, client_cpus) if who == "pa"
-                               else run_farm(url, pid, model, cell, rate, window,
-                                             "perf_analyzer" if who == "farm-pa" else "farm"))
-                        runs[cell][who].append(fig)
-    print(f"\n{name}: median of {rounds} round(s), {window:g} s windows; the hypervisor took {steal.pct:.1f} % "
-          f"of the CPU time meanwhile{steal_flag(steal.pct)}; load average {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} CPUs (other tenants' processes share these cores)")
-    print(f"  {'cell':22s} {'req/s farm':>10s} {'pa':>7s} {'ratio':>6s}  {'p50 farm':>8s} {'pa':>6s} {'ratio':>6s}  "
-          f"{'p99 farm':>8s} {'pa':>6s} {'ratio':>6s}  {'late% farm':>10s} {'pa':>5s}  "
-          f"{'CPU us/req farm':>15s} {'pa':>6s}  target")
+                        rate = rates.setdefault(cell, float(cell[2]) * capacity(runs))
+                    for who in CLIENTS[r % len(CLIENTS):] + CLIENTS[:r % len(CLIENTS)]:
+                        runs[cell][who].append(measure_cell(url, pid, model, cell, rate, window, client_cpus, who))
+    print(f"\n{name}: {rounds} round(s), {window:g} s windows; the hypervisor took {steal.pct:.1f} % of the CPU "
+          f"time meanwhile{steal_flag(steal.pct)}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print("  medians: req/s, p50 and p99 (ms), late sends (%), client CPU (us per request); ratios: the median of "
+          "the per-round ratios (range)")
+    print(f"  {'cell':22s} {'req/s farm':>10s} {'pa':>7s}  {'p50 farm':>8s} {'pa':>6s}  {'p99 farm':>8s} {'pa':>7s}  "
+          f"{'late% farm':>10s} {'pa':>5s}  {'CPU/req farm':>12s} {'pa':>6s}")
     for cell in cells:
         f, p = median(runs[cell]["farm"]), median(runs[cell]["pa"])
-        print(f"  {label(cell, rates.get(cell)):22s} {f.rps:10.0f} {p.rps:7.0f} {f.rps / p.rps:6.2f}  "
-              f"{f.p50:8.3f} {p.p50:6.3f} {f.p50 / p.p50:6.2f}  {f.p99:8.3f} {p.p99:6.3f} {f.p99 / p.p99:6.2f}  "
-              f"{f.late_pct:10.1f} {p.late_pct:5.1f}  {f.cpu_us:15.0f} {p.cpu_us:6.0f}  {verdict(cell, f, p)}")
-    print("  farm --client perf_analyzer (farm's reading of perf_analyzer's requests) / perf_analyzer run directly:")
-    for cell in cells:
-        b, p = median(runs[cell]["farm-pa"]), median(runs[cell]["pa"])
-        print(f"  {label(cell, rates.get(cell)):22s} req/s {b.rps / p.rps:5.2f}x  p50 {b.p50 / p.p50:5.2f}x  "
-              f"p99 {b.p99 / p.p99:5.2f}x  late {b.late_pct:5.1f} %  {verdict(cell, b, p)}")
+        print(f"  {label(cell, rates.get(cell)):22s} {f.rps:10.0f} {p.rps:7.0f}  {f.p50:8.3f} {p.p50:6.3f}  "
+              f"{f.p99:8.3f} {p.p99:7.3f}  {f.late_pct:10.1f} {p.late_pct:5.1f}  {f.cpu_us:12.0f} {p.cpu_us:6.0f}")
+    for who, title in (("farm", "farm's own generator / perf_analyzer"),
+                       ("farm-pa", "farm --client perf_analyzer (farm's reading of its requests) / perf_analyzer"),
+                       ("pa2", "A/A yardstick: perf_analyzer / perf_analyzer (the host's own noise)")):
+        print(f"  {title}:")
+        met = 0
+        for cell in cells:
+            a, b = runs[cell][who], runs[cell]["pa"]
+            q = paired(a, b)
+            v = verdict(cell, q)
+            met += v == "ok"
+            print(f"    {label(cell, rates.get(cell)):22s} req/s {q.rps:5.2f}x ({spread(a, b, 'rps')})  "
+                  f"p50 {q.p50:5.2f}x ({spread(a, b, 'p50')})  p99 {q.p99:5.2f}x ({spread(a, b, 'p99')})  "
+                  f"late {q.late_pct:5.1f} %  {v}")
+        print(f"    targets met in {met} of {len(cells)} cells")
 
 
 def capacity(runs: dict[Cell, dict[str, list[Fig]]]) -> float:
@@ -184,6 +217,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="short runs for a CI smoke test")
     ap.add_argument("--models", default=None, help="comma-separated subset of " + ",".join(MODELS))
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per cell (default 5; quick: 1)")
+    ap.add_argument("--closed-only", action="store_true", help="closed-loop cells only")
     args = ap.parse_args()
     why = pa.missing()
     if why:
@@ -195,11 +230,15 @@ def main() -> None:
         rounds, window, models = 1, 0.5, ["identity"]
         cells: list[Cell] = [("closed", 1, 1), ("closed", 1, 16), ("poisson", 1, 0.3)]
     else:
-        rounds, window, models = 3, 1.0, list(MODELS)
+        rounds, window, models = 5, 1.0, list(MODELS)
         cells = [("closed", b, c) for b in (1, 8) for c in (1, 4, 16)]
         cells += [(m, 1, share) for m in ("constant", "poisson") for share in (0.3, 0.7)]
     if args.models:
         models = args.models.split(",")
+    if args.rounds:
+        rounds = args.rounds
+    if args.closed_only:
+        cells = [c for c in cells if c[0] == "closed"]
     print(f"client CPUs {sorted(client_cpus or [])}, server CPUs {sorted(server_cpus or [])}; unary gRPC; "
           f"perf_analyzer {pa.VERSION} at {pa.binary()}")
     for name in models:

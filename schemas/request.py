@@ -142,11 +142,18 @@ class MeasurementSettings(_Strict):
 
     mode: Literal["closed", "constant", "poisson"] = "closed"
     rate: float | None = Field(default=None, gt=0, description="requests/s for open-loop modes")
-    warmup_s: float = Field(default=1.0, ge=0, le=600)
+    # 0.5 s: a cold first window fails the stability rule and is measured again, so a longer warm-up only
+    # adds to every configuration's wall time (perf_analyzer has none)
+    warmup_s: float = Field(default=0.5, ge=0, le=600)
     window_s: float = Field(default=1.0, gt=0, le=600)
     min_windows: int = Field(default=3, ge=1, le=1000)
     max_windows: int = Field(default=10, ge=1, le=1000)
     stability_pct: float = Field(default=10.0, gt=0, le=100)
+    stability_latency: Literal["mean", "p50", "p99"] = Field(
+        default="mean",
+        description="the latency that must agree across the last min_windows windows, with throughput: the mean "
+                    "(perf_analyzer's default rule), p50, or p99 (perf_analyzer's --percentile 99: a 1 s window "
+                    "holds few requests above its p99, so it needs more windows on a noisy host)")
     duration_s: float | None = Field(default=None, gt=0, le=3600,
                                      description="fixed measurement time; disables stability windows")
     timeout_s: float = Field(default=600.0, gt=0, le=86400, description="per-job time limit")

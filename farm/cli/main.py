@@ -49,8 +49,11 @@ def submit(
     duration: float | None = typer.Option(None, "--duration", help="Fixed measurement time per job, s."),
     windows: int | None = typer.Option(None, "--windows", help="Maximum measurement windows per job."),
     window: float | None = typer.Option(None, "--window", help="Measurement window length, s."),
-    warmup: float | None = typer.Option(None, "--warmup", help="Warm-up time, s."),
+    warmup: float | None = typer.Option(None, "--warmup", help="Warm-up time, s (default 0.5)."),
     stability: float | None = typer.Option(None, "--stability", help="Stability bound, % (default 10)."),
+    stability_latency: str | None = typer.Option(None, "--stability-latency", help="mean (default, "
+                                                 "perf_analyzer's rule) | p50 | p99: the latency that must "
+                                                 "agree across windows, with throughput."),
     rate: float | None = typer.Option(None, "--rate", help="Open-loop request rate, req/s."),
     mode: str | None = typer.Option(None, "--mode", help="closed | constant | poisson"),
     rpc: str | None = typer.Option(None, "--rpc", help="unary (default) | stream: ModelInfer calls or "
@@ -85,7 +88,8 @@ def submit(
     data = build_request_dict(base, model, engine, device, batch_sizes, concurrency, edge, input_spec,
                               model_format, name,
                               dict(duration_s=duration, max_windows=windows, window_s=window, warmup_s=warmup,
-                                   stability_pct=stability, rate=rate, mode=mode, threads=threads,
+                                   stability_pct=stability, stability_latency=stability_latency, rate=rate, mode=mode,
+                                   threads=threads,
                                    instances=instances, timeout_s=timeout, rpc=rpc, max_queue_delay_us=queue_delay,
                                    preferred_batch_size=preferred_batch, search=search, p99_ms=p99,
                                    client=client),

@@ -8,8 +8,8 @@ from typing import Any
 from farm.errors import RequestError
 
 _MEASUREMENT_FLAGS = ("duration_s", "window_s", "warmup_s", "max_windows", "min_windows", "stability_pct",
-                      "rate", "mode", "timeout_s", "rpc", "preferred_batch_size", "search", "p99_ms",
-                      "client")
+                      "stability_latency", "rate", "mode", "timeout_s", "rpc", "preferred_batch_size", "search",
+                      "p99_ms", "client")
 #: serving-configuration options given as comma-separated lists (``--instances 1,2``): request-level lists
 _SERVING_LIST_FLAGS = {"instances": "--instances", "threads": "--threads", "max_queue_delay_us": "--max-queue-delay-us"}
 

@@ -100,7 +100,7 @@ ControlMessage = Go | Stop
 @dataclass(frozen=True, slots=True)
 class WindowSummary:
     """Window ``k`` merged over every worker. Public figures (see :meth:`public`): start ``t_s`` after
-    the measurement began, ``length_s``, successful ``requests``, ``errors``, rates and p50/p99 latency.
+    the measurement began, ``length_s``, successful ``requests``, ``errors``, rates and mean/p50/p99 latency.
     The rest feeds the run's result: all samples, error counts by status, sends, late sends, and each
     worker's CPU and wall seconds (by worker index)."""
 
@@ -111,6 +111,7 @@ class WindowSummary:
     errors: int
     requests_per_s: float
     throughput_infer_per_s: float
+    mean_ms: float | None
     p50_ms: float | None
     p99_ms: float | None
     lat_ms: np.ndarray
@@ -127,5 +128,5 @@ class WindowSummary:
         """The figures stored in a result's ``details["windows"]`` (and judged for stability)."""
         return {"k": self.k, "t_s": self.t_s, "length_s": self.length_s, "requests": self.requests,
                 "errors": self.errors, "requests_per_s": self.requests_per_s,
-                "throughput_infer_per_s": self.throughput_infer_per_s, "p50_ms": self.p50_ms,
-                "p99_ms": self.p99_ms}
+                "throughput_infer_per_s": self.throughput_infer_per_s, "mean_ms": self.mean_ms,
+                "p50_ms": self.p50_ms, "p99_ms": self.p99_ms}

@@ -143,7 +143,8 @@ def _windows(export: dict[str, Any], batch_size: int) -> tuple[list[dict[str, An
         p50, p99 = stats.percentiles(w_lat, (50, 99))
         windows.append({"k": k, "t_s": float(edges[k] - edges[0]) / 1e9, "length_s": length,
                         "requests": int(w_lat.size), "errors": 0, "requests_per_s": w_lat.size / length,
-                        "throughput_infer_per_s": w_lat.size * batch_size / length, "p50_ms": p50, "p99_ms": p99})
+                        "throughput_infer_per_s": w_lat.size * batch_size / length, "mean_ms": stats.mean(w_lat),
+                        "p50_ms": p50, "p99_ms": p99})
         lats.append(w_lat)
     return windows, lats
 
@@ -208,7 +209,8 @@ def run_perf_analyzer(url: str, model_name: str, inputs: list[TensorSpec], batch
     late_match = LATE_RE.search(out)
     sent = sum(w["requests"] for w in windows)
     late = round(float(late_match.group(1)) / 100 * sent) if late_match and settings.mode != "closed" else 0
-    stable = stats.is_stable(windows, min(settings.min_windows, 3), settings.stability_pct)
+    stable = stats.is_stable(windows, min(settings.min_windows, 3), settings.stability_pct,
+                             stats.stability_keys(settings.stability_latency))
     t = _Totals(used=[], lat=lat, queue=np.zeros(0), compute=np.zeros(0),
                 duration=sum(w["length_s"] for w in windows[len(windows) - n_metric:]), errors={}, sent=sent,
                 late=late, busy_by_proc=[busy], stable=stable, first_error=None)

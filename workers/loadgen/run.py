@@ -35,7 +35,7 @@ LATE_LIMIT_PCT = 5.0  # open loop: more late sends than this during warm-up mean
 CLIENT_NAME = "farm"  # which client measured a result (details "client"), beside its RPC (details "rpc")
 SPAWN_TIMEOUT_S = 60.0  # worker processes must be connected and ready within this (plus connect timeout)
 START_DELAY_S = 0.05  # margin between "go" and the shared start time (threads)
-START_DELAY_PROC_S = 0.25  # the same for worker processes
+START_DELAY_PROC_S = 0.1  # the same for worker processes (each already reported Ready)
 
 
 @dataclass
@@ -90,7 +90,7 @@ def _summarize_window(k: int, t0: float, parts: list[WindowReport], batch_size: 
     return WindowSummary(
         k=k, t_s=parts[0].t0 - t0, length_s=length, requests=int(lat.size), errors=sum(errors.values()),
         requests_per_s=lat.size / length, throughput_infer_per_s=lat.size * batch_size / length,
-        p50_ms=p50, p99_ms=p99, lat_ms=lat,
+        mean_ms=stats.mean(lat), p50_ms=p50, p99_ms=p99, lat_ms=lat,
         queue_ms=np.concatenate([p.samples.queue_ms for p in parts]),
         compute_ms=np.concatenate([p.samples.compute_ms for p in parts]), error_counts=errors,
         sent=sum(p.samples.sent for p in parts), late=sum(p.samples.late for p in parts),
@@ -109,7 +109,8 @@ def _sum_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
 
 
 def _is_stable(windows: list[WindowSummary], settings: MeasurementSettings) -> bool:
-    return stats.is_stable([w.public() for w in windows], settings.min_windows, settings.stability_pct)
+    return stats.is_stable([w.public() for w in windows], settings.min_windows, settings.stability_pct,
+                           stats.stability_keys(settings.stability_latency))
 
 
 @dataclass
@@ -336,7 +337,7 @@ def _notes(out: _Outcome, t: _Totals, settings: MeasurementSettings) -> list[str
                      "the result; give it more processes (processes=) or cores")
     if not t.stable:
         notes.append(f"not stable: the last {settings.min_windows} windows did not agree within "
-                     f"±{settings.stability_pct:g} % on throughput and p99")
+                     f"±{settings.stability_pct:g} % on throughput and {settings.stability_latency} latency")
     return notes
 
 

@@ -30,6 +30,12 @@ def percentiles(values: Sequence[float] | np.ndarray, qs: Iterable[float]) -> li
     return [_sorted_percentile(a, q) for q in qs]
 
 
+def mean(values: Sequence[float] | np.ndarray) -> float | None:
+    """The mean of ``values``; None when empty."""
+    a = np.asarray(values, dtype=np.float64)
+    return float(a.mean()) if a.size else None
+
+
 def _sorted_percentile(a: np.ndarray, q: float) -> float | None:
     n = a.size
     if n == 0:
@@ -163,10 +169,16 @@ def within_pct(values: Sequence[float | None], pct: float) -> bool:
     return all(abs(v - mean) <= bound for v in vals)
 
 
+def stability_keys(latency: str) -> tuple[str, str]:
+    """The window figures the stability rule compares: throughput and the ``latency`` (mean|p50|p99)."""
+    return ("throughput_infer_per_s", f"{latency}_ms")
+
+
 def is_stable(windows: Sequence[dict[str, Any]], min_windows: int, stability_pct: float,
-              keys: Sequence[str] = ("throughput_infer_per_s", "p99_ms")) -> bool:
+              keys: Sequence[str] = stability_keys("mean")) -> bool:
     """Whether the last ``min_windows`` window summaries agree within ±``stability_pct`` % on each of
-    ``keys`` (default: throughput and p99 latency). Fewer windows than ``min_windows`` is not stable."""
+    ``keys`` (default: throughput and mean latency, perf_analyzer's rule). Fewer windows than
+    ``min_windows`` is not stable."""
     if min_windows < 1:
         raise ValueError(f"min_windows must be >= 1, got {min_windows}")
     if len(windows) < min_windows:
@@ -175,10 +187,11 @@ def is_stable(windows: Sequence[dict[str, Any]], min_windows: int, stability_pct
     return all(within_pct([w.get(k) for w in last], stability_pct) for k in keys)
 
 
-def stable_since(windows: Sequence[dict[str, Any]], min_windows: int, stability_pct: float) -> int | None:
+def stable_since(windows: Sequence[dict[str, Any]], min_windows: int, stability_pct: float,
+                 keys: Sequence[str] = stability_keys("mean")) -> int | None:
     """The first window count ``n`` at which :func:`is_stable` holds for ``windows[:n]``, or None."""
     for n in range(min_windows, len(windows) + 1):
-        if is_stable(windows[:n], min_windows, stability_pct):
+        if is_stable(windows[:n], min_windows, stability_pct, keys):
             return n
     return None
 

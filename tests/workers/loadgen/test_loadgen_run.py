@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -247,3 +249,29 @@ def test_closed_loop_is_never_client_limited(fake_server) -> None:
     assert r.details["client_limited"] is False and r.metrics["latency_p50_ms"] is not None
     assert r.details["client_limited_latency"] is None
     assert r.details["client_process"] == "thread of the measuring process"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell them apart")
+def test_load_process_runs_on_the_cpus_of_the_thread_that_started_it() -> None:
+    """Load processes come from a fork server started once, with its own CPUs: each sets the CPUs of the
+    thread that asked for it (a job's load-generator cores), not the fork server's."""
+    import psutil
+
+    from workers.cores import pinned
+    from workers.loadgen.drivers import ProcessDriver, process_context
+    from workers.loadgen.worker import WorkerConfig
+
+    assert process_context().get_start_method() == "forkserver"
+    cfg = WorkerConfig(url="127.0.0.1:1", model_name="model", request=b"", mode="closed", concurrency=1,
+                       rate=None, phase_s=0.0, warmup_s=0.1, window_lengths_s=(0.1,), connect_timeout_s=5.0)
+    target = {min(os.sched_getaffinity(0))}
+    seen: list[int] = []
+    for cpus in (target, os.sched_getaffinity(0) - target):
+        with pinned(cpus), ProcessDriver([cfg]) as driver:
+            proc = psutil.Process(driver._procs[0].pid)
+            deadline = time.monotonic() + 10
+            while set(proc.cpu_affinity()) != cpus and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert set(proc.cpu_affinity()) == cpus
+            seen.append(proc.pid)
+    assert seen[0] != seen[1]

@@ -117,34 +117,48 @@ def test_histogram_quantile_within_one_bucket() -> None:
 
 # ----------------------------------------------------------------------------- stability
 
+P99_RULE = stats.stability_keys("p99")
+
+
 def _series(throughputs: list[float], p99s: list[float]) -> list[dict[str, float]]:
     return [{"throughput_infer_per_s": t, "p99_ms": p} for t, p in zip(throughputs, p99s, strict=True)]
 
 
+def test_default_rule_is_throughput_and_mean_latency() -> None:
+    """perf_analyzer's rule: a tail that wobbles while throughput and mean latency hold is stable; under
+    the p99 rule it is not."""
+    w = [{"throughput_infer_per_s": 1000.0, "mean_ms": 2.0, "p99_ms": p} for p in (5.0, 9.0, 5.0)]
+    assert stats.stability_keys("mean") == ("throughput_infer_per_s", "mean_ms")
+    assert stats.is_stable(w, 3, 10.0)
+    assert not stats.is_stable(w, 3, 10.0, P99_RULE)
+    w[1]["mean_ms"] = 2.5
+    assert not stats.is_stable(w, 3, 10.0)
+
+
 def test_stable_series() -> None:
     w = _series([1000, 1010, 995, 1003], [5.0, 5.1, 4.9, 5.05])
-    assert stats.is_stable(w, 3, 5.0)
-    assert stats.stable_since(w, 3, 5.0) == 3
+    assert stats.is_stable(w, 3, 5.0, P99_RULE)
+    assert stats.stable_since(w, 3, 5.0, P99_RULE) == 3
 
 
 def test_unstable_series_throughput_or_p99() -> None:
-    assert not stats.is_stable(_series([1000, 1300, 700, 1000], [5, 5, 5, 5]), 3, 10.0)
-    assert not stats.is_stable(_series([1000, 1000, 1000], [5, 9, 5]), 3, 10.0)  # p99 alone disagrees
-    assert stats.stable_since(_series([1000, 1300, 700, 1000, 1250], [5] * 5), 3, 10.0) is None
+    assert not stats.is_stable(_series([1000, 1300, 700, 1000], [5, 5, 5, 5]), 3, 10.0, P99_RULE)
+    assert not stats.is_stable(_series([1000, 1000, 1000], [5, 9, 5]), 3, 10.0, P99_RULE)  # p99 alone disagrees
+    assert stats.stable_since(_series([1000, 1300, 700, 1000, 1250], [5] * 5), 3, 10.0, P99_RULE) is None
 
 
 def test_stabilizing_late() -> None:
     w = _series([400, 700, 900, 1000, 990, 1005, 1002], [20, 12, 8, 5.0, 5.1, 5.0, 4.95])
-    assert not stats.is_stable(w[:5], 3, 5.0)
-    assert stats.is_stable(w, 3, 5.0)
-    assert stats.stable_since(w, 3, 5.0) == 6
+    assert not stats.is_stable(w[:5], 3, 5.0, P99_RULE)
+    assert stats.is_stable(w, 3, 5.0, P99_RULE)
+    assert stats.stable_since(w, 3, 5.0, P99_RULE) == 6
 
 
 def test_stability_edge_cases() -> None:
-    assert not stats.is_stable(_series([1000, 1000], [5, 5]), 3, 10.0)  # too few windows
-    assert not stats.is_stable([{"throughput_infer_per_s": 0.0, "p99_ms": None}] * 3, 3, 10.0)
-    assert not stats.is_stable(_series([0, 0, 0], [1, 1, 1]), 3, 10.0)  # nothing completed
-    assert stats.is_stable(_series([100], [2]), 1, 1.0)
+    assert not stats.is_stable(_series([1000, 1000], [5, 5]), 3, 10.0, P99_RULE)  # too few windows
+    assert not stats.is_stable([{"throughput_infer_per_s": 0.0, "p99_ms": None}] * 3, 3, 10.0, P99_RULE)
+    assert not stats.is_stable(_series([0, 0, 0], [1, 1, 1]), 3, 10.0, P99_RULE)  # nothing completed
+    assert stats.is_stable(_series([100], [2]), 1, 1.0, P99_RULE)
     with pytest.raises(ValueError):
         stats.is_stable([], 0, 10.0)
 
