@@ -23,7 +23,8 @@ REQUEST_COLUMNS = ("request_id", "model", "model_sha256")
 #: every exported column, in order: request, job coordinates, how and where measured, metrics
 EXPORT_COLUMNS: tuple[str, ...] = (REQUEST_COLUMNS + JOB_COLUMNS[:6] + ("rpc",) + MEASUREMENT_COLUMNS
                                    + JOB_COLUMNS[6:] + ("measured",) + PLACEMENT_COLUMNS + METRIC_NAMES)
-_INT_COLUMNS = {"batch_size", "concurrency", "attempts", "slot", *MEASUREMENT_COLUMNS}
+_FLOAT_COLUMNS = {"rate"}  # the open-loop rate, requests/s (the other measurement columns are integers)
+_INT_COLUMNS = {"batch_size", "concurrency", "attempts", "slot", *MEASUREMENT_COLUMNS} - _FLOAT_COLUMNS
 _BOOL_COLUMNS = {"host_shared", "isolated"}
 
 
@@ -49,7 +50,8 @@ def arrow_schema() -> pa.Schema:
                     "description": m.description}
             fields.append(pa.field(c, typ, metadata=meta))
         else:
-            typ = pa.int64() if c in _INT_COLUMNS else pa.bool_() if c in _BOOL_COLUMNS else pa.string()
+            typ = (pa.int64() if c in _INT_COLUMNS else pa.float64() if c in _FLOAT_COLUMNS
+                   else pa.bool_() if c in _BOOL_COLUMNS else pa.string())
             fields.append(pa.field(c, typ))
     return pa.schema(fields)
 

@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.errors import RequestError
-from schemas import COORDINATE_KEYS
+from schemas import COORDINATE_KEYS, LOAD_KEYS
 from schemas.job import JobStatus
 from schemas.metrics import BY_NAME
 from schemas.result import CLIENT_LIMITED_PCT, client_limited
 
-#: what a serving configuration is: a job's coordinates less its concurrency and edge profile
-SERVING_GROUP = tuple(k for k in COORDINATE_KEYS if k not in ("concurrency", "edge_profile"))
+#: what a serving configuration is: a job's coordinates less its load (concurrency, open-loop rate) and edge
+#: profile
+SERVING_GROUP = tuple(k for k in COORDINATE_KEYS if k not in (*LOAD_KEYS, "edge_profile"))
 
 
 @dataclass(frozen=True)

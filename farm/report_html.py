@@ -42,7 +42,9 @@ def _fmt(name: str, v: Any) -> str:
 
 def _config(r: dict[str, Any]) -> str:
     edge = f" edge {r['edge_profile']}" if r.get("edge_profile") else ""
-    return f"{r['device']} {r['engine']} batch {r['batch_size']} × concurrency {r['concurrency']}{edge}"
+    from farm.cli.views import rate_text
+
+    return f"{r['device']} {r['engine']} batch {r['batch_size']} × concurrency {r['concurrency']}{rate_text(r)}{edge}"
 
 
 def render(request_id: str, objective: str = "throughput_infer_per_s", constraints: list[Constraint] | None = None,

@@ -80,15 +80,16 @@ def throughput_vs_p99(rows: list[dict[str, Any]]) -> str | None:
         return None
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for (device, engine, b), group in _groups(serving, lambda r: (r["device"], r["engine"], r["batch_size"])).items():
-        group.sort(key=lambda r: r["concurrency"])
+        group.sort(key=lambda r: (r["concurrency"], r.get("rate") or 0))
         xs, ys = [r["latency_p99_ms"] for r in group], [r["throughput_infer_per_s"] for r in group]
         ax.plot(xs, ys, marker="o", label=f"{device} {engine} batch {b}")
         for r in group:
-            ax.annotate(f"c{r['concurrency']}", (r["latency_p99_ms"], r["throughput_infer_per_s"]), fontsize=6,
+            point = f"{r['rate']:g}/s" if r.get("rate") else f"c{r['concurrency']}"
+            ax.annotate(point, (r["latency_p99_ms"], r["throughput_infer_per_s"]), fontsize=6,
                         textcoords="offset points", xytext=(3, 3))
     _log_if_wide(ax, (r["latency_p99_ms"] for r in serving), "x")
     _log_if_wide(ax, (r["throughput_infer_per_s"] for r in serving), "y")
-    ax.set(title="Throughput vs p99 latency (points: concurrency)", xlabel=label("latency_p99_ms"),
+    ax.set(title="Throughput vs p99 latency (points: concurrency or open-loop rate)", xlabel=label("latency_p99_ms"),
            ylabel=label("throughput_infer_per_s"))
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
     return to_svg(fig)

@@ -13,7 +13,7 @@ from farm.db.models import Job, ModelArtifact, Request, Result, Worker, utcnow
 from farm.db.session import session_scope
 from farm.errors import NotFoundError
 from farm.settings import get_settings
-from schemas import COORDINATE_KEYS, SERVING_KEYS
+from schemas import COORDINATE_KEYS, MEASUREMENT_KEYS
 from schemas.job import JobStatus
 from schemas.metrics import JOB_METRICS
 from schemas.metrics import merge_repeats as merge_metrics
@@ -24,8 +24,9 @@ JOB_COLUMNS = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_
 METRIC_NAMES = tuple(m.name for m in JOB_METRICS)
 #: a job's coordinates (``schemas.COORDINATE_KEYS``; the serving-configuration keys come from its measurement)
 COORDINATE_COLUMNS = COORDINATE_KEYS
-#: per-job serving dimensions kept in the job's spec (``jobs.spec -> measurement``; ``schemas.SERVING_KEYS``)
-MEASUREMENT_COLUMNS = SERVING_KEYS
+#: per-job coordinates kept in the job's spec (``jobs.spec -> measurement``; ``schemas.MEASUREMENT_KEYS``: the
+#: serving dimensions and the open-loop rate)
+MEASUREMENT_COLUMNS = MEASUREMENT_KEYS
 #: what makes two jobs (of the same or of different requests) repeats of one measurement
 CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "rpc", "client")
 #: how a row was measured (the ``measured`` column): serving jobs end to end through a gRPC client, edge
@@ -53,7 +54,7 @@ def find_request(request_id: str) -> Request:
 
 
 def result_rows(request_id: str) -> list[dict[str, Any]]:
-    """Every job of the request with its serving dimensions (:data:`MEASUREMENT_COLUMNS`), how and where it
+    """Every job of the request with its serving dimensions and rate (:data:`MEASUREMENT_COLUMNS`), how and where it
     was measured (``measured``; ``schemas.Placement`` fields) and its result metrics (None where not measured),
     in matrix order; ``rpc``, ``client`` and ``input_data`` (``random``, ``zeros`` or ``file:NAME``) say how
     the request drove its jobs; ``server`` (``NAME VERSION``) names the running server an endpoint request
@@ -79,21 +80,21 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     out = []
     for *values, job_measurement in rows:
         row = dict(zip(names, values, strict=True))
-        r = {**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **serving_values(job_measurement), **row, **extra}
+        r = {**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **measurement_values(job_measurement), **row, **extra}
         out.append({**r, "measured": measured(r)})
-    if any(serving_values(None) != {k: r[k] for k in SERVING_KEYS} for r in out):
-        out.sort(key=_matrix_order)  # several serving configurations: each one's concurrency steps together
+    if any(measurement_values(None) != {k: r[k] for k in MEASUREMENT_COLUMNS} for r in out):
+        out.sort(key=_matrix_order)  # several serving configurations or rates: each one's steps together
     return out
 
 
-def serving_values(measurement: dict[str, Any] | None) -> dict[str, Any]:
-    """A job's serving configuration (``SERVING_KEYS``) from its spec's ``measurement`` (JSON), with the
+def measurement_values(measurement: dict[str, Any] | None) -> dict[str, Any]:
+    """A job's coordinates held in its spec's ``measurement`` (JSON; :data:`MEASUREMENT_COLUMNS`), with the
     defaults of ``MeasurementSettings`` where a key is absent (jobs submitted before the key existed)."""
     from schemas import MeasurementSettings
 
     m = measurement if isinstance(measurement, dict) else {}
     defaults = MeasurementSettings.model_fields
-    return {k: m.get(k, defaults[k].default) for k in SERVING_KEYS}
+    return {k: m.get(k, defaults[k].default) for k in MEASUREMENT_COLUMNS}
 
 
 def _matrix_order(row: dict[str, Any]) -> tuple[Any, ...]:

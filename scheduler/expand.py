@@ -1,11 +1,12 @@
 """Expansion of a request into jobs: pure functions, no I/O.
 
-One job per (device x engine x batch size x serving configuration x concurrency) plus one per (edge profile
-x in-process engine x batch size), where a serving configuration is one combination of the request's
-instances x threads x max queue delay (``ProfileRequest.serving_configs``), held by each job's
-``measurement``. A quick search (``measurement.search == "quick"``) gets only the first concurrency step of
-each serving configuration; ``scheduler.search`` adds the next ones as results land. Job ids are
-deterministic from the request id and the job's coordinates.
+One job per (device x engine x batch size x serving configuration x concurrency x open-loop rate) plus one per
+(edge profile x in-process engine x batch size), where a serving configuration is one combination of the
+request's instances x threads x max queue delay (``ProfileRequest.serving_configs``), held by each job's
+``measurement`` with its rate (``measurement.rate``; ``ProfileRequest.rate_levels``). A quick search
+(``measurement.search == "quick"``) gets only the first step of each serving configuration (a concurrency, or
+a rate in open loop); ``scheduler.search`` adds the next ones as results land. Job ids are deterministic from
+the request id and the job's coordinates.
 """
 from __future__ import annotations
 
@@ -24,10 +25,13 @@ _PLAIN_SERVING = {"instances": 1, "threads": 0, "max_queue_delay_us": None, "pre
 def job_id_for(request_id: str, device: str, engine: str, batch: int, concurrency: int,
                edge: str | None, serving: dict[str, Any] | None = None) -> str:
     """A deterministic 32-hex-character job id from the request id and the coordinates (``serving``: the
-    job's serving configuration; the plain one, 1 instance and engine defaults, adds nothing to the key)."""
+    job's measurement, or its serving configuration and ``rate``; the plain one, 1 instance and engine
+    defaults, adds nothing to the key, nor does a closed loop's absent rate)."""
     key = f"{request_id}|{device}|{engine}|b{batch}|c{concurrency}|edge={edge or ''}"
     if serving and {k: serving.get(k) for k in _PLAIN_SERVING} != _PLAIN_SERVING:
         key += "|" + ",".join(f"{k}={serving.get(k)}" for k in sorted(_PLAIN_SERVING))
+    if serving and serving.get("rate") is not None:
+        key += f"|rate={float(serving['rate'])!r}"
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
@@ -96,12 +100,12 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
                 continue
             for b in batches:
                 for serving in request.serving_configs():
-                    m = request.measurement.model_copy(update=serving)
-                    for c in _levels(request):
+                    for c, rate in _levels(request):
+                        m = request.measurement.model_copy(update={**serving, "rate": rate})
                         result.jobs.append(JobSpec(
-                            job_id=job_id_for(request_id, device, engine, b, c, None, serving), device=device,
-                            engine=engine, batch_size=b, concurrency=c, queue=queue_for(device), measurement=m,
-                            **common))
+                            job_id=job_id_for(request_id, device, engine, b, c, None, {**serving, "rate": rate}),
+                            device=device, engine=engine, batch_size=b, concurrency=c, queue=queue_for(device),
+                            measurement=m, **common))
     engines = edge_engines(request.engines, model.format)
     for profile in request.edge:
         if not engines:
@@ -117,13 +121,18 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
     return result
 
 
-def _levels(request: ProfileRequest) -> list[int]:
-    """The concurrency steps submitted upfront: all of them, or a quick search's first one."""
+def _levels(request: ProfileRequest) -> list[tuple[int, float | None]]:
+    """The (concurrency, open-loop rate) steps submitted upfront: all of them, or a quick search's first one
+    (of the concurrency list, or in open loop of the rates at the request's one concurrency)."""
+    rates = request.rate_levels()
     if request.measurement.search == "quick":
         from scheduler.search import first_level
 
-        return [first_level(request.concurrency, request.measurement.p99_ms)]
-    return list(request.concurrency)
+        p99 = request.measurement.p99_ms
+        if request.search_load() == "rate":
+            return [(request.concurrency[0], float(first_level([r for r in rates if r is not None], p99)))]
+        return [(int(first_level(request.concurrency, p99)), rates[0])]
+    return [(c, r) for c in request.concurrency for r in rates]
 
 
 def edge_engines(engines: list[str], model_format: str) -> list[str]:
@@ -138,5 +147,5 @@ def matrix_size(request: ProfileRequest, n_devices: int | None = None) -> int:
     """Upper bound of the job count before compatibility filtering (for the job limit)."""
     devices = n_devices if n_devices is not None else len(request.devices)
     return (devices * len(request.engines) * len(request.batch_sizes) * len(request.concurrency)
-            * len(request.serving_configs())
+            * len(request.serving_configs()) * len(request.rate_levels())
             + len(request.edge) * len(request.batch_sizes) * max(1, sum(e in IN_PROCESS for e in request.engines)))

@@ -1,15 +1,18 @@
-"""Quick search over concurrency, per serving configuration: pure decisions, plus the one step that
-turns them into jobs (``advance``).
+"""Quick search over the load level (concurrency, or the request rate in open loop), per serving
+configuration: pure decisions, plus the one step that turns them into jobs (``advance``).
 
-A serving configuration is a job's coordinates less its concurrency (device, engine, batch size and the
-``SERVING_KEYS`` of its measurement). Its search space is the request's concurrency list, in order.
+A serving configuration is a job's coordinates less its load (``schemas.LOAD_KEYS``), i.e. its device,
+engine, batch size and the ``SERVING_KEYS`` of its measurement. Its search space is the request's
+concurrency list, or in open loop (``--mode constant|poisson``) its rates, ascending
+(``ProfileRequest.search_load``).
 
-* Without a latency budget (Model Analyzer's early exit): concurrency rises through the list until the
+* Without a latency budget (Model Analyzer's early exit): the level rises through the list until the
   throughput of the newest step gains less than ``GAIN`` over the step two before it, a step fails, or the
-  list ends.
-* With ``p99_ms`` (perf_analyzer's latency threshold): a binary search for the highest concurrency whose
-  p99 stays within the budget, assuming p99 grows with concurrency; the pick is the highest throughput
-  among the steps within the budget.
+  list ends (once the server saturates, neither more concurrency nor a higher offered rate adds throughput).
+* With ``p99_ms`` (perf_analyzer's latency threshold): a binary search for the highest level whose p99
+  stays within the budget, assuming p99 grows with the level; a failed step, or one without a p99 (a
+  client-limited open-loop run), counts as over it; the pick is the highest throughput among the steps
+  within the budget.
 
 The next step of a search is enqueued when the previous result lands: ``advance`` is called after every
 result write of a search job (``workers.ledger.finish``) and on every reconciliation pass, so a worker
@@ -26,9 +29,10 @@ GAIN = 0.05  # smallest throughput gain over two steps that keeps the early-exit
 
 @dataclass(frozen=True)
 class Step:
-    """One measured step: its concurrency, throughput (inferences/s; None: the job failed) and p99 (ms)."""
+    """One measured step: its level (concurrency, or open-loop rate in requests/s), throughput (inferences/s;
+    None: the job failed) and p99 (ms)."""
 
-    level: int
+    level: int | float
     throughput: float | None
     p99_ms: float | None = None
 
@@ -37,7 +41,7 @@ class Step:
 class Decision:
     """What a search does next: measure ``next`` (None: done), its best step so far and why."""
 
-    next: int | None
+    next: int | float | None
     best: Step | None
     reason: str
 
@@ -57,26 +61,33 @@ def _best(steps: Sequence[Step], budget: float | None) -> Step | None:
     return max(ok, key=lambda s: (s.throughput or 0.0, -s.level)) if ok else None
 
 
-def decide(levels: Sequence[int], steps: Sequence[Step], p99_ms: float | None = None) -> Decision:
-    """The next concurrency to measure given the measured ``steps`` (levels must be sorted ascending)."""
+def label(level: int | float, load: str = "concurrency") -> str:
+    """A search level for humans: ``c=4`` (concurrency) or ``rate=100/s`` (open-loop rate)."""
+    return f"rate={level:g}/s" if load == "rate" else f"c={level}"
+
+
+def decide(levels: Sequence[int | float], steps: Sequence[Step], p99_ms: float | None = None,
+           load: str = "concurrency") -> Decision:
+    """The next level to measure given the measured ``steps`` (levels sorted ascending; ``load``: what they
+    are, ``concurrency`` or ``rate``, for the reason's words)."""
     if p99_ms is not None:
-        return _bisect(levels, steps, p99_ms)
+        return _bisect(levels, steps, p99_ms, load)
     measured = {s.level: s for s in steps}
     seq: list[Step] = []
     for level in levels:
         step = measured.get(level)
         if step is None:
-            return Decision(level, _best(seq, None), f"climbing: c={level} next")
+            return Decision(level, _best(seq, None), f"climbing: {label(level, load)} next")
         seq.append(step)
         if step.throughput is None:
-            return Decision(None, _best(seq, None), f"stopped: c={level} failed")
+            return Decision(None, _best(seq, None), f"stopped: {label(level, load)} failed")
         if len(seq) >= 3 and step.throughput < (1 + GAIN) * (seq[-3].throughput or 0.0):
-            return Decision(None, _best(seq, None), f"stopped at c={level}: throughput gained under "
+            return Decision(None, _best(seq, None), f"stopped at {label(level, load)}: throughput gained under "
                             f"{GAIN:.0%} over the last two steps")
-    return Decision(None, _best(seq, None), "stopped: end of the concurrency list")
+    return Decision(None, _best(seq, None), f"stopped: end of the {load} list")
 
 
-def _bisect(levels: Sequence[int], steps: Sequence[Step], budget: float) -> Decision:
+def _bisect(levels: Sequence[int | float], steps: Sequence[Step], budget: float, load: str) -> Decision:
     index = {lv: i for i, lv in enumerate(levels)}
     bad = [index[s.level] for s in steps if s.level in index and not _within(s, budget)]
     hi = min(bad, default=len(levels))
@@ -85,22 +96,23 @@ def _bisect(levels: Sequence[int], steps: Sequence[Step], budget: float) -> Deci
     best = _best([s for s in steps if s.level in index and index[s.level] <= lo], budget)
     if hi - lo > 1:
         nxt = levels[(lo + hi) // 2]
-        return Decision(nxt, best, f"bisecting c={levels[lo] if lo >= 0 else 0}..{levels[hi - 1]}: c={nxt} next")
+        return Decision(nxt, best, f"bisecting {load} {levels[lo] if lo >= 0 else 0:g}..{levels[hi - 1]:g}: "
+                                   f"{label(nxt, load)} next")
     if best is None:
-        return Decision(None, None, f"stopped: c={levels[0]} already exceeds p99 {budget:g} ms")
-    return Decision(None, best, f"stopped: the highest concurrency within p99 {budget:g} ms is c={levels[lo]}; "
-                    f"best throughput at c={best.level}")
+        return Decision(None, None, f"stopped: {label(levels[0], load)} already exceeds p99 {budget:g} ms")
+    return Decision(None, best, f"stopped: the highest {load} within p99 {budget:g} ms is "
+                    f"{label(levels[lo], load)}; best throughput at {label(best.level, load)}")
 
 
-def first_level(levels: Sequence[int], p99_ms: float | None) -> int:
-    """The concurrency a quick search measures first."""
+def first_level(levels: Sequence[int | float], p99_ms: float | None) -> int | float:
+    """The level (concurrency or rate) a quick search measures first."""
     nxt = decide(levels, [], p99_ms).next
     assert nxt is not None  # an empty search always has a first step
     return nxt
 
 
 def serving_key(spec: dict[str, Any]) -> tuple[Any, ...]:
-    """A job spec's (JSON) serving configuration: its coordinates less concurrency."""
+    """A job spec's (JSON) serving configuration: its coordinates less its load (concurrency and rate)."""
     from farm.report import SERVING_GROUP
     from schemas import SERVING_KEYS
 
@@ -120,19 +132,23 @@ class SearchState:
 
     key: tuple[Any, ...]
     steps: list[Step]
-    pending: int | None
+    pending: int | float | None
     decision: Decision | None
     template: dict[str, Any]  # a job spec (JSON) of this configuration, for its next steps
+    load: str = "concurrency"  # what the search walks: concurrency, or the open-loop rate
 
     def describe(self) -> str:
-        """One line for ``farm status``."""
-        measured = ",".join(str(s.level) for s in sorted(self.steps, key=lambda s: s.level)) or "-"
+        """One line for ``farm status``: ``measuring c=4 (measured c=1,2)``, ``... rate=100/s (...)``."""
+        head, unit = ("rate=", "/s") if self.load == "rate" else ("c=", "")
+        levels = ",".join(f"{s.level:g}" for s in sorted(self.steps, key=lambda s: s.level))
+        measured = f"{head}{levels}{unit}" if levels else "none yet"
         if self.pending is not None:
-            return f"measuring c={self.pending} (measured c={measured})"
+            return f"measuring {label(self.pending, self.load)} (measured {measured})"
         assert self.decision is not None
         best = self.decision.best
-        pick = f"; best c={best.level} {best.throughput:.1f} infer/s" if best and best.throughput else ""
-        return f"{self.decision.reason} (measured c={measured}){pick}"
+        pick = (f"; best {label(best.level, self.load)} {best.throughput:.1f} infer/s"
+                if best and best.throughput else "")
+        return f"{self.decision.reason} (measured {measured}){pick}"
 
 
 def search_states(bind: Any, request_id: str) -> list[SearchState]:
@@ -149,6 +165,8 @@ def search_states(bind: Any, request_id: str) -> list[SearchState]:
     request = ProfileRequest.model_validate(spec)
     if request.measurement.search != "quick":
         return []
+    load = request.search_load()
+    levels = request.concurrency if load == "concurrency" else [r for r in request.rate_levels() if r is not None]
     metrics = [getattr(Result, n) for n in ("throughput_infer_per_s", "latency_p99_ms")]  # registry columns
     rows = bind.execute(select(Job.spec, Job.status, Job.concurrency, *metrics)
                         .outerjoin(Result, Result.job_id == Job.id)
@@ -157,18 +175,19 @@ def search_states(bind: Any, request_id: str) -> list[SearchState]:
     cancelled: set[tuple[Any, ...]] = set()
     for job_spec, status, c, tput, p99 in rows:
         key = serving_key(job_spec)
-        st = states.setdefault(key, SearchState(key, [], None, None, job_spec))
+        st = states.setdefault(key, SearchState(key, [], None, None, job_spec, load))
+        level = c if load == "concurrency" else job_spec["measurement"]["rate"]
         if status not in FINAL:
-            st.pending = c
+            st.pending = level
             continue
         ok = status == JobStatus.succeeded and tput is not None
-        st.steps.append(Step(c, tput if ok else None, p99 if ok else None))
+        st.steps.append(Step(level, tput if ok else None, p99 if ok else None))
         if status == JobStatus.cancelled:
             cancelled.add(key)
     for st in states.values():
         if st.pending is not None:
             continue
-        st.decision = decide(request.concurrency, st.steps, request.measurement.p99_ms)
+        st.decision = decide(levels, st.steps, request.measurement.p99_ms, load)
         if st.key in cancelled and not st.decision.done:  # farm cancel (or an interrupt): no new step
             st.decision = Decision(None, st.decision.best, "stopped: a step was cancelled")
     return list(states.values())
@@ -188,9 +207,13 @@ def next_steps(bind: Any, request_id: str) -> list[tuple[str, str]]:
     for st in search_states(bind, request_id):
         if st.decision is None or st.decision.next is None:
             continue
-        t, c = st.template, st.decision.next
-        job_id = job_id_for(request_id, t["device"], t["engine"], t["batch_size"], c, None, t["measurement"])
-        new.append(JobSpec.model_validate({**t, "concurrency": c, "job_id": job_id}))
+        t, c, m = st.template, st.template["concurrency"], st.template["measurement"]
+        if st.load == "rate":
+            m = {**m, "rate": st.decision.next}
+        else:
+            c = st.decision.next
+        job_id = job_id_for(request_id, t["device"], t["engine"], t["batch_size"], c, None, m)
+        new.append(JobSpec.model_validate({**t, "concurrency": c, "measurement": m, "job_id": job_id}))
     if not new:
         return []
     stmt = (dialect_insert(bind, Job.__table__).values(job_rows(request_id, new))  # type: ignore[arg-type]
@@ -233,7 +256,8 @@ def advance_recent(now: Any = None) -> list[tuple[str, str]]:
 
 def search_report(request_id: str) -> list[dict[str, Any]]:
     """Where each quick search of the request stands, for ``farm status`` (empty for brute force): its
-    serving configuration, state line, whether it is done and its best step."""
+    serving configuration, what it walks (``load``: concurrency or rate), state line, whether it is done, the
+    levels measured and its best step."""
     from farm.db.session import session_scope
     from farm.report import SERVING_GROUP
     from farm.results import find_request
@@ -244,10 +268,10 @@ def search_report(request_id: str) -> list[dict[str, Any]]:
     out = []
     for st in states:
         best = st.decision.best if st.decision else None
-        out.append({"config": dict(zip(SERVING_GROUP, st.key, strict=True)),
+        out.append({"config": dict(zip(SERVING_GROUP, st.key, strict=True)), "load": st.load,
                     "state": st.describe(), "done": bool(st.decision and st.decision.done),
                     "measured": sorted(s.level for s in st.steps),
-                    "best": None if best is None else {"concurrency": best.level, "throughput_infer_per_s":
+                    "best": None if best is None else {st.load: best.level, "throughput_infer_per_s":
                                                        best.throughput, "latency_p99_ms": best.p99_ms}})
     return out
 

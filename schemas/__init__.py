@@ -9,6 +9,8 @@ from schemas.hardware import CpuInfo, GpuInfo, WorkerHardware
 from schemas.job import JobSpec, JobStatus
 from schemas.request import (
     COORDINATE_KEYS,
+    LOAD_KEYS,
+    MEASUREMENT_KEYS,
     SERVING_KEYS,
     EdgeProfile,
     MeasurementSettings,
@@ -20,6 +22,8 @@ from schemas.result import JobResult, Placement
 __all__ = [
     "COORDINATE_KEYS",
     "ENGINES",
+    "LOAD_KEYS",
+    "MEASUREMENT_KEYS",
     "SERVING_KEYS",
     "MODEL_FORMATS",
     "CpuInfo",

@@ -1,6 +1,7 @@
 """The profiling request: what the user asks farm to measure."""
 from __future__ import annotations
 
+import math
 import re
 from typing import Literal
 
@@ -165,8 +166,9 @@ class MeasurementSettings(_Strict):
     preferred_batch_size: int | None = Field(
         default=None, ge=1, le=65536, description="dynamic batching: run a batch as soon as it has this many rows")
     search: Literal["brute", "quick"] = Field(
-        default="brute", description="brute: every concurrency; quick: per serving configuration, the scheduler "
-                                     "walks concurrency up (or binary-searches it under p99_ms)")
+        default="brute", description="brute: every concurrency (or rate); quick: per serving configuration, the "
+                                     "scheduler walks concurrency (open loop: the rates) up, or binary-searches "
+                                     "it under p99_ms")
     p99_ms: float | None = Field(default=None, gt=0, le=600_000, description="latency budget of the quick search, ms")
     rpc: Literal["unary", "stream"] = Field(
         default="unary",
@@ -188,16 +190,21 @@ class MeasurementSettings(_Strict):
         if self.p99_ms is not None and self.search != "quick":
             raise ValueError("p99_ms (--p99) is the quick search's latency budget: add search quick (--search quick), "
                              "or rank by p99 afterwards with `farm report --p99`")
-        if self.search == "quick" and self.mode != "closed":
-            raise ValueError("quick search walks concurrency (closed loop); drop the rate/mode or use search brute")
         return self
 
 
 #: the serving-configuration keys of a job's ``measurement`` (columns of results, report groups)
 SERVING_KEYS: tuple[str, ...] = ("instances", "threads", "max_queue_delay_us", "preferred_batch_size")
+#: a job's load level: closed-loop concurrency (a job column) and the open-loop rate (requests/s, its
+#: ``measurement.rate``; None in closed loop). A quick search walks one of them; a serving configuration
+#: excludes both
+LOAD_KEYS: tuple[str, ...] = ("concurrency", "rate")
+#: the coordinates a job keeps in its ``measurement`` (columns of results taken from ``jobs.spec``)
+MEASUREMENT_KEYS: tuple[str, ...] = (*SERVING_KEYS, "rate")
 #: a job's coordinates in the matrix, in matrix order: what results, reports and comparisons group by (a
-#: serving configuration is all of them but concurrency and edge_profile)
-COORDINATE_KEYS: tuple[str, ...] = ("device", "engine", "batch_size", *SERVING_KEYS, "concurrency", "edge_profile")
+#: serving configuration is all of them but the ``LOAD_KEYS`` and edge_profile)
+COORDINATE_KEYS: tuple[str, ...] = ("device", "engine", "batch_size", *SERVING_KEYS, *LOAD_KEYS, "edge_profile")
+MAX_RATE = 1_000_000.0  # the highest open-loop rate a request may ask for, requests/s
 
 
 def _positive_unique(name: str, values: list[int], upper: int, lower: int = 1) -> list[int]:
@@ -209,8 +216,33 @@ def _positive_unique(name: str, values: list[int], upper: int, lower: int = 1) -
     return sorted(set(values))
 
 
+def _first_rate(data: object) -> object:
+    """A request dict with a ``rates`` list and no ``measurement.rate``: its measurement takes the first rate,
+    which makes it open loop (each job gets its own rate at expansion)."""
+    if not isinstance(data, dict):
+        return data
+    rates = data.get("rates")
+    first = rates[0] if isinstance(rates, list) and rates else rates
+    try:
+        first = None if isinstance(first, bool) else float(first)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        first = None
+    if first is None or not first > 0:
+        return data  # no usable rates: their own validator says why
+    m = data.get("measurement")
+    if isinstance(m, MeasurementSettings):
+        m = m.model_dump(exclude_unset=True)
+    if not isinstance(m, dict | None):
+        return data  # not a mapping: the measurement's own validation says why
+    m = dict(m or {})
+    if m.get("rate") is None:
+        return {**data, "measurement": {**m, "rate": first}}
+    return data
+
+
 class ProfileRequest(_Strict):
-    """What to profile: one model over devices x engines x batch sizes x concurrency, plus edge runs."""
+    """What to profile: one model over devices x engines x batch sizes x serving configurations x concurrency
+    (x open-loop rates), plus edge runs."""
 
     model: str | None = Field(default=None, min_length=1, max_length=4096,
                               description="path of the model file (none with endpoint)")
@@ -225,6 +257,8 @@ class ProfileRequest(_Strict):
     instances: list[StrictInt] | None = None
     threads: list[StrictInt] | None = None
     max_queue_delay_us: list[StrictInt] | None = None
+    # open-loop rates, requests/s (None: the one ``measurement.rate``, or closed loop), one job per rate
+    rates: list[float] | None = None
     measurement: MeasurementSettings = Field(default_factory=MeasurementSettings)
     name: str | None = Field(default=None, max_length=200)
     input_data: InputData | None = Field(default=None, description="random (default), zeros or a file's rows")
@@ -271,10 +305,28 @@ class ProfileRequest(_Strict):
     def _conc(cls, v: list[int]) -> list[int]:
         return _positive_unique("concurrency", v, 4096)
 
-    @field_validator("instances", "threads", "max_queue_delay_us", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _rates_open_loop(cls, data: object) -> object:
+        return _first_rate(data)
+
+    @field_validator("instances", "threads", "max_queue_delay_us", "rates", mode="before")
     @classmethod
     def _one_value(cls, v: object) -> object:
-        return [v] if isinstance(v, int) and not isinstance(v, bool) else v  # `instances: 2` in a request file
+        # `instances: 2` (`rates: 100`) in a request file
+        return [v] if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+    @field_validator("rates")
+    @classmethod
+    def _rates(cls, v: list[float] | None) -> list[float] | None:
+        if v is None:
+            return None
+        if not v:
+            raise ValueError("rates must not be empty; omit it for one measurement.rate (or closed loop)")
+        for r in v:
+            if not (math.isfinite(r) and 0 < r <= MAX_RATE):
+                raise ValueError(f"rates must be requests/s above 0 and up to {MAX_RATE:g}, got {r:g}")
+        return sorted(set(v))
 
     @field_validator("instances")
     @classmethod
@@ -290,6 +342,16 @@ class ProfileRequest(_Strict):
     @classmethod
     def _delays(cls, v: list[int] | None) -> list[int] | None:
         return None if v is None else _positive_unique("max_queue_delay_us", v, 10_000_000, lower=0)
+
+    def rate_levels(self) -> list[float | None]:
+        """The open-loop rates of the request's jobs, ascending (``[None]`` in closed loop)."""
+        if self.measurement.mode == "closed":
+            return [None]
+        return list(self.rates) if self.rates else [self.measurement.rate]
+
+    def search_load(self) -> str:
+        """What a quick search walks (one of ``LOAD_KEYS``): the rates in open loop, else concurrency."""
+        return "concurrency" if self.measurement.mode == "closed" else "rate"
 
     def serving_configs(self) -> list[dict[str, int | None]]:
         """The serving-configuration combinations (instances x threads x queue delay), each a dict of the
@@ -321,6 +383,19 @@ class ProfileRequest(_Strict):
             if not v:
                 raise ValueError("inputs must not be empty when given; omit it to infer from the model")
         return v
+
+    @model_validator(mode="after")
+    def _open_loop(self) -> ProfileRequest:
+        """A rates list and measurement.rate must agree; an open-loop quick search walks the rates at one
+        concurrency."""
+        m = self.measurement
+        if self.rates and m.rate not in self.rates:
+            raise ValueError(f"measurement.rate {m.rate:g} is not one of rates; give the open-loop rate once "
+                             "(rates: [...] or measurement.rate)")
+        if m.search == "quick" and m.mode != "closed" and len(self.concurrency) > 1:
+            raise ValueError("an open-loop quick search walks the rates (--rate 50,100,200) at one concurrency: "
+                             "give one --concurrency, or use --search brute")
+        return self
 
     @model_validator(mode="after")
     def _model_or_endpoint(self) -> ProfileRequest:

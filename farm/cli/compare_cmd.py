@@ -7,7 +7,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from farm.cli.views import console, err_console, fmt_value
+from farm.cli.views import console, err_console, fmt_value, load_label
 from farm.compare import RATIOS, SLOWER, Comparison
 from farm.errors import RequestError
 from farm.results import CONFIG_COLUMNS
@@ -59,7 +59,7 @@ def _coords(key: dict[str, object]) -> str:
     """A configuration's coordinates, short: device engine bxc [edge] [dims]."""
     parts = [str(key.get(c)) for c in ("device", "engine") if c in key]
     if "batch_size" in key and "concurrency" in key:
-        parts.append(f"{key['batch_size']}x{key['concurrency']}")
+        parts.append(load_label(key))
     if key.get("edge_profile"):
         parts.append(f"edge {key['edge_profile']}")
     dims = [f"{c}={key[c]}" for c in ("instances", "threads", "max_queue_delay_us", "preferred_batch_size")

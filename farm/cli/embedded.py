@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from farm.cli.views import err_console
+from farm.cli.views import err_console, rate_text
 from farm.errors import RunInterrupted
 from farm.settings import get_settings
 
@@ -121,8 +121,9 @@ def _interrupted(request_id: str, worker_id: str, job_id: str | None, what: str,
         job = s.get(Job, job_id) if stopped else None
         left = len(lifecycle.resumable(s, request_id))
     if job is not None:
+        rate = rate_text({"rate": (job.spec.get("measurement") or {}).get("rate"), "edge_profile": job.edge_profile})
         err_console.print(f"{name}: job {job.id[:8]} ({job.device} {job.engine} b={job.batch_size} "
-                          f"c={job.concurrency}{' edge=' + job.edge_profile if job.edge_profile else ''}) "
+                          f"c={job.concurrency}{rate}{' edge=' + job.edge_profile if job.edge_profile else ''}) "
                           "cancelled, its server stopped", highlight=False, soft_wrap=True)
     raise RunInterrupted(f"interrupted by {name}; `farm resume {request_id}` runs the request's {left} remaining "
                          "job(s)", signum)

@@ -54,7 +54,9 @@ def submit(
     stability_latency: str | None = typer.Option(None, "--stability-latency", help="mean (default, "
                                                  "perf_analyzer's rule) | p50 | p99: the latency that must "
                                                  "agree across windows, with throughput."),
-    rate: float | None = typer.Option(None, "--rate", help="Open-loop request rate, req/s."),
+    rate: str | None = typer.Option(None, "--rate", help="Open-loop request rates, req/s: 100, a list 50,100,200 "
+                                    "or a range START:END:STEP (50:400:50); one job per rate, or the levels "
+                                    "of --search quick."),
     mode: str | None = typer.Option(None, "--mode", help="closed | constant | poisson"),
     rpc: str | None = typer.Option(None, "--rpc", help="unary (default) | stream: ModelInfer calls or "
                                       "ModelStreamInfer streams."),
@@ -64,10 +66,11 @@ def submit(
                                            "e.g. 0,500,2000 (default: no dynamic batching)."),
     preferred_batch: int | None = typer.Option(None, "--preferred-batch-size", help="Dynamic batching: run a "
                                                "batch as soon as it has this many rows."),
-    search: str | None = typer.Option(None, "--search", help="brute (every concurrency) | quick (the scheduler "
-                                      "walks or bisects concurrency per serving configuration)."),
+    search: str | None = typer.Option(None, "--search", help="brute (every concurrency and rate) | quick (the "
+                                      "scheduler walks or bisects concurrency, or in open loop the --rate "
+                                      "list, per serving configuration)."),
     p99: float | None = typer.Option(None, "--p99", help="Quick search latency budget, ms: the highest "
-                                     "throughput with p99 within it."),
+                                     "throughput with p99 within it (the highest concurrency or rate)."),
     client: str | None = typer.Option(None, "--client", help="farm (default) | perf_analyzer: the load "
                                       "generator (perf_analyzer: where installed, unary only)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
@@ -79,7 +82,7 @@ def submit(
     wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"request_id\": ...} (and results with --wait)."),
 ) -> None:
-    """Profile MODEL over devices x engines x batch sizes x concurrency (+ edge runs)."""
+    """Profile MODEL over devices x engines x batch sizes x concurrency or open-loop rates (+ edge runs)."""
     from farm.cli.request_options import build_request_dict, load_request_file
     from scheduler.enqueue import submit as do_submit
     from schemas import ProfileRequest
@@ -89,8 +92,8 @@ def submit(
                               model_format, name,
                               dict(duration_s=duration, max_windows=windows, window_s=window, warmup_s=warmup,
                                    stability_pct=stability, stability_latency=stability_latency, rate=rate, mode=mode,
-                                   threads=threads,
-                                   instances=instances, timeout_s=timeout, rpc=rpc, max_queue_delay_us=queue_delay,
+                                   threads=threads, instances=instances, timeout_s=timeout, rpc=rpc,
+                                   max_queue_delay_us=queue_delay,
                                    preferred_batch_size=preferred_batch, search=search, p99_ms=p99,
                                    client=client),
                               extra=dict(input_data=input_data, endpoint=endpoint, model_name=served_name))
@@ -281,7 +284,7 @@ def status(request_id: str | None = typer.Argument(None, help="Request id; omit 
     for r in result_rows(request_id):
         if r["status"] != JobStatus.succeeded:
             console.print(f"  {r['job_id'][:8]} {r['device']} {r['engine']} b={r['batch_size']} "
-                          f"c={r['concurrency']} edge={r['edge_profile'] or '-'}: {r['status']}"
+                          f"c={r['concurrency']}{views.rate_text(r)} edge={r['edge_profile'] or '-'}: {r['status']}"
                           + (f" ({r['error']})" if r["error"] else ""))
 
 

@@ -9,7 +9,17 @@ import typer
 from rich import box
 from rich.table import Table
 
-from farm.cli.views import config_label, console, fmt_value, job_label, measured_lines, serving_label, shared_lines
+from farm.cli.views import (
+    config_label,
+    console,
+    fmt_value,
+    job_label,
+    load_label,
+    measured_lines,
+    rate_text,
+    serving_label,
+    shared_lines,
+)
 from schemas import COORDINATE_KEYS
 from schemas.result import shared_unisolated
 
@@ -107,7 +117,7 @@ def _print_ranked(request_id: str, rep: Report, top: int) -> None:
         table.add_column(c, justify="right" if c in cols or c == "rank" else "left")
     for i, r in enumerate(rep.ranked[:top], 1):
         table.add_row(str(i), job_label(r), r["device"], r["engine"], serving_label(r),
-                      f"{r['batch_size']}x{r['concurrency']}", *(fmt_value(c, r.get(c)) for c in cols))
+                      load_label(r), *(fmt_value(c, r.get(c)) for c in cols))
     console.print(table)
     if not rep.ranked:
         console.print("[yellow]no configuration meets the constraints[/]")
@@ -119,11 +129,11 @@ def _print_verdicts(rep: Report) -> None:
     """The best configuration per device, the ones left out (first five) and each edge profile's verdict."""
     objective = rep.objective
     for device, r in rep.best_per_device.items():
-        console.print(f"best on {device}: {r['engine']} batch {r['batch_size']} x concurrency {r['concurrency']} "
-                      f"({serving_label(r)}) → {fmt_value(objective, r.get(objective))} {objective}")
+        console.print(f"best on {device}: {r['engine']} batch {r['batch_size']} x concurrency {r['concurrency']}"
+                      f"{rate_text(r)} ({serving_label(r)}) → {fmt_value(objective, r.get(objective))} {objective}")
     if len(rep.best_per_serving) > 1:  # grouped by serving configuration (instances, threads, batching)
         for r in rep.best_per_serving:
-            console.print(f"  best of {config_label(r)}: concurrency {r['concurrency']} → "
+            console.print(f"  best of {config_label(r)}: concurrency {r['concurrency']}{rate_text(r)} → "
                           f"{fmt_value(objective, r.get(objective))} {objective}", highlight=False)
     if rep.rejected:
         console.print(f"{len(rep.rejected)} configuration(s) left out: "

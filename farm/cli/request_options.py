@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from farm.errors import RequestError
 
 _MEASUREMENT_FLAGS = ("duration_s", "window_s", "warmup_s", "max_windows", "min_windows", "stability_pct",
-                      "stability_latency", "rate", "mode", "timeout_s", "rpc", "preferred_batch_size", "search",
+                      "stability_latency", "mode", "timeout_s", "rpc", "preferred_batch_size", "search",
                       "p99_ms", "client")
 #: serving-configuration options given as comma-separated lists (``--instances 1,2``): request-level lists
 _SERVING_LIST_FLAGS = {"instances": "--instances", "threads": "--threads", "max_queue_delay_us": "--max-queue-delay-us"}
@@ -21,6 +22,48 @@ def parse_int_list(text: str, name: str) -> list[int]:
     except ValueError:
         raise RequestError(f"{name} must be a comma-separated list of whole numbers like 1,4,16, "
                            f"got {text!r}") from None
+
+
+MAX_RATE_LEVELS = 1000  # the most rates one --rate may expand to
+
+
+def parse_rates(text: str) -> list[float]:
+    """``--rate``: ``"100"``, ``"50,100,200"`` or ``START:END:STEP`` (``"50:400:50"``: 50, 100, ..., 400, the
+    end included when the steps reach it), items mixable with commas; requests/s. A one-line RequestError
+    otherwise."""
+    out: list[float] = []
+    for item in text.replace(" ", "").split(","):
+        if item:
+            out += _rate_range(item, text) if ":" in item else [_rate_number(item, text)]
+        if len(out) > MAX_RATE_LEVELS:
+            raise RequestError(f"--rate {text!r} expands to over {MAX_RATE_LEVELS} rates; use a larger step")
+    if not out:
+        raise RequestError("--rate needs requests/s: 100, a list 50,100,200 or a range START:END:STEP like 50:400:50")
+    return out
+
+
+def _rate_number(item: str, text: str) -> float:
+    try:
+        value = float(item)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise RequestError(f"--rate {text!r}: {item!r} is not a number; use requests/s like 50,100,200 "
+                           "or a range START:END:STEP like 50:400:50")
+    return value
+
+
+def _rate_range(item: str, text: str) -> list[float]:
+    parts = item.split(":")
+    if len(parts) != 3:
+        raise RequestError(f"--rate {text!r}: a range is START:END:STEP like 50:400:50, got {item!r}")
+    start, end, step = (_rate_number(p, text) for p in parts)
+    if step <= 0 or end < start:
+        raise RequestError(f"--rate {text!r}: the range {item} needs STEP > 0 and END >= START")
+    n = math.floor((end - start) / step + 1e-9) + 1
+    if n > MAX_RATE_LEVELS:
+        raise RequestError(f"--rate {text!r} expands to over {MAX_RATE_LEVELS} rates; use a larger step")
+    return [round(start + i * step, 9) for i in range(n)]
 
 
 def parse_edge(text: str) -> dict[str, Any]:
@@ -104,8 +147,11 @@ def build_request_dict(base: dict[str, Any], model: str | None, engines: list[st
         if measurement.get(key) is not None:
             data[key] = parse_int_list(str(measurement[key]), flag)
     given = {k: v for k, v in measurement.items() if v is not None and k in _MEASUREMENT_FLAGS}
+    if measurement.get("rate") is not None:  # --rate replaces the file's rates and its measurement.rate
+        data["rates"] = parse_rates(str(measurement["rate"]))
+        given["rate"] = None
     if given:
         merged = dict(data.get("measurement") or {})
         merged.update(given)
-        data["measurement"] = merged
+        data["measurement"] = {k: v for k, v in merged.items() if not (k == "rate" and v is None)}
     return data

@@ -54,9 +54,20 @@ def results_table(rows: list[dict[str, Any]], title: str = "") -> Table:
         table.add_column(head, justify="right")
     for r in rows:
         table.add_row(job_label(r), r["device"], r["engine"], *((serving_label(r),) if serving else ()),
-                      f"{r['batch_size']}x{r['concurrency']}", r["edge_profile"] or "-", r["status"],
+                      load_label(r), r["edge_profile"] or "-", r["status"],
                       *(fmt_value(n, r.get(n)) for n, _ in TABLE_METRICS))
     return table
+
+
+def rate_text(row: dict[str, Any]) -> str:
+    """A row's open-loop rate, ``@100/s`` (empty in closed loop and for edge rows, which send no load)."""
+    rate = row.get("rate")
+    return "" if rate is None or row.get("edge_profile") else f"@{rate:g}/s"
+
+
+def load_label(row: dict[str, Any]) -> str:
+    """The batch size, concurrency and open-loop rate of a result row: ``8x4`` or ``1x1@100/s``."""
+    return f"{row['batch_size']}x{row['concurrency']}{rate_text(row)}"
 
 
 def serving_label(row: dict[str, Any]) -> str:

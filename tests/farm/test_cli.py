@@ -48,6 +48,46 @@ def test_embedded_quick_search_runs_its_steps_and_status_shows_it(example_onnx: 
     assert "search cpu onnxruntime b=1 i=2: stopped" in farm("status", rid).stdout
 
 
+@pytest.mark.slow
+def test_embedded_open_loop_quick_search_bisects_the_rates(example_onnx: Path) -> None:
+    """``--mode poisson --rate 50:150:50 --search quick --p99``: the scheduler bisects the three rates (two
+    steps, whatever their p99: the middle one, then one side); results keep each rate as a coordinate and
+    ``farm status`` shows the search in rates."""
+    out = farm("submit", str(example_onnx), "--mode", "poisson", "--rate", "50:150:50", "--search", "quick",
+               "--p99", "100000", "--windows", "3", "--window", "0.25", "--warmup", "0.2")
+    assert "1 jobs" in out.stderr, out.stderr
+    rid = json.loads(farm("status", "--json").stdout)[0]["request_id"]
+    (search,) = json.loads(farm("status", rid, "--json").stdout)["searches"]
+    assert search["load"] == "rate" and search["done"]
+    assert 100.0 in search["measured"] and len(search["measured"]) == 2 < 3  # fewer jobs than rates
+    rows = json.loads(farm("results", rid, "--format", "json").stdout)
+    assert sorted(r["rate"] for r in rows) == search["measured"] and len({r["job_id"] for r in rows}) == 2
+    assert all(r["status"] == "succeeded" and r["throughput_infer_per_s"] > 0 for r in rows)
+    status = farm("status", rid).stdout
+    assert "search cpu onnxruntime b=1: stopped" in status and "rate=" in status and "c=" not in status
+    rep = json.loads(farm("report", rid, "--json").stdout)  # client-limited steps (a busy host) are left out
+    assert sorted(r["rate"] for r in rep["ranked"] + rep["rejected"]) == search["measured"]
+
+
+def test_rate_lists_and_ranges_from_the_command_line() -> None:
+    """``--rate`` takes one rate, a list or START:END:STEP; it replaces a request file's rates and rate."""
+    from farm.cli.request_options import build_request_dict, parse_rates
+    from schemas import ProfileRequest
+
+    assert parse_rates("100") == [100.0] and parse_rates("50, 100") == [50.0, 100.0]
+    assert parse_rates("50:200:50") == [50.0, 100.0, 150.0, 200.0] and parse_rates("0.1:0.3:0.1") == [0.1, 0.2, 0.3]
+    assert parse_rates("10,50:120:50") == [10.0, 50.0, 100.0]  # the end is kept only when a step reaches it
+    base = {"model": "m.onnx", "rates": [7], "measurement": {"rate": 7, "window_s": 0.5}}
+    data = build_request_dict(base, None, None, None, None, None, None, None, None, None,
+                              {"rate": "50:100:50", "mode": "poisson"})
+    req = ProfileRequest.model_validate(data)
+    assert req.rates == [50.0, 100.0] and req.rate_levels() == [50.0, 100.0]
+    assert req.measurement.mode == "poisson" and req.measurement.window_s == 0.5
+    kept = build_request_dict({"model": "m.onnx", "measurement": {"rate": 80}}, None, None, None, None, None,
+                              None, None, None, None, {"rate": None})
+    assert ProfileRequest.model_validate(kept).rate_levels() == [80.0]
+
+
 JSON_FIELDS = ("requests_per_s", "latency_mean_ms", "latency_p90_ms", "latency_p999_ms", "latency_max_ms",
                "server_compute_p50_ms", "server_compute_p99_ms", "stable", "windows", "gpu_mem_peak_bytes",
                "gpu_util_avg_pct", "gpu_power_avg_w", "cpu_pct_avg", "mem_peak_bytes", "rpc", "cpu_steal_pct")
@@ -123,7 +163,11 @@ def test_results_merge_repeats_of_two_requests(tmp_path: Path) -> None:
     (["submit", "MODEL", "--threads", "300"], "threads"),
     (["submit", "MODEL", "--max-queue-delay-us", "0,5x"], "--max-queue-delay-us"),
     (["submit", "MODEL", "--search", "fast"], "search"),
-    (["submit", "MODEL", "--search", "quick", "--rate", "50"], "quick search"),
+    (["submit", "MODEL", "--search", "quick", "--rate", "50,100", "-c", "1,2"], "one concurrency"),
+    (["submit", "MODEL", "--rate", "fast"], "--rate"),
+    (["submit", "MODEL", "--rate", "50:100"], "--rate"),
+    (["submit", "MODEL", "--rate", "200:50:50"], "--rate"),
+    (["submit", "MODEL", "--rate", "0,50"], "rates"),
     (["submit", "MODEL", "--p99", "20"], "--search quick"),
 ])
 def test_bad_input_gives_one_line_and_nonzero_exit(args: list[str], needle: str, example_onnx: Path) -> None:

@@ -91,3 +91,19 @@ def test_farm_compare_gates_on_a_regression_and_lists_unmatched_configurations(s
 
     bad = farm("compare", base, slow, "--ignore", "colour", check=False)
     assert bad.returncode != 0 and "not a coordinate" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_configurations_at_different_open_loop_rates_are_never_matched() -> None:
+    """The rate is a coordinate: A's 50/s and 100/s runs meet only B's run at the same rate."""
+    from farm.compare import compare
+    from farm.results import JOB_COLUMNS, METRIC_NAMES
+
+    def row(job: str, rate: float) -> dict[str, object]:
+        r: dict[str, object] = dict.fromkeys(JOB_COLUMNS + METRIC_NAMES)
+        r.update(job_id=job, device="cpu", engine="onnxruntime", batch_size=1, concurrency=1, status="succeeded",
+                 rpc="unary", client="farm", rate=rate, throughput_infer_per_s=rate)
+        return r
+
+    c = compare([row("a50", 50.0), row("a100", 100.0)], [row("b100", 100.0)], {})
+    assert [(m.a["job_id"], m.b["job_id"], m.key["rate"]) for m in c.matches] == [("a100", "b100", 100.0)]
+    assert [r["job_id"] for r in c.only_a] == ["a50"] and c.only_b == []

@@ -86,6 +86,18 @@ def test_report_groups_by_serving_configuration() -> None:
                                                                                           (1, None)]
 
 
+def test_open_loop_rates_are_steps_of_one_serving_configuration() -> None:
+    """Rows at different rates of one serving configuration: one group, its best rate within the budget."""
+    from farm.report import SERVING_GROUP
+
+    rows = [{**_row(f"r{r}", throughput_infer_per_s=float(r), latency_p99_ms=r / 20), "rate": float(r)}
+            for r in (50, 100, 150, 200)]
+    rep = build_report(rows, constraints=[parse_constraint("latency_p99_ms=8")])
+    assert "rate" not in SERVING_GROUP and "concurrency" not in SERVING_GROUP
+    assert [r["job_id"] for r in rep.best_per_serving] == ["r150"]
+    assert [r["job_id"] for r in rep.ranked] == ["r150", "r100", "r50"]
+
+
 def test_client_limited_measurements_are_not_ranked() -> None:
     rows = [*ROWS[:4], _row("x", throughput_infer_per_s=999.0, late_send_pct=4.0),
             _row("y", throughput_infer_per_s=998.0, latency_p99_ms=1.0, late_send_pct=0.5)]

@@ -62,3 +62,17 @@ def test_client_limited_runs_are_marked_and_repeats_judged_on_their_mean_late_se
     a, b = merge_repeats(rows)
     assert a["late_send_pct"] == 1.6 and job_label(a) == "a1" + CLIENT_LIMITED_MARK
     assert client_limited_lines([b]) == []
+
+
+def test_repeats_at_different_open_loop_rates_stay_apart() -> None:
+    """The rate is a coordinate: two rates never merge, two runs at one rate do; the table shows the rate."""
+    from farm.cli.views import load_label
+
+    rows = [_row("r50", 1, throughput_infer_per_s=50.0, rate=50.0), _row("r100", 1, throughput_infer_per_s=99.0,
+                                                                         rate=100.0),
+            _row("r50b", 1, throughput_infer_per_s=48.0, rate=50.0)]
+    merged = merge_repeats(rows)
+    assert [(r["job_id"], r["repeats"], r["throughput_infer_per_s"]) for r in merged] == [
+        ("r50", 2, 49.0), ("r100", 1, 99.0)]
+    assert [load_label(r) for r in merged] == ["1x1@50/s", "1x1@100/s"]
+    assert load_label(_row("c", 4)) == "4x1"  # closed loop: no rate

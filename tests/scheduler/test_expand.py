@@ -109,5 +109,46 @@ def test_bad_serving_lists_are_refused() -> None:
     for field, bad in (("instances", [0]), ("threads", [-1]), ("max_queue_delay_us", [-5]), ("instances", [])):
         with pytest.raises(ValidationError):
             ProfileRequest(model="m.onnx", **{field: bad})
-    with pytest.raises(ValidationError, match="quick search walks concurrency"):
-        ProfileRequest(model="m.onnx", measurement={"search": "quick", "rate": 100})
+    for field, bad in (("rates", [0]), ("rates", []), ("rates", [float("inf")])):
+        with pytest.raises(ValidationError, match="rates"):
+            ProfileRequest(model="m.onnx", **{field: bad})
+    with pytest.raises(ValidationError, match="one concurrency"):  # open loop: the search walks the rates
+        ProfileRequest(model="m.onnx", concurrency=[1, 2], rates=[50, 100], measurement={"search": "quick"})
+    with pytest.raises(ValidationError, match="give the open-loop rate once"):
+        ProfileRequest(model="m.onnx", rates=[50, 100], measurement={"rate": 75})
+
+
+def test_rates_expand_to_one_open_loop_job_per_rate() -> None:
+    """Brute force: one job per rate (and per serving configuration), each with its rate in its measurement
+    and an id of its own; the request becomes open loop (constant unless poisson is asked)."""
+    req = ProfileRequest(model="m.onnx", rates=[200, 50, 100], instances=[1, 2], measurement={"mode": "poisson"})
+    exp = expand(req, "r", ONNX)
+    assert len(exp.jobs) == 3 * 2 == matrix_size(req)
+    assert sorted((j.measurement.instances, j.measurement.rate) for j in exp.jobs) == [
+        (i, r) for i in (1, 2) for r in (50.0, 100.0, 200.0)]
+    assert {j.measurement.mode for j in exp.jobs} == {"poisson"} and {j.concurrency for j in exp.jobs} == {1}
+    assert len({j.job_id for j in exp.jobs}) == len(exp.jobs)
+    job = exp.jobs[0]
+    assert job.job_id == job_id_for("r", "cpu", "onnxruntime", 1, 1, None, job.measurement.model_dump())
+    constant = expand(ProfileRequest(model="m.onnx", rates=[50, 100]), "r", ONNX).jobs
+    assert {j.measurement.mode for j in constant} == {"constant"}
+
+
+def test_a_request_file_with_one_rate_still_works() -> None:
+    """``measurement.rate`` alone: one open-loop job, as before rates lists; the same as ``rates: [R]``."""
+    single = expand(ProfileRequest.model_validate({"model": "m.onnx", "measurement": {"rate": 80}}), "r", ONNX).jobs
+    listed = expand(ProfileRequest.model_validate({"model": "m.onnx", "rates": 80}), "r", ONNX).jobs
+    assert [(j.measurement.mode, j.measurement.rate) for j in single] == [("constant", 80.0)]
+    assert [j.job_id for j in single] == [j.job_id for j in listed]
+    closed = expand(ProfileRequest(model="m.onnx"), "r", ONNX).jobs[0]
+    assert closed.measurement.rate is None and closed.job_id != single[0].job_id
+
+
+def test_open_loop_quick_search_submits_the_first_rate_only() -> None:
+    rates = [50, 100, 150, 200, 250, 300, 350]
+    climb = expand(ProfileRequest(model="m.onnx", rates=rates, instances=[1, 2], measurement={"search": "quick"}),
+                   "r", ONNX)
+    assert sorted((j.measurement.instances, j.measurement.rate) for j in climb.jobs) == [(1, 50.0), (2, 50.0)]
+    bisect = expand(ProfileRequest(model="m.onnx", rates=rates, measurement={"search": "quick", "p99_ms": 5}),
+                    "r", ONNX)
+    assert [j.measurement.rate for j in bisect.jobs] == [200.0]  # the middle of 7 rates

@@ -1,8 +1,9 @@
 """Quick-search decisions on synthetic result sequences: where each search stops and what it picks."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,11 +13,12 @@ from scheduler.search import GAIN, Decision, Step, decide, first_level
 LEVELS = [1, 2, 4, 8, 16, 32, 64, 128]
 
 
-def run(levels: list[int], measure: Callable[[int], Step], p99_ms: float | None = None) -> tuple[Decision, list[int]]:
+def run(levels: Sequence[float], measure: Callable[[Any], Step], p99_ms: float | None = None,
+        load: str = "concurrency") -> tuple[Decision, list[float]]:
     """Drive a search to its end the way the scheduler does: one step at a time, results as they land."""
     steps: list[Step] = []
     while True:
-        d = decide(levels, steps, p99_ms)
+        d = decide(levels, steps, p99_ms, load)
         if d.done:
             return d, [s.level for s in steps]
         assert d.next not in [s.level for s in steps], "a search never measures a step twice"
@@ -182,3 +184,86 @@ def test_a_single_serving_value_in_a_request_file_is_a_list_of_one() -> None:
 
     req = ProfileRequest.model_validate({"model": "m.onnx", "instances": 2, "max_queue_delay_us": 0})
     assert req.instances == [2] and req.max_queue_delay_us == [0]
+
+
+# ---- open loop: the search walks the request rates ---------------------------------------------------------
+
+RATES = [50.0, 100.0, 150.0, 200.0, 250.0, 300.0, 350.0, 400.0]
+
+
+def open_loop(capacity: float, base_ms: float = 2.0, limited_from: float | None = None) -> Callable[[float], Step]:
+    """An open-loop server of ``capacity`` requests/s: it completes what is offered up to its capacity, its
+    p99 grows with utilisation (M/M/1-like); from ``limited_from`` on, the client could not keep the schedule,
+    so the step has a throughput but no p99 (it moved to the result's details)."""
+    def measure(rate: float) -> Step:
+        util = min(rate / capacity, 0.99)
+        p99 = None if limited_from is not None and rate >= limited_from else base_ms / (1 - util)
+        return Step(rate, min(rate, capacity), p99)
+    return measure
+
+
+def test_rate_climb_stops_once_the_achieved_rate_stops_growing() -> None:
+    """Offered 200, 250, 300/s all achieve 180/s: the gain over two steps drops under 5 % at 300/s."""
+    d, measured = run(RATES, open_loop(capacity=180.0), load="rate")
+    assert measured == RATES[:6] and len(measured) < len(RATES)
+    assert d.best is not None and d.best.level == 200.0 and d.best.throughput == 180.0
+    assert "stopped at rate=300/s" in d.reason and "under 5%" in d.reason
+
+
+def test_rate_climb_walks_the_whole_list_below_saturation() -> None:
+    d, measured = run(RATES, open_loop(capacity=1000.0), load="rate")
+    assert measured == RATES and d.best is not None and d.best.level == 400.0 and "end of the rate list" in d.reason
+
+
+@pytest.mark.parametrize("budget", [3.0, 5.0, 10.0, 40.0])
+def test_rate_bisection_finds_the_highest_rate_within_the_budget(budget: float) -> None:
+    curve = open_loop(capacity=320.0)
+    d, measured = run(RATES, curve, p99_ms=budget, load="rate")
+    within = [r for r in RATES if (curve(r).p99_ms or 0) <= budget]
+    assert d.best is not None and d.best.level == max(within)  # throughput grows with the rate below capacity
+    assert len(measured) <= 4 < len(RATES)  # ceil(log2(8 + 1))
+    assert f"highest rate within p99 {budget:g} ms is rate={max(within):g}/s" in d.reason
+
+
+def test_rate_bisection_counts_a_step_without_p99_or_failed_as_over_budget() -> None:
+    limited = open_loop(capacity=1000.0, limited_from=300.0)  # p99 well within 100 ms, but unknown from 300/s
+    d, measured = run(RATES, limited, p99_ms=100.0, load="rate")
+    assert d.best is not None and d.best.level == 250.0 and 300.0 in measured
+    failing = lambda r: Step(r, None if r >= 200 else r, 1.0)  # noqa: E731
+    d, _ = run(RATES, failing, p99_ms=100.0, load="rate")
+    assert d.best is not None and d.best.level == 150.0
+    d, measured = run(RATES, open_loop(capacity=100.0, base_ms=5.0), p99_ms=1.0, load="rate")
+    assert d.best is None and measured[-1] == 50.0 and "rate=50/s already exceeds" in d.reason
+
+
+def test_the_scheduler_walks_the_rates_of_an_open_loop_search(sqlite_url: str, example_onnx: Path) -> None:
+    """Against a real (SQLite) ledger: each next step is a job of the next rate (its own id, its rate in its
+    measurement, the same concurrency); the report says the search walks the rate."""
+    from farm.db.session import session_scope
+    from scheduler.enqueue import submit
+    from scheduler.search import search_report
+    from schemas import JobResult, ProfileRequest
+    from workers import ledger
+
+    curve = open_loop(capacity=180.0)
+    sub = submit(ProfileRequest(model=str(example_onnx), rates=RATES, concurrency=[2],
+                                measurement={"search": "quick", "mode": "poisson"}), send=False)
+    rid, ran, ids = sub.request_id, [], set()
+    todo = [j.job_id for j in sub.expansion.jobs]
+    while todo:
+        job_id = todo.pop(0)
+        spec = ledger.claim(job_id, "w1")
+        assert spec is not None and ledger.start(job_id, "w1") and spec.measurement.rate is not None
+        assert spec.concurrency == 2 and spec.measurement.mode == "poisson"
+        step = curve(spec.measurement.rate)
+        assert ledger.finish(spec, "w1", JobResult(job_id=job_id, metrics={
+            "throughput_infer_per_s": step.throughput, "latency_p99_ms": step.p99_ms}))
+        ran.append(spec.measurement.rate)
+        ids.add(job_id)
+        with session_scope() as s:
+            todo += [j for j, _ in lifecycle.resumable(s, rid) if j not in todo]
+    assert ran == RATES[:6] and len(ids) == len(ran)
+    (report,) = search_report(rid)
+    assert report["load"] == "rate" and report["done"] and report["measured"] == RATES[:6]
+    assert report["best"]["rate"] == 200.0 and "rate=300/s" in report["state"]
+    assert "measured rate=50,100,150,200,250,300/s" in report["state"]
