@@ -17,6 +17,19 @@ VIEW = "job_results"
 SPEC_DIMENSIONS = ("instances", "threads", "max_queue_delay_us", "preferred_batch_size")
 #: the placement columns of ``results`` (``schemas.Placement``), frozen here as the view's SQL needs them
 PLACEMENT = ("host", "slot", "gpu_uuid", "server_cpus", "loadgen_cpus", "host_shared", "isolated")
+#: the load columns (migration 0005): the job's ``measurement`` mode (closed|constant|poisson) and open-loop
+#: rate (requests/s, NULL in closed loop)
+LOAD = ("mode", "rate")
+#: the metric columns of results at migration 0004, frozen (a migration adding a metric recreates the view
+#: with its own list)
+METRICS_0004 = (
+    'throughput_infer_per_s', 'requests_per_s', 'latency_mean_ms', 'latency_p50_ms', 'latency_p90_ms',
+    'latency_p95_ms', 'latency_p99_ms', 'latency_p999_ms', 'latency_max_ms', 'latency_std_ms',
+    'server_queue_p50_ms', 'server_compute_p50_ms', 'server_compute_p99_ms', 'error_count', 'late_send_pct',
+    'client_busy_pct', 'stable', 'windows', 'gpu_mem_peak_bytes', 'gpu_util_avg_pct', 'gpu_power_avg_w',
+    'cpu_steal_pct', 'cpu_pct_avg', 'cpu_pct_peak', 'mem_avg_bytes', 'mem_peak_bytes', 'mem_limit_bytes',
+    'cpu_limit', 'oom_killed', 'limits_enforced', 'duration_s', 'total_time_s',
+)
 MEASURED_SERVING = "end-to-end over gRPC"
 MEASURED_EDGE = "in-process (no transport)"
 
@@ -28,15 +41,25 @@ def _json_text(dialect: str, column: str, *path: str) -> str:
     return f"json_extract({column}, '$.{'.'.join(path)}')"
 
 
-def job_results_sql(dialect: str, metrics: Sequence[str]) -> str:
-    """``CREATE VIEW job_results`` for ``dialect`` (``postgresql`` or ``sqlite``) with ``metrics`` columns."""
+def _load_sql(dialect: str, load: Sequence[str]) -> str:
+    """The select-list entries of the ``load`` columns (:data:`LOAD` or none, as a migration froze it)."""
+    real = "DOUBLE PRECISION" if dialect == "postgresql" else "REAL"
+    sql = {"mode": f"COALESCE({_json_text(dialect, 'j.spec', 'measurement', 'mode')}, 'closed') AS mode",
+           "rate": f"CAST({_json_text(dialect, 'j.spec', 'measurement', 'rate')} AS {real}) AS rate"}
+    return "".join(f" {sql[c]}," for c in load)
+
+
+def job_results_sql(dialect: str, metrics: Sequence[str], load: Sequence[str] = LOAD) -> str:
+    """``CREATE VIEW job_results`` for ``dialect`` (``postgresql`` or ``sqlite``) with ``metrics`` columns
+    and the ``load`` columns."""
     dims = ",\n  ".join(f"CAST({_json_text(dialect, 'j.spec', 'measurement', d)} AS INTEGER) AS {d}"
                         for d in SPEC_DIMENSIONS)
     rpc = f"COALESCE({_json_text(dialect, 'j.spec', 'measurement', 'rpc')}, 'unary')"
     cols = ",\n  ".join(f"r.{c}" for c in (*PLACEMENT, *metrics))
     return f"""CREATE VIEW {VIEW} AS SELECT
   j.request_id, q.name AS request_name, {_json_text(dialect, 'q.spec', 'model')} AS model, q.model_sha256,
-  j.id AS job_id, j.device, j.engine, j.batch_size, j.concurrency, j.edge_profile, {rpc} AS rpc,
+  j.id AS job_id, j.device, j.engine, j.batch_size, j.concurrency,{_load_sql(dialect, load)} j.edge_profile,
+  {rpc} AS rpc,
   {dims},
   j.status, j.attempts, j.worker_id, j.error, j.created_at, j.finished_at,
   CASE WHEN j.edge_profile IS NULL THEN '{MEASURED_SERVING}' ELSE '{MEASURED_EDGE}' END AS measured,
@@ -46,9 +69,9 @@ JOIN requests q ON q.id = j.request_id
 LEFT JOIN results r ON r.job_id = j.id"""
 
 
-def create_job_results(dialect: str, metrics: Sequence[str]) -> list[str]:
+def create_job_results(dialect: str, metrics: Sequence[str], load: Sequence[str] = LOAD) -> list[str]:
     """The statements that (re)create the view: drop it if present, then create it."""
-    return [drop_job_results(), job_results_sql(dialect, metrics)]
+    return [drop_job_results(), job_results_sql(dialect, metrics, load)]
 
 
 def drop_job_results() -> str:

@@ -1,4 +1,4 @@
-"""The ``job_results`` view (migration 0004) on SQLite and Postgres: every coordinate and metric, and the
+"""The ``job_results`` view (migrations 0004, 0005) on SQLite and Postgres: every coordinate and metric, and the
 README's SQL for the usual questions answers what the Python rows say."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import inspect, text
 
 from farm.db.session import get_engine
-from farm.db.views import PLACEMENT, SPEC_DIMENSIONS
+from farm.db.views import LOAD, PLACEMENT, SPEC_DIMENSIONS
 from farm.results import result_rows
 from schemas.metrics import JOB_METRICS
 from schemas.result import PLACEMENT_COLUMNS
@@ -39,11 +39,25 @@ def _query(url: str, sql: str, rid: str) -> list[dict[str, Any]]:
         return [dict(r) for r in conn.execute(text(sql), {"request_id": rid}).mappings()]
 
 
+def _make_open_loop(rid: str, rate: float) -> str:
+    """Turn one job of the request into an open-loop (Poisson) job at ``rate`` req/s; returns its id."""
+    from sqlalchemy import select
+
+    from farm.db.models import Job
+    from farm.db.session import session_scope
+
+    with session_scope() as s:
+        job = s.execute(select(Job).where(Job.request_id == rid, Job.edge_profile.is_(None)).limit(1)).scalar_one()
+        job.spec = {**job.spec, "measurement": {**job.spec["measurement"], "mode": "poisson", "rate": rate}}
+        return str(job.id)
+
+
 def test_the_view_has_every_coordinate_placement_and_metric_and_one_row_per_job(db_url: str) -> None:
     rid = seed_request(np.random.default_rng(3))
+    open_loop = _make_open_loop(rid, 120.5)
     columns = [c["name"] for c in inspect(get_engine(db_url)).get_columns("job_results")]
     assert PLACEMENT == PLACEMENT_COLUMNS
-    need = {"request_id", "model", "job_id", "device", "engine", "batch_size", "concurrency", "edge_profile",
+    need = {"request_id", "model", "job_id", "device", "engine", "batch_size", "concurrency", *LOAD, "edge_profile",
             "rpc", "status", "measured", *SPEC_DIMENSIONS, *PLACEMENT, *(m.name for m in JOB_METRICS)}
     assert need <= set(columns), need - set(columns)
     view = {r["job_id"]: r for r in _query(db_url, "SELECT * FROM job_results WHERE request_id = :request_id", rid)}
@@ -51,11 +65,13 @@ def test_the_view_has_every_coordinate_placement_and_metric_and_one_row_per_job(
     assert set(view) == {r["job_id"] for r in rows}
     for r in rows:
         v = view[r["job_id"]]
-        for c in ("device", "engine", "batch_size", "concurrency", "edge_profile", "status", *SPEC_DIMENSIONS):
+        for c in ("device", "engine", "batch_size", "concurrency", "rate", "edge_profile", "status", *SPEC_DIMENSIONS):
             assert v[c] == r[c], (c, v[c], r[c])
         for m in JOB_METRICS:
             assert (v[m.name] is None) == (r[m.name] is None) and (r[m.name] is None or v[m.name] == r[m.name])
         assert v["model"] == "mlp.onnx" and ("in-process" in v["measured"]) == bool(r["edge_profile"])
+        assert v["mode"] == ("poisson" if r["job_id"] == open_loop else "closed")
+    assert view[open_loop]["rate"] == 120.5
 
 
 def test_the_readme_sql_answers_the_usual_questions(db_url: str) -> None:
