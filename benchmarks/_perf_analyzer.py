@@ -13,7 +13,8 @@ from pathlib import Path
 
 import _serve  # noqa: F401 (puts the repository on sys.path)
 
-from workers.loadgen.perf_analyzer import VERSION, binary, env, missing
+from schemas import TensorSpec
+from workers.loadgen.perf_analyzer import VERSION, binary, env, max_batch_size, missing, shape_args
 
 __all__ = ["VERSION", "PaFigures", "binary", "missing", "run"]
 # perf_analyzer's windows must agree within this (%) before it reports; set wide so it always reports
@@ -33,19 +34,20 @@ class PaFigures:
     warning: str | None
 
 
-def run(url: str, model: str, shape: str, *, concurrency: int | None = None,
+def run(url: str, model: str, inputs: list[TensorSpec], batch: int, *, concurrency: int | None = None,
         rate: float | None = None, distribution: str = "constant", window_ms: int = 2000,
         cpu_set: set[int] | None = None) -> PaFigures:
-    """Measure ``model`` at ``url`` with input ``shape`` (``name:d0,d1,...``, batch dimension included:
-    farm's server declares no max batch size, so perf_analyzer sends the shape as given) over unary
-    gRPC (``-i grpc``, non-streaming, sync API as default):
+    """Measure ``model`` at ``url`` with ``inputs`` (shapes without the batch) in batches of ``batch``
+    (``-b`` where the model declares a max batch size, else the shape's first dimension: the same
+    ``shape_args`` as farm's backend) over unary gRPC (``-i grpc``, non-streaming, sync API as default):
     closed loop at ``concurrency`` or open loop at ``rate`` req/s (``distribution`` constant|poisson),
     ``window_ms`` per window; the figures are its first 3 windows' (``STABILITY_PCT``)."""
     import psutil
 
     with tempfile.TemporaryDirectory() as tmp:
         out_csv = Path(tmp) / "pa.csv"
-        cmd = [str(binary()), "-m", model, "-u", url, "-i", "grpc", "--shape", shape,
+        max_batch = max_batch_size(url, model)
+        cmd = [str(binary()), "-m", model, "-u", url, "-i", "grpc", *shape_args(inputs, batch, max_batch),
                "--measurement-interval", str(window_ms), "--percentile", "50", "-f", str(out_csv),
                "--max-trials", "10", "--stability-percentage", str(STABILITY_PCT)]
         if rate is not None:
@@ -74,7 +76,8 @@ def run(url: str, model: str, shape: str, *, concurrency: int | None = None,
         if proc.returncode != 0 or not out_csv.is_file():
             raise RuntimeError(f"perf_analyzer failed (exit {proc.returncode}): {text.strip()[-400:]}")
         row = next(csv.DictReader(io.StringIO(out_csv.read_text())))
-    rps = float(row["Inferences/Second"])  # one request per inference: no batch dimension declared
+    # perf_analyzer counts a request of batch b as b inferences where the model declares batching
+    rps = float(row["Inferences/Second"]) / (batch if max_batch > 0 else 1)
     warn = next((ln.strip() for ln in text.splitlines() if "WARNING" in ln.upper() and "delay" in ln.lower()), None)
     # perf_analyzer's CPU covers every trial; its requests: windows x rate; the CPU per request is
     # therefore its whole CPU over (all trials' requests) -- approximated by the number of windows run

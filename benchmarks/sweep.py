@@ -114,14 +114,19 @@ def batching_effect(model: Path, shape: tuple[int, ...], delay_us: int, rounds: 
     import tritonclient.grpc as tc
 
     ratios, p99s, sizes = [], {"off": [], "on": []}, []  # type: ignore[var-annotated]
+    compute: dict[tuple[str, int], list[int]] = {}  # (arm, executed batch size) -> [compute ns, executions]
     with Steal() as st:
         for _ in range(rounds):
             tput = {}
             for arm, extra in (("off", ()), ("on", ("--max-queue-delay-us", str(delay_us)))):
                 with farm_server(model, threads=1, cpu_set=server_cpus, extra=extra) as url:
                     step = measure(url, "input", shape, 8, settings, [])
+                    stats = tc.InferenceServerClient(url).get_inference_statistics("model").model_stats[0]
+                    for b in stats.batch_stats:
+                        acc = compute.setdefault((arm, b.batch_size), [0, 0])
+                        acc[0] += b.compute_infer.ns
+                        acc[1] += b.compute_infer.count
                     if arm == "on":
-                        stats = tc.InferenceServerClient(url).get_inference_statistics("model").model_stats[0]
                         sizes += [b.batch_size for b in stats.batch_stats for _ in range(b.compute_infer.count)]
                 tput[arm] = step.throughput or 0.0
                 p99s[arm].append(step.p99_ms)
@@ -131,6 +136,9 @@ def batching_effect(model: Path, shape: tuple[int, ...], delay_us: int, rounds: 
           f"{rounds} interleaved rounds; host steal {st.pct:.1f} %{steal_flag(st.pct)}")
     print(f"  throughput ratio on/off: median {np.median(r):.3f} (min {r.min():.3f}, max {r.max():.3f}); "
           f"p99 median off {np.median(p99s['off']):.2f} ms, on {np.median(p99s['on']):.2f} ms")
+    print("  the server's compute per execution (ModelStatistics), ms per execution / per sample, by executed batch: "
+          + "; ".join(f"{arm} b={b}: {ns / n / 1e6:.2f} / {ns / n / b / 1e6:.2f} ({n} runs)"
+                      for (arm, b), (ns, n) in sorted(compute.items()) if n >= 20))
     if sizes:
         print(f"  executed batch sizes with batching: mean {np.mean(sizes):.2f}, median {np.median(sizes):g}, "
               f"max {max(sizes)} over {len(sizes)} executions")
@@ -139,6 +147,7 @@ def batching_effect(model: Path, shape: tuple[int, ...], delay_us: int, rounds: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small space and short windows (CI smoke run)")
+    ap.add_argument("--only", choices=("search", "batching"), default=None, help="run one section")
     args = ap.parse_args()
     from farm.models.examples import build_example
 
@@ -159,15 +168,17 @@ def main() -> None:
         tmp = Path(tmpdir)
         compute = build_example("compute", tmp / "compute.onnx", ms=ms, calibrate=True)  # ~ms here
         ident = identity_model(tmp / "identity.onnx", (16,))
-        compare_search(f"compute-bound (MatMul chain, ~{ms:g} ms/sample)", compute, "input", (64, 256),
-                       instances, levels, settings, server_cpus, walls, rounds)
-        compare_search("transport-bound (Identity [1, 16])", ident, "x", (16,), instances, levels, settings,
-                       server_cpus, walls, rounds)
-        w = np.array(walls)
-        print(f"\nwall time per measured configuration: median {np.median(w):.2f} s (p10 {np.percentile(w, 10):.2f}, "
-              f"p90 {np.percentile(w, 90):.2f}) over {len(w)} (target <= 5 s; perf_analyzer's defaults: >= 15 s)")
-        batching_effect(compute, (64, 256), 2000, rounds + 1, settings, server_cpus)
-
+        if args.only != "batching":
+            compare_search(f"compute-bound (MatMul chain, ~{ms:g} ms/sample)", compute, "input", (64, 256),
+                           instances, levels, settings, server_cpus, walls, rounds)
+            compare_search("transport-bound (Identity [1, 16])", ident, "x", (16,), instances, levels, settings,
+                           server_cpus, walls, rounds)
+            w = np.array(walls)
+            print(f"\nwall time per measured configuration: median {np.median(w):.2f} s (p10 "
+                  f"{np.percentile(w, 10):.2f}, p90 {np.percentile(w, 90):.2f}) over {len(w)} (target <= 5 s; "
+                  "perf_analyzer's defaults: >= 15 s)")
+        if args.only != "search":
+            batching_effect(compute, (64, 256), 2000, rounds + 1, settings, server_cpus)
 
 if __name__ == "__main__":
     main()

@@ -6,8 +6,8 @@ the server's process tree and the host's CPU) take turns on it in interleaved ro
 The client is pinned to half of the CPUs, the server to the other half (``split_cpus``).
 
 Cells: closed loop at concurrency 1, 4, 16 with batch 1 and 8; open loop (batch 1), constant and Poisson
-arrivals at 30 % and 70 % of the server's capacity (the better client's closed-loop req/s at
-concurrency 16, batch 1). Printed per cell: each client's req/s, p50, p99, late sends (open loop) and CPU
+arrivals at 30 % and 70 % of the server's capacity (the median of 3 perf_analyzer runs at concurrency 16,
+batch 1, before the rounds). Printed per cell: each client's req/s, p50, p99, late sends (open loop) and CPU
 per request (perf_analyzer: its process's CPU time via psutil over all its windows; farm: the busy share
 of its process, samplers included, per request), then the ratios farm / perf_analyzer and whether they
 meet the targets (req/s >= 0.95x, p50 <= 1.05x; open loop: p50 within 5 %, p99 within 10 %, late < 1 %).
@@ -107,10 +107,9 @@ def run_pa(url: str, model: Model, cell: Cell, rate: float | None, window: float
            cpus: set[int] | None) -> Fig:
     """perf_analyzer on ``cell``."""
     mode, batch, conc = cell
-    shape = "x:" + ",".join(map(str, (batch, *model.shape)))
-    f = pa.run(url, "model", shape, concurrency=int(conc) if mode == "closed" else None, rate=rate,
-               distribution=mode if mode != "closed" else "constant", window_ms=int(window * 1000),
-               cpu_set=cpus)
+    f = pa.run(url, "model", [TensorSpec(name="x", shape=model.shape)], batch,
+               concurrency=int(conc) if mode == "closed" else None, rate=rate,
+               distribution=mode if mode != "closed" else "constant", window_ms=int(window * 1000), cpu_set=cpus)
     late = re.search(r"([\d.]+)% of the requests were delayed", f.warning or "")
     return Fig(f.requests_per_s, f.p50_ms, f.p99_ms, float(late.group(1)) if late else 0.0, f.cpu_us_per_request)
 
@@ -168,19 +167,19 @@ def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: 
     client_cpus, server_cpus = cpus
     model = MODELS[name]
     runs: dict[Cell, dict[str, list[Fig]]] = {c: {who: [] for who in CLIENTS} for c in cells}
-    rates: dict[Cell, float] = {}
     with tempfile.TemporaryDirectory() as tmp, Steal() as steal:
         path = model.build(Path(tmp) / f"{name}.onnx")
         with farm_server_pid(path, threads=1, cpu_set=server_cpus) as (url, pid):
+            cap = capacity(url, model, window, client_cpus) if any(c[0] != "closed" for c in cells) else 0.0
+            rates = {c: float(c[2]) * cap for c in cells if c[0] != "closed"}
             for r in range(rounds):
                 for cell in cells:
-                    rate = None
-                    if cell[0] != "closed":
-                        rate = rates.setdefault(cell, float(cell[2]) * capacity(runs))
+                    rate = rates.get(cell)
                     for who in CLIENTS[r % len(CLIENTS):] + CLIENTS[:r % len(CLIENTS)]:
                         runs[cell][who].append(measure_cell(url, pid, model, cell, rate, window, client_cpus, who))
     print(f"\n{name}: {rounds} round(s), {window:g} s windows; the hypervisor took {steal.pct:.1f} % of the CPU "
-          f"time meanwhile{steal_flag(steal.pct)}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+          f"time meanwhile{steal_flag(steal.pct)}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
+          f"capacity {cap:.0f} req/s (perf_analyzer at c=16, median of {CAPACITY_RUNS})")
     print("  medians: req/s, p50 and p99 (ms), late sends (%), client CPU (us per request); ratios: the median of "
           "the per-round ratios (range)")
     print(f"  {'cell':22s} {'req/s farm':>10s} {'pa':>7s}  {'p50 farm':>8s} {'pa':>6s}  {'p99 farm':>8s} {'pa':>7s}  "
@@ -205,12 +204,18 @@ def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: 
         print(f"    targets met in {met} of {len(cells)} cells")
 
 
-def capacity(runs: dict[Cell, dict[str, list[Fig]]]) -> float:
-    """The server's capacity (req/s): the better client's last closed-loop req/s at the highest
-    concurrency measured with batch 1."""
-    closed = [c for c in runs if c[0] == "closed" and c[1] == 1 and runs[c]["farm"] and runs[c]["pa"]]
-    top = max(closed, key=lambda c: c[2])
-    return max(runs[top]["farm"][-1].rps, runs[top]["pa"][-1].rps)
+CAPACITY_RUNS = 3  # perf_analyzer runs at CAPACITY_CELL whose median is the server's capacity
+
+
+CAPACITY_CELL: Cell = ("closed", 1, 16)
+
+
+def capacity(url: str, model: Model, window: float, client_cpus: set[int] | None) -> float:
+    """The server's capacity (req/s, batch 1): the median of ``CAPACITY_RUNS`` perf_analyzer runs at
+    concurrency 16, measured before the rounds (one noisy figure would set the open-loop rates too high
+    or too low)."""
+    return float(np.median([run_pa(url, model, CAPACITY_CELL, None, window, client_cpus).rps
+                            for _ in range(CAPACITY_RUNS)]))
 
 
 def main() -> None:
@@ -218,7 +223,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="short runs for a CI smoke test")
     ap.add_argument("--models", default=None, help="comma-separated subset of " + ",".join(MODELS))
     ap.add_argument("--rounds", type=int, default=None, help="rounds per cell (default 5; quick: 1)")
-    ap.add_argument("--closed-only", action="store_true", help="closed-loop cells only")
+    ap.add_argument("--loop", choices=("all", "closed", "open"), default="all", help="which cells to run")
     args = ap.parse_args()
     why = pa.missing()
     if why:
@@ -237,8 +242,8 @@ def main() -> None:
         models = args.models.split(",")
     if args.rounds:
         rounds = args.rounds
-    if args.closed_only:
-        cells = [c for c in cells if c[0] == "closed"]
+    if args.loop != "all":
+        cells = [c for c in cells if (c[0] == "closed") == (args.loop == "closed")]
     print(f"client CPUs {sorted(client_cpus or [])}, server CPUs {sorted(server_cpus or [])}; unary gRPC; "
           f"perf_analyzer {pa.VERSION} at {pa.binary()}")
     for name in models:

@@ -110,19 +110,53 @@ def install() -> None:
     part.replace(target)
 
 
+def max_batch_size(url: str, model_name: str, timeout_s: float = 10.0) -> int:
+    """The model's ``max_batch_size`` in its KServe v2 ModelConfig (farm's server and Triton declare one);
+    0, as perf_analyzer takes it, for a model without batching or a server that serves no ModelConfig."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(url) as channel:
+        try:
+            reply = pb_grpc.GRPCInferenceServiceStub(channel).ModelConfig(
+                pb.ModelConfigRequest(name=model_name), timeout=timeout_s)
+        except grpc.RpcError:
+            return 0
+    return int(reply.config.max_batch_size)
+
+
+def shape_args(inputs: list[TensorSpec], batch_size: int, max_batch: int) -> list[str]:
+    """perf_analyzer's batch and shape options. A model that declares a ``max_batch`` takes the batch as
+    ``-b`` and shapes without it (perf_analyzer ignores ``--shape`` for dimensions the config fixes, so a
+    batch written into the shape would be sent as batch 1); one that declares none takes the batch as the
+    shape's first dimension."""
+    if max_batch > 0:
+        if batch_size > max_batch:
+            raise LoadGenError(f"batch size {batch_size} exceeds the model's max_batch_size {max_batch}; "
+                               "use a smaller batch size")
+        dims = [spec.shape for spec in inputs]
+        out = ["-b", str(batch_size)]
+    else:
+        dims = [(batch_size, *spec.shape) for spec in inputs]
+        out = []
+    for spec, shape in zip(inputs, dims, strict=True):
+        out += ["--shape", f"{spec.name}:" + ",".join(map(str, shape))]
+    return out
+
+
 def command(url: str, model_name: str, inputs: list[TensorSpec], batch_size: int, concurrency: int,
-            settings: MeasurementSettings, export: Path, table: Path) -> list[str]:
-    """perf_analyzer's command line for one job. The batch goes into each input's shape: farm's server
-    declares no max batch size, so perf_analyzer sends shapes as given."""
+            settings: MeasurementSettings, export: Path, table: Path, max_batch: int = 0) -> list[str]:
+    """perf_analyzer's command line for one job (``max_batch``: the model's declared max batch size, which
+    decides how the batch is passed: :func:`shape_args`)."""
     window_s = settings.window_s if settings.duration_s is None else settings.duration_s / PA_WINDOWS
     # perf_analyzer writes nothing for a run it finds unstable, where farm keeps the result and flags it:
     # it measures PA_WINDOWS windows, always reported (stability bound far out of reach); farm judges them
     cmd = [str(binary()), "-m", model_name, "-u", url, "-i", "grpc", "--measurement-interval",
            str(max(1, round(window_s * 1000))), "--stability-percentage", "1000",
            "--max-trials", str(PA_WINDOWS), "--percentile", "99",
-           "--profile-export-file", str(export), "-f", str(table)]
-    for spec in inputs:
-        cmd += ["--shape", f"{spec.name}:" + ",".join(map(str, (batch_size, *spec.shape)))]
+           "--profile-export-file", str(export), "-f", str(table),
+           *shape_args(inputs, batch_size, max_batch)]
     if settings.mode == "closed":
         return [*cmd, "--concurrency-range", str(concurrency)]
     return [*cmd, "--request-rate-range", f"{settings.rate:g}", "--request-distribution", settings.mode]
@@ -194,7 +228,8 @@ def run_perf_analyzer(url: str, model_name: str, inputs: list[TensorSpec], batch
         raise LoadGenError(why)
     with tempfile.TemporaryDirectory() as tmp:
         export, table = Path(tmp) / "export.json", Path(tmp) / "table.csv"
-        cmd = command(url, model_name, inputs, batch_size, concurrency, settings, export, table)
+        cmd = command(url, model_name, inputs, batch_size, concurrency, settings, export, table,
+                      max_batch_size(url, model_name))
         budget = PA_WINDOWS * (settings.duration_s or settings.window_s) + EXTRA_S
         out, code, busy = _run(cmd, min(settings.timeout_s, budget))
         if not export.is_file() or not table.is_file():

@@ -26,6 +26,7 @@ def perf_analyzer() -> None:
 def test_perf_analyzer_client_against_farm_server(farm_server_url: str, perf_analyzer: None, mode: str) -> None:
     settings = MeasurementSettings(client="perf_analyzer", mode=mode, rate=100 if mode != "closed" else None,
                                    window_s=0.5, duration_s=1.5)
+    rows0, runs0 = _counts(farm_server_url)
     r = run_load(farm_server_url, "model", INPUTS, batch_size=2, concurrency=2, settings=settings)
     m, d = r.metrics, r.details
     assert d["client"] == "perf_analyzer" and d["rpc"] == "unary" and d["mode"] == mode
@@ -42,6 +43,29 @@ def test_perf_analyzer_client_against_farm_server(farm_server_url: str, perf_ana
     assert (m["late_send_pct"] is None) == (mode == "closed")
     assert d["client_limited"] == (m["late_send_pct"] is not None and m["late_send_pct"] > 1.0)
     assert json.loads(json.dumps({"metrics": m, "details": d}))["metrics"] == m  # storable
+    # the server ran rows in batches of 2 (it declares a max batch size: the batch goes in -b, not --shape)
+    rows, runs = _counts(farm_server_url)
+    assert runs - runs0 >= n_ok and rows - rows0 == 2 * (runs - runs0)
+
+
+def _counts(url: str) -> tuple[int, int]:
+    """farm's server's (rows inferred, executions) so far (its ModelStatistics)."""
+    import tritonclient.grpc as tc
+
+    st = tc.InferenceServerClient(url).get_inference_statistics("model").model_stats[0]
+    return st.inference_count, st.execution_count
+
+
+def test_perf_analyzer_batch_goes_where_the_model_config_says() -> None:
+    """A model declaring max_batch_size takes the batch as -b and shapes without it (perf_analyzer ignores
+    --shape for dimensions the config fixes); one declaring none takes it as the first dimension."""
+    from workers.loadgen.perf_analyzer import shape_args
+
+    x = [TensorSpec(name="x", shape=(128, 128))]
+    assert shape_args(x, 8, 64) == ["-b", "8", "--shape", "x:128,128"]
+    assert shape_args(x, 8, 0) == ["--shape", "x:8,128,128"]
+    with pytest.raises(LoadGenError, match="max_batch_size 4"):
+        shape_args(x, 8, 4)
 
 
 def test_perf_analyzer_client_refuses_streams() -> None:
