@@ -1,28 +1,10 @@
 """The sampler interface."""
 from __future__ import annotations
 
-import os
 import threading
 import time
 from abc import ABC, abstractmethod
 from typing import Any
-
-#: sampler threads run at the lowest priority: they share the load generator's cores (a job's samplers are
-#: part of the measurement, as in any real job), and a sampler tick (psutil walking a process tree: 1-5 ms)
-#: must never hold back a load process that is due to send; at nice 19 the scheduler hands the core to
-#: the load process the moment it wakes. Sampling is cheap enough to fit in what is left.
-SAMPLER_NICE = 19
-
-
-def lower_priority() -> int | None:
-    """Put the calling thread at :data:`SAMPLER_NICE` (Linux: ``setpriority`` of its thread id); returns
-    the thread id, or None where threads have no priority of their own."""
-    tid = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, SAMPLER_NICE)
-    except (AttributeError, OSError):
-        return None
-    return tid
 
 
 class Sampler(ABC):
@@ -40,7 +22,6 @@ class Sampler(ABC):
         self._thread: threading.Thread | None = None
         self.samples: list[dict[str, float]] = []
         self.error: str | None = None
-        self.thread_id: int | None = None  # the sampling thread's id once it runs at SAMPLER_NICE
 
     def before(self) -> None:  # noqa: B027 (optional hook: a no-op by default)
         """Called once before sampling starts (e.g. take an idle baseline)."""
@@ -61,7 +42,6 @@ class Sampler(ABC):
         return {}
 
     def _loop(self) -> None:
-        self.thread_id = lower_priority()
         next_t = time.monotonic()
         while not self._stop.is_set():
             try:

@@ -65,21 +65,3 @@ def test_steal_share_and_note() -> None:
     assert steal_note(None) is None and steal_note(STEAL_NOTE_PCT - 0.1) is None
     note = steal_note(31.4)
     assert note is not None and "31.4 %" in note and "rerun" in note
-
-
-def test_sampler_threads_run_at_the_lowest_priority() -> None:
-    """A sampler shares the load generator's cores: its thread is niced so a load process due to send
-    takes the core at once; the caller's own priority is left alone."""
-    import os
-
-    from workers.samplers.base import SAMPLER_NICE
-
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    with HostSampler() as s:
-        deadline = time.monotonic() + 5
-        while s.thread_id is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert s.thread_id is not None and s.thread_id != threading.get_native_id()
-        assert os.getpriority(os.PRIO_PROCESS, s.thread_id) == SAMPLER_NICE
-    assert os.getpriority(os.PRIO_PROCESS, 0) == before
-    assert s.samples
