@@ -114,7 +114,9 @@ def batching_effect(model: Path, shape: tuple[int, ...], delay_us: int, rounds: 
     import tritonclient.grpc as tc
 
     ratios, p99s, sizes = [], {"off": [], "on": []}, []  # type: ignore[var-annotated]
-    compute: dict[tuple[str, int], list[int]] = {}  # (arm, executed batch size) -> [compute ns, executions]
+    # arm -> [compute ns summed over requests, requests, executions, rows], the server's ModelStatistics: each
+    # request is charged its whole batch's compute, so ns / requests is the compute of one execution
+    compute: dict[str, list[int]] = {}
     with Steal() as st:
         for _ in range(rounds):
             tput = {}
@@ -122,10 +124,11 @@ def batching_effect(model: Path, shape: tuple[int, ...], delay_us: int, rounds: 
                 with farm_server(model, threads=1, cpu_set=server_cpus, extra=extra) as url:
                     step = measure(url, "input", shape, 8, settings, [])
                     stats = tc.InferenceServerClient(url).get_inference_statistics("model").model_stats[0]
-                    for b in stats.batch_stats:
-                        acc = compute.setdefault((arm, b.batch_size), [0, 0])
-                        acc[0] += b.compute_infer.ns
-                        acc[1] += b.compute_infer.count
+                    acc = compute.setdefault(arm, [0, 0, 0, 0])
+                    acc[0] += stats.inference_stats.compute_infer.ns
+                    acc[1] += stats.inference_stats.compute_infer.count
+                    acc[2] += stats.execution_count
+                    acc[3] += stats.inference_count
                     if arm == "on":
                         sizes += [b.batch_size for b in stats.batch_stats for _ in range(b.compute_infer.count)]
                 tput[arm] = step.throughput or 0.0
@@ -136,9 +139,10 @@ def batching_effect(model: Path, shape: tuple[int, ...], delay_us: int, rounds: 
           f"{rounds} interleaved rounds; host steal {st.pct:.1f} %{steal_flag(st.pct)}")
     print(f"  throughput ratio on/off: median {np.median(r):.3f} (min {r.min():.3f}, max {r.max():.3f}); "
           f"p99 median off {np.median(p99s['off']):.2f} ms, on {np.median(p99s['on']):.2f} ms")
-    print("  the server's compute per execution (ModelStatistics), ms per execution / per sample, by executed batch: "
-          + "; ".join(f"{arm} b={b}: {ns / n / 1e6:.2f} / {ns / n / b / 1e6:.2f} ({n} runs)"
-                      for (arm, b), (ns, n) in sorted(compute.items()) if n >= 20))
+    print("  the server's compute (ModelStatistics): " + "; ".join(
+        f"{arm}: {ns / max(reqs, 1) / 1e6:.2f} ms per execution of {rows / max(n, 1):.2f} rows = "
+        f"{ns / max(reqs, 1) / max(rows / max(n, 1), 1e-9) / 1e6:.3f} ms per row"
+        for arm, (ns, reqs, n, rows) in sorted(compute.items())))
     if sizes:
         print(f"  executed batch sizes with batching: mean {np.mean(sizes):.2f}, median {np.median(sizes):g}, "
               f"max {max(sizes)} over {len(sizes)} executions")

@@ -178,8 +178,8 @@ def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: 
                     for who in CLIENTS[r % len(CLIENTS):] + CLIENTS[:r % len(CLIENTS)]:
                         runs[cell][who].append(measure_cell(url, pid, model, cell, rate, window, client_cpus, who))
     print(f"\n{name}: {rounds} round(s), {window:g} s windows; the hypervisor took {steal.pct:.1f} % of the CPU "
-          f"time meanwhile{steal_flag(steal.pct)}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
-          f"capacity {cap:.0f} req/s (perf_analyzer at c=16, median of {CAPACITY_RUNS})")
+          f"time meanwhile{steal_flag(steal.pct)}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+          + (f"; capacity {cap:.0f} req/s (perf_analyzer at c=16, median of {CAPACITY_RUNS})" if cap else ""))
     print("  medians: req/s, p50 and p99 (ms), late sends (%), client CPU (us per request); ratios: the median of "
           "the per-round ratios (range)")
     print(f"  {'cell':22s} {'req/s farm':>10s} {'pa':>7s}  {'p50 farm':>8s} {'pa':>6s}  {'p99 farm':>8s} {'pa':>7s}  "
