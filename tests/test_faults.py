@@ -200,12 +200,15 @@ def _drop_dead_connections() -> None:
     """After the restart every pooled connection in this process is dead: dispose of them all (farm's
     engines and the session fixtures' admin engine), so the next use connects afresh."""
     import gc
+    import warnings
 
     from sqlalchemy import Engine
 
-    for obj in gc.get_objects():
-        if isinstance(obj, Engine):
-            obj.dispose()
+    with warnings.catch_warnings():  # isinstance() on torch's deprecated torch.distributed.reduce_op warns
+        warnings.simplefilter("ignore", FutureWarning)
+        engines = [obj for obj in gc.get_objects() if isinstance(obj, Engine)]
+    for engine in engines:
+        engine.dispose()
 
 
 @pytest.mark.skipif(not os.path.isdir("/etc/postgresql") or os.geteuid() != 0,
