@@ -128,10 +128,10 @@ def _levels(request: ProfileRequest) -> list[tuple[int, float | None]]:
     if request.measurement.search == "quick":
         from scheduler.search import first_level
 
-        p99 = request.measurement.p99_ms
+        first = first_level(request.search_levels(), request.measurement.p99_ms)
         if request.search_load() == "rate":
-            return [(request.concurrency[0], float(first_level([r for r in rates if r is not None], p99)))]
-        return [(int(first_level(request.concurrency, p99)), rates[0])]
+            return [(request.concurrency[0], float(first))]
+        return [(int(first), rates[0])]
     return [(c, r) for c in request.concurrency for r in rates]
 
 

@@ -165,8 +165,7 @@ def search_states(bind: Any, request_id: str) -> list[SearchState]:
     request = ProfileRequest.model_validate(spec)
     if request.measurement.search != "quick":
         return []
-    load = request.search_load()
-    levels = request.concurrency if load == "concurrency" else [r for r in request.rate_levels() if r is not None]
+    load, levels = request.search_load(), request.search_levels()
     metrics = [getattr(Result, n) for n in ("throughput_infer_per_s", "latency_p99_ms")]  # registry columns
     rows = bind.execute(select(Job.spec, Job.status, Job.concurrency, *metrics)
                         .outerjoin(Result, Result.job_id == Job.id)

@@ -353,6 +353,12 @@ class ProfileRequest(_Strict):
         """What a quick search walks (one of ``LOAD_KEYS``): the rates in open loop, else concurrency."""
         return "concurrency" if self.measurement.mode == "closed" else "rate"
 
+    def search_levels(self) -> list[int] | list[float]:
+        """The levels a quick search walks, ascending: the concurrency list, or in open loop the rates."""
+        if self.search_load() == "concurrency":
+            return list(self.concurrency)
+        return [r for r in self.rate_levels() if r is not None]
+
     def serving_configs(self) -> list[dict[str, int | None]]:
         """The serving-configuration combinations (instances x threads x queue delay), each a dict of the
         ``SERVING_KEYS`` a job's measurement holds."""
