@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import io
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,12 +13,13 @@ from pathlib import Path
 import _serve  # noqa: F401 (puts the repository on sys.path)
 
 from schemas import TensorSpec
-from workers.loadgen.perf_analyzer import VERSION, binary, env, max_batch_size, missing, shape_args
+from workers.loadgen.perf_analyzer import VERSION, binary, launch, max_batch_size, missing, shape_args
 
 __all__ = ["VERSION", "PaFigures", "binary", "missing", "run"]
 # perf_analyzer's windows must agree within this (%) before it reports; set wide so it always reports
 # its first 3 windows, as farm's fixed-duration runs do (this host is too noisy for 10 %)
 STABILITY_PCT = 1000
+TIMEOUT_S = 300.0  # one measurement's limit (10 trials of a few seconds at most)
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,9 @@ def run(url: str, model: str, inputs: list[TensorSpec], batch: int, *, concurren
     ``shape_args`` as farm's backend) over unary gRPC (``-i grpc``, non-streaming, sync API as default):
     closed loop at ``concurrency`` or open loop at ``rate`` req/s (``distribution`` constant|poisson),
     ``window_ms`` per window; the figures are its first 3 windows' (``STABILITY_PCT``)."""
-    import psutil
-
     with tempfile.TemporaryDirectory() as tmp:
         out_csv = Path(tmp) / "pa.csv"
-        max_batch = max_batch_size(url, model)
+        max_batch = max_batch_size(url, model) or 0
         cmd = [str(binary()), "-m", model, "-u", url, "-i", "grpc", *shape_args(inputs, batch, max_batch),
                "--measurement-interval", str(window_ms), "--percentile", "50", "-f", str(out_csv),
                "--max-trials", "10", "--stability-percentage", str(STABILITY_PCT)]
@@ -54,34 +52,18 @@ def run(url: str, model: str, inputs: list[TensorSpec], batch: int, *, concurren
             cmd += ["--request-rate-range", f"{rate:g}", "--request-distribution", distribution]
         else:
             cmd += ["--concurrency-range", str(concurrency or 1)]
-        proc = psutil.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if cpu_set:
-            proc.cpu_affinity(sorted(cpu_set))
-        cpu = 0.0
-        try:
-            while proc.poll() is None:
-                try:
-                    t = proc.cpu_times()
-                    cpu = t.user + t.system + t.children_user + t.children_system
-                except psutil.Error:
-                    pass
-                try:
-                    proc.wait(0.05)
-                except psutil.TimeoutExpired:
-                    pass
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        text = proc.stdout.read() if proc.stdout else ""
-        if proc.returncode != 0 or not out_csv.is_file():
-            raise RuntimeError(f"perf_analyzer failed (exit {proc.returncode}): {text.strip()[-400:]}")
+        ran = launch(cmd, TIMEOUT_S, cpu_set)
+        text, cpu = ran.output, ran.cpu_s
+        if ran.returncode != 0 or not out_csv.is_file():
+            raise RuntimeError(f"perf_analyzer failed (exit {ran.returncode}): {text.strip()[-400:]}")
         row = next(csv.DictReader(io.StringIO(out_csv.read_text())))
     # perf_analyzer counts a request of batch b as b inferences where the model declares batching
     rps = float(row["Inferences/Second"]) / (batch if max_batch > 0 else 1)
     warn = next((ln.strip() for ln in text.splitlines() if "WARNING" in ln.upper() and "delay" in ln.lower()), None)
     # perf_analyzer's CPU covers every trial; its requests: windows x rate; the CPU per request is
     # therefore its whole CPU over (all trials' requests) -- approximated by the number of windows run
-    trials = max(1, sum(1 for ln in text.splitlines() if ln.strip().startswith("Pass [")))
+    # (it measures 3 windows at least, and stops there: STABILITY_PCT; verbose output counts the passes)
+    trials = max(3, sum(1 for ln in text.splitlines() if ln.strip().startswith("Pass [")))
     requests = rps * window_ms / 1e3 * trials
     return PaFigures(requests_per_s=rps, p50_ms=float(row["p50 latency"]) / 1e3,
                      p99_ms=float(row["p99 latency"]) / 1e3, cpu_us_per_request=cpu / max(requests, 1) * 1e6,

@@ -68,7 +68,8 @@ def calibrate(tmp: Path, dim: int, threads: int) -> tuple[Path, int]:
 
 
 def measure(url: str, dim: int, warmup: float, duration: float) -> dict[str, float]:
-    settings = MeasurementSettings(warmup_s=warmup, window_s=1.0, duration_s=duration)
+    # farm's own generator: it reads the server's per-request compute time (perf_analyzer gets averages only)
+    settings = MeasurementSettings(client="farm", warmup_s=warmup, window_s=1.0, duration_s=duration)
     r = run_load(url, "model", [TensorSpec(name="x", shape=(dim, dim))], 1, 1, settings, processes=1)
     return {k: v for k, v in r.metrics.items() if isinstance(v, float)}
 

@@ -121,7 +121,8 @@ async def bench_coroutines(calls: list[Callable[[], Awaitable[object]]], warmup:
 
 
 def client_farm(url: str, conc: int, warmup: float, duration: float, rpc: str = "unary") -> Figures:
-    settings = MeasurementSettings(warmup_s=warmup, window_s=min(1.0, duration), duration_s=duration, rpc=rpc)
+    settings = MeasurementSettings(client="farm", warmup_s=warmup, window_s=min(1.0, duration), duration_s=duration,
+                                   rpc=rpc)  # farm's own generator is what this benchmark weighs
     r = run_load(url, "model", [TensorSpec(name="x", shape=SHAPE)], 1, conc, settings, processes=1)
     m = r.metrics
     busy, rps = float(m["client_busy_pct"]), float(m["requests_per_s"])  # type: ignore[arg-type]

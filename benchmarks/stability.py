@@ -50,8 +50,10 @@ def main() -> None:
     ap.add_argument("--only", choices=("identity", "matmul"), default=None, help="run one job only")
     args = ap.parse_args()
     runs = args.runs or (3 if args.quick else 5)
-    settings = (MeasurementSettings(warmup_s=0.3, window_s=0.3, min_windows=3, max_windows=5)
-                if args.quick else MeasurementSettings())
+    # farm's own generator: its windows extend until stable (perf_analyzer's run a fixed count), and it reads
+    # the server's per-request compute time
+    settings = (MeasurementSettings(client="farm", warmup_s=0.3, window_s=0.3, min_windows=3, max_windows=5)
+                if args.quick else MeasurementSettings(client="farm"))
     given = {"window_s": args.window, "max_windows": args.windows, "stability_pct": args.stability}
     settings = MeasurementSettings.model_validate(
         {**settings.model_dump(), **{k: v for k, v in given.items() if v is not None}})

@@ -13,11 +13,13 @@ of its process, samplers included, per request), then the ratios farm / perf_ana
 meet the targets (req/s >= 0.95x, p50 <= 1.05x; open loop: p50 within 5 %, p99 within 10 %, late < 1 %).
 
 Models: ``identity`` (FP32 [b, 64], transport-bound); full runs add ``matmul`` (8 chained 128 x 128
-MatMuls on [b, 128, 128], compute-bound). Four clients take turns on each cell in every round, the order
-rotating from round to round: farm's generator, perf_analyzer, farm's ``--client perf_analyzer`` backend
-(perf_analyzer sends, farm reads its per-request export into its windows and percentiles), and perf_analyzer
-again, the A/A yardstick: how far two runs of the very same client differ on this host. Each ratio is the
-median over the rounds (5; quick: 1) of that round's ratio to perf_analyzer, with its range.
+MatMuls on [b, 128, 128], compute-bound). Five clients take turns on each cell in every round, the order
+rotating from round to round: farm's own generator (``--client farm``), perf_analyzer, farm's default client
+(``auto``, which picks its perf_analyzer backend here: perf_analyzer sends, farm reads its per-request export
+into its windows and percentiles), perf_analyzer again, the A/A yardstick: how far two runs of the very same
+client differ on this host, and at concurrency 1 a bare gRPC Python loop (one thread, the request serialized
+once, nothing else): the floor under any Python client. Each ratio is the median over the rounds (5; quick:
+1) of that round's ratio to perf_analyzer, with its range.
 The host is a shared 2-core VM: the steal and load average are printed with the figures.
 
 Run: ``python benchmarks/vs_perf_analyzer.py [--quick]``. Skips (exit 0) where perf_analyzer is absent:
@@ -29,6 +31,7 @@ import argparse
 import os
 import re
 import tempfile
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -98,6 +101,8 @@ def run_farm(url: str, server_pid: int, model: Model, cell: Cell, rate: float | 
     # a client-limited run reports no latency; its latency stays in the details (compared here all the same,
     # with its late sends shown beside it)
     m = {**r.metrics, **(r.details["client_limited_latency"] or {})}
+    if client == "auto" and r.details["client"] != "perf_analyzer":
+        raise RuntimeError(f"farm's default client did not pick perf_analyzer: {r.details['notes']}")
     rps = float(m["requests_per_s"])  # type: ignore[arg-type]
     return Fig(rps, float(m["latency_p50_ms"]), float(m["latency_p99_ms"]),  # type: ignore[arg-type]
                float(m["late_send_pct"] or 0.0), float(m["client_busy_pct"]) / 100 / rps * 1e6)  # type: ignore[arg-type]
@@ -112,6 +117,35 @@ def run_pa(url: str, model: Model, cell: Cell, rate: float | None, window: float
                distribution=mode if mode != "closed" else "constant", window_ms=int(window * 1000), cpu_set=cpus)
     late = re.search(r"([\d.]+)% of the requests were delayed", f.warning or "")
     return Fig(f.requests_per_s, f.p50_ms, f.p99_ms, float(late.group(1)) if late else 0.0, f.cpu_us_per_request)
+
+
+def run_bare(url: str, model: Model, cell: Cell, window: float) -> Fig | None:
+    """The floor of gRPC Python: one thread calling the unary ModelInfer RPC in a loop, the request
+    serialized once, the answer left as bytes, nothing recorded but two clock reads per call (no asyncio,
+    no windows, no samplers). What any Python client pays per call on this host; measured at concurrency 1
+    only (None for other cells), after one window of warm-up, for three windows."""
+    import grpc
+
+    from workers.loadgen.request import serialized_request
+
+    mode, batch, conc = cell
+    if mode != "closed" or conc != 1:
+        return None
+    req = serialized_request("model", [TensorSpec(name="x", shape=model.shape)], batch)
+    with grpc.insecure_channel(url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")  # bytes in, bytes out
+        end = time.perf_counter() + window
+        while time.perf_counter() < end:
+            call(req)
+        lat: list[float] = []
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        end = t0 + 3 * window
+        while (t := time.perf_counter()) < end:
+            call(req)
+            lat.append(time.perf_counter() - t)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    p50, p99 = np.percentile(np.asarray(lat) * 1e3, (50, 99))
+    return Fig(len(lat) / wall, float(p50), float(p99), 0.0, cpu / len(lat) * 1e6)
 
 
 def median(figs: list[Fig]) -> Fig:
@@ -149,16 +183,21 @@ def label(cell: Cell, rate: float | None) -> str:
     return f"c={conc} b={batch}" if mode == "closed" else f"{mode} {conc:.0%} ({rate:.0f}/s)"
 
 
-CLIENTS = ("farm", "pa", "farm-pa", "pa2")  # farm's generator, perf_analyzer, farm's perf_analyzer backend, A/A
+# farm's own generator, perf_analyzer, farm's default client (auto: its perf_analyzer backend), A/A, and the
+# floor of gRPC Python (concurrency 1 only)
+CLIENTS = ("farm", "pa", "farm-pa", "pa2", "bare")
 
 
 def measure_cell(url: str, pid: int, model: Model, cell: Cell, rate: float | None, window: float,
-                 client_cpus: set[int] | None, who: str) -> Fig:
+                 client_cpus: set[int] | None, who: str) -> Fig | None:
     """One client's run of ``cell``: ``pa``/``pa2`` perf_analyzer run directly, ``farm`` farm's own
-    generator, ``farm-pa`` farm's perf_analyzer backend."""
+    generator (``--client farm``), ``farm-pa`` farm's default client (``auto``, which picks its
+    perf_analyzer backend here), ``bare`` a bare gRPC Python loop (None where it does not run)."""
     if who in ("pa", "pa2"):
         return run_pa(url, model, cell, rate, window, client_cpus)
-    return run_farm(url, pid, model, cell, rate, window, "perf_analyzer" if who == "farm-pa" else "farm")
+    if who == "bare":
+        return run_bare(url, model, cell, window)
+    return run_farm(url, pid, model, cell, rate, window, "auto" if who == "farm-pa" else "farm")
 
 
 def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: tuple[set[int] | None, ...]) -> None:
@@ -176,7 +215,9 @@ def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: 
                 for cell in cells:
                     rate = rates.get(cell)
                     for who in CLIENTS[r % len(CLIENTS):] + CLIENTS[:r % len(CLIENTS)]:
-                        runs[cell][who].append(measure_cell(url, pid, model, cell, rate, window, client_cpus, who))
+                        fig = measure_cell(url, pid, model, cell, rate, window, client_cpus, who)
+                        if fig is not None:
+                            runs[cell][who].append(fig)
     print(f"\n{name}: {rounds} round(s), {window:g} s windows; the hypervisor took {steal.pct:.1f} % of the CPU "
           f"time meanwhile{steal_flag(steal.pct)}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
           + (f"; capacity {cap:.0f} req/s (perf_analyzer at c=16, median of {CAPACITY_RUNS})" if cap else ""))
@@ -188,20 +229,22 @@ def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: 
         f, p = median(runs[cell]["farm"]), median(runs[cell]["pa"])
         print(f"  {label(cell, rates.get(cell)):22s} {f.rps:10.0f} {p.rps:7.0f}  {f.p50:8.3f} {p.p50:6.3f}  "
               f"{f.p99:8.3f} {p.p99:7.3f}  {f.late_pct:10.1f} {p.late_pct:5.1f}  {f.cpu_us:12.0f} {p.cpu_us:6.0f}")
-    for who, title in (("farm", "farm's own generator / perf_analyzer"),
-                       ("farm-pa", "farm --client perf_analyzer (farm's reading of its requests) / perf_analyzer"),
-                       ("pa2", "A/A yardstick: perf_analyzer / perf_analyzer (the host's own noise)")):
+    for who, title in (("farm", "farm's own generator (--client farm) / perf_analyzer"),
+                       ("farm-pa", "farm's default client (auto: perf_analyzer sends, farm reads its requests) / "
+                                   "perf_analyzer"),
+                       ("pa2", "A/A yardstick: perf_analyzer / perf_analyzer (the host's own noise)"),
+                       ("bare", "the floor of gRPC Python: a bare unary loop / perf_analyzer (c=1)")):
         print(f"  {title}:")
         met = 0
-        for cell in cells:
+        for cell in [c for c in cells if runs[c][who]]:
             a, b = runs[cell][who], runs[cell]["pa"]
             q = paired(a, b)
             v = verdict(cell, q)
             met += v == "ok"
             print(f"    {label(cell, rates.get(cell)):22s} req/s {q.rps:5.2f}x ({spread(a, b, 'rps')})  "
                   f"p50 {q.p50:5.2f}x ({spread(a, b, 'p50')})  p99 {q.p99:5.2f}x ({spread(a, b, 'p99')})  "
-                  f"late {q.late_pct:5.1f} %  {v}")
-        print(f"    targets met in {met} of {len(cells)} cells")
+                  f"late {q.late_pct:5.1f} %  CPU/req {q.cpu_us:5.2f}x  {v}")
+        print(f"    targets met in {met} of {sum(1 for c in cells if runs[c][who])} cells")
 
 
 CAPACITY_RUNS = 3  # perf_analyzer runs at CAPACITY_CELL whose median is the server's capacity
@@ -224,6 +267,7 @@ def main() -> None:
     ap.add_argument("--models", default=None, help="comma-separated subset of " + ",".join(MODELS))
     ap.add_argument("--rounds", type=int, default=None, help="rounds per cell (default 5; quick: 1)")
     ap.add_argument("--loop", choices=("all", "closed", "open"), default="all", help="which cells to run")
+    ap.add_argument("--concurrency", default=None, help="closed-loop cells only at these (e.g. 1)")
     args = ap.parse_args()
     why = pa.missing()
     if why:
@@ -242,6 +286,9 @@ def main() -> None:
         models = args.models.split(",")
     if args.rounds:
         rounds = args.rounds
+    if args.concurrency:
+        keep = {int(c) for c in args.concurrency.split(",")}
+        cells = [c for c in cells if c[0] != "closed" or c[2] in keep]
     if args.loop != "all":
         cells = [c for c in cells if (c[0] == "closed") == (args.loop == "closed")]
     print(f"client CPUs {sorted(client_cpus or [])}, server CPUs {sorted(server_cpus or [])}; unary gRPC; "

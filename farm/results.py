@@ -57,12 +57,14 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     """Every job of the request with its serving dimensions and rate (:data:`MEASUREMENT_COLUMNS`), how and where it
     was measured (``measured``; ``schemas.Placement`` fields) and its result metrics (None where not measured),
     in matrix order; ``rpc``, ``client`` and ``input_data`` (``random``, ``zeros`` or ``file:NAME``) say how
-    the request drove its jobs; ``server`` (``NAME VERSION``) names the running server an endpoint request
-    profiled."""
+    the request drove its jobs (``client``: the one that measured the row, ``farm`` or ``perf_analyzer``, where
+    the request left the choice to the worker, ``auto``); ``server`` (``NAME VERSION``) names the running
+    server an endpoint request profiled."""
     req = find_request(request_id)
     metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + METRIC_NAMES]
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
-                   Job.status, Job.attempts, Job.worker_id, Job.error, *metric_cols, Job.spec["measurement"])
+                   Job.status, Job.attempts, Job.worker_id, Job.error, *metric_cols, Job.spec["measurement"],
+                   Result.details[("load", "client")].as_string())
             .outerjoin(Result, Result.job_id == Job.id)
             .where(Job.request_id == req.id)
             .order_by(Job.edge_profile.is_not(None), Job.edge_profile, Job.device, Job.engine, Job.batch_size,
@@ -72,15 +74,16 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
         server = _endpoint_server(s, req)
     names = JOB_COLUMNS + PLACEMENT_COLUMNS + METRIC_NAMES
     measurement = req.spec.get("measurement") or {}  # how every job of it was driven, and by which client
-    rpc, client = measurement.get("rpc", "unary"), measurement.get("client", "farm")
+    rpc, client = measurement.get("rpc", "unary"), measurement.get("client", "farm")  # before "auto": farm
     data = req.spec.get("input_data") or {"kind": "random"}  # which values every job of it sent
     input_data = f"file:{data.get('source')}" if data.get("kind") == "file" else data.get("kind", "random")
     extra: dict[str, Any] = {"rpc": rpc, "client": client, "input_data": input_data,
                              **({"server": server} if server else {})}
     out = []
-    for *values, job_measurement in rows:
+    for *values, job_measurement, measured_by in rows:
         row = dict(zip(names, values, strict=True))
         r = {**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **measurement_values(job_measurement), **row, **extra}
+        r["client"] = measured_by or client
         out.append({**r, "measured": measured(r)})
     if any(measurement_values(None) != {k: r[k] for k in MEASUREMENT_COLUMNS} for r in out):
         out.sort(key=_matrix_order)  # several serving configurations or rates: each one's steps together

@@ -174,10 +174,14 @@ class MeasurementSettings(_Strict):
         default="unary",
         description="how the load generator calls the server: unary ModelInfer calls (what most clients "
                     "do) or ModelStreamInfer streams (cheaper per request on both ends)")
-    client: Literal["farm", "perf_analyzer"] = Field(
-        default="farm",
-        description="which client sends the load: farm's generator, or NVIDIA perf_analyzer where installed "
-                    "(unary calls only; farm reads its per-request export into the same windows and figures)")
+    client: Literal["auto", "farm", "perf_analyzer"] = Field(
+        default="auto",
+        description="which client sends the load: NVIDIA perf_analyzer (its C++ hot loop sends the tensors "
+                    "farm's generator would, over unary calls, to a server answering ModelConfig; farm reads its "
+                    "per-request export into the same warm-up, windows and figures), farm's own generator "
+                    "(streams too, and the server's per-request queue/compute percentiles; at low concurrency "
+                    "its Python cost shows in the figures), or auto: perf_analyzer where it is installed and "
+                    "can run the job, else farm's generator. The result says which one measured it")
 
     @model_validator(mode="after")
     def _check(self) -> MeasurementSettings:

@@ -71,8 +71,9 @@ def submit(
                                       "list, per serving configuration)."),
     p99: float | None = typer.Option(None, "--p99", help="Quick search latency budget, ms: the highest "
                                      "throughput with p99 within it (the highest concurrency or rate)."),
-    client: str | None = typer.Option(None, "--client", help="farm (default) | perf_analyzer: the load "
-                                      "generator (perf_analyzer: where installed, unary only)."),
+    client: str | None = typer.Option(None, "--client", help="auto (default) | perf_analyzer | farm: the load "
+                                      "generator. auto: perf_analyzer where installed and able (unary calls, a "
+                                      "server answering ModelConfig), else farm's own."),
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
     input_data: str | None = typer.Option(None, "--input-data", help="random (default) | zeros | FILE (.npz or "
                                           ".json, one array per input, rows cycled)."),
@@ -204,8 +205,9 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: 
             title += f" merged with {', '.join(find_request(rid).id for rid in merge_with)}"
         if rows and rows[0]["rpc"] == "stream":
             title += " (load over ModelStreamInfer streams)"
-        if rows and rows[0].get("client", "farm") != "farm":
-            title += f" (load sent by {rows[0]['client']})"
+        clients = sorted({r.get("client") or "farm" for r in rows} - {"auto"})  # auto: not measured yet
+        if clients and clients != ["farm"]:
+            title += f" (load sent by {' and '.join(clients)})"
         if rows and rows[0].get("server"):
             title += f"; server {rows[0]['server']}"
         if rows and rows[0].get("input_data", "random") != "random":

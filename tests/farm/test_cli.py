@@ -113,14 +113,15 @@ def test_stream_rpc_request_runs_and_says_so(tmp_path: Path) -> None:
 
 
 def test_perf_analyzer_client_request_runs_and_says_so(tmp_path: Path) -> None:
-    """``--client perf_analyzer``: NVIDIA perf_analyzer sends the load, farm reads it; rows and table say so."""
+    """The default client (auto) where perf_analyzer is installed: NVIDIA perf_analyzer sends the load, farm
+    reads it; each row names the client that measured it, and the table says so."""
     from workers.loadgen.perf_analyzer import missing
 
     if why := missing():
         pytest.skip(why)
     model = tmp_path / "demo.onnx"
     farm("example-model", str(model))
-    farm("submit", str(model), "--client", "perf_analyzer", *FAST)
+    farm("submit", str(model), *FAST)
     rid = json.loads(farm("status", "--json").stdout)[0]["request_id"]
     rows = json.loads(farm("results", rid, "--format", "json").stdout)
     assert len(rows) == 1 and rows[0]["status"] == "succeeded", rows[0]["error"]

@@ -103,12 +103,12 @@ def test_profiles_farm_serve_with_dynamic_dims_from_input(tmp_path: Path) -> Non
         wrong = farm("submit", "--endpoint", url, "--model-name", "mlp", "--input", "x:FP32:15", check=False)
         assert wrong.returncode == 2 and "x" in wrong.stderr and "[-1, 16]" in wrong.stderr, wrong.stderr
         farm("submit", "--endpoint", url, "--model-name", "mlp", "--input", "x:FP32:16", "--input-data", "zeros",
-             *FAST)
+             "--client", "farm", *FAST)  # farm's generator: it reads the server's per-request compute time
         rid = json.loads(farm("status", "--json").stdout)[0]["request_id"]
         rows = results_json(rid, farm_env())
     _check_rows(rows, "farm 0.1.0", [1])
     assert rows[0]["input_data"] == "zeros"
-    assert rows[0]["server_compute_p50_ms"] is not None  # farm's server reports its compute time
+    assert rows[0]["client"] == "farm" and rows[0]["server_compute_p50_ms"] is not None
 
 
 def test_dynamic_dims_need_input(tmp_path: Path) -> None:

@@ -1,14 +1,16 @@
-"""NVIDIA perf_analyzer as farm's optional load backend (``settings.client == "perf_analyzer"``), as Model
-Analyzer drives it: its C++ hot loop sends the requests, farm keeps its own reading of them.
+"""NVIDIA perf_analyzer as farm's load backend (``settings.client``: ``perf_analyzer``, or ``auto``, the
+default, wherever it is installed and can run the job), as Model Analyzer drives it: its C++ hot loop sends
+the requests, farm keeps its own reading of them. gRPC Python's own call path is the floor of any Python
+client at low concurrency (``benchmarks/vs_perf_analyzer.py``), which is why this is the default.
 
 perf_analyzer runs closed loop (``--concurrency-range``) or open loop (``--request-rate-range``, constant
-or Poisson) over unary KServe v2 gRPC, for 3 windows of ``window_s`` (``duration_s`` / 3 with a fixed
-duration): it writes nothing for a run it finds unstable, so farm takes its windows and judges their
-stability itself (an unstable run is kept and flagged, not extended to ``max_windows``). Its profile
-export (every request's send and answer times, the window edges) becomes farm's result: the same windows,
-latency percentiles over the last ``min_windows``, histogram and stability check as farm's own generator;
-its late-send share (open loop) feeds the client-limited flag; the server's breakdown comes from its
-ModelStatistics figures (averages, in the details). It has no warm-up and no stream RPC.
+or Poisson) over unary KServe v2 gRPC, sending the tensors farm's generator would (:func:`data_file`). It
+has no warm-up and writes nothing for a run it finds unstable, so farm asks it for one span, warm-up plus
+farm's windows, and cuts its profile export (every request's send and answer times) into farm's warm-up and
+windows (:func:`_windows`): the same latency percentiles, histogram and stability check as farm's own
+generator (an unstable run is kept and flagged, not extended to ``max_windows``); its late-send share (open
+loop) feeds the client-limited flag; the server's breakdown comes from its ModelStatistics figures
+(averages, in the details). It has no stream RPC.
 
 Where it is: ``$FARM_PERF_ANALYZER`` or ``~/.cache/farm/perf_analyzer/perf_analyzer``; :func:`install`
 puts it there (the ``tritonclient`` 2.41.0 wheel's binary, Debian ``libb64-0d`` and PyPI
@@ -16,6 +18,7 @@ puts it there (the ``tritonclient`` 2.41.0 wheel's binary, Debian ``libb64-0d`` 
 """
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
@@ -27,6 +30,8 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,7 @@ import numpy as np
 
 from farm.errors import LoadGenError
 from schemas import MeasurementSettings, TensorSpec
+from schemas.input_data import InputData
 from schemas.result import CLIENT_LIMITED_NOTE, client_limited
 from workers.loadgen import stats
 
@@ -110,9 +116,9 @@ def install() -> None:
     part.replace(target)
 
 
-def max_batch_size(url: str, model_name: str, timeout_s: float = 10.0) -> int:
-    """The model's ``max_batch_size`` in its KServe v2 ModelConfig (farm's server and Triton declare one);
-    0, as perf_analyzer takes it, for a model without batching or a server that serves no ModelConfig."""
+def max_batch_size(url: str, model_name: str, timeout_s: float = 10.0) -> int | None:
+    """The model's ``max_batch_size`` in its KServe v2 ModelConfig (farm's server and Triton declare one; 0
+    for a model without batching); None for a server that answers no ModelConfig (perf_analyzer needs it)."""
     import grpc
     from tritonclient.grpc import service_pb2 as pb
     from tritonclient.grpc import service_pb2_grpc as pb_grpc
@@ -122,8 +128,30 @@ def max_batch_size(url: str, model_name: str, timeout_s: float = 10.0) -> int:
             reply = pb_grpc.GRPCInferenceServiceStub(channel).ModelConfig(
                 pb.ModelConfigRequest(name=model_name), timeout=timeout_s)
         except grpc.RpcError:
-            return 0
+            return None
     return int(reply.config.max_batch_size)
+
+
+def unfit(rpc: str) -> str | None:
+    """Why perf_analyzer cannot send this job's load as farm specifies it (None: it can). It sends farm's
+    own tensors (:func:`data_file`), so any data farm sends it sends too, but over unary calls only."""
+    if rpc != "unary":
+        return "it sends unary calls only, the job asks for streams (--rpc stream)"
+    return None
+
+
+def choose(client: str, url: str, model_name: str, rpc: str) -> tuple[int | None, str | None]:
+    """Whether perf_analyzer measures this job: ``(max_batch, None)`` when it does (the model's declared
+    max batch size, see :func:`shape_args`), ``(None, why not)`` when farm's generator does. ``client``
+    ``perf_analyzer`` raises LoadGenError where ``auto`` would fall back."""
+    why = "the job asks for farm's generator (--client farm)" if client == "farm" else unfit(rpc)
+    why = why or missing()
+    max_batch = None if why else max_batch_size(url, model_name)
+    if why is None and max_batch is None:
+        why = f"the server at {url} answers no ModelConfig for {model_name!r}"
+    if why and client == "perf_analyzer":
+        raise LoadGenError(f"the perf_analyzer client cannot measure this job: {why}; use --client farm")
+    return max_batch, why
 
 
 def shape_args(inputs: list[TensorSpec], batch_size: int, max_batch: int) -> list[str]:
@@ -145,42 +173,82 @@ def shape_args(inputs: list[TensorSpec], batch_size: int, max_batch: int) -> lis
     return out
 
 
+def farm_windows(settings: MeasurementSettings) -> tuple[float, ...]:
+    """The windows (s) farm cuts a perf_analyzer run into after its warm-up: ``duration_s`` in ``window_s``
+    pieces when given, else ``min_windows`` of ``window_s`` (perf_analyzer's run is not extended until
+    stable; an unstable one is flagged)."""
+    from workers.loadgen.run import window_lengths
+
+    return window_lengths(settings) if settings.duration_s is not None else (settings.window_s,) * settings.min_windows
+
+
 def command(url: str, model_name: str, inputs: list[TensorSpec], batch_size: int, concurrency: int,
-            settings: MeasurementSettings, export: Path, table: Path, max_batch: int = 0) -> list[str]:
+            settings: MeasurementSettings, export: Path, table: Path, max_batch: int = 0,
+            data_args: Sequence[str] = ()) -> list[str]:
     """perf_analyzer's command line for one job (``max_batch``: the model's declared max batch size, which
-    decides how the batch is passed: :func:`shape_args`)."""
-    window_s = settings.window_s if settings.duration_s is None else settings.duration_s / PA_WINDOWS
-    # perf_analyzer writes nothing for a run it finds unstable, where farm keeps the result and flags it:
-    # it measures PA_WINDOWS windows, always reported (stability bound far out of reach); farm judges them
+    decides how the batch is passed: :func:`shape_args`; ``data_args``: :func:`data_file`'s). It measures
+    the warm-up and farm's windows (:func:`farm_windows`) as one span in PA_WINDOWS windows of a third of it
+    each, always reported (a stability bound out of reach: perf_analyzer writes nothing for a run it finds
+    unstable, where farm keeps the result and flags it); farm cuts its own windows from the export."""
+    span_s = settings.warmup_s + sum(farm_windows(settings))
     cmd = [str(binary()), "-m", model_name, "-u", url, "-i", "grpc", "--measurement-interval",
-           str(max(1, round(window_s * 1000))), "--stability-percentage", "1000",
+           str(max(1, round(span_s / PA_WINDOWS * 1000))), "--stability-percentage", "1000",
            "--max-trials", str(PA_WINDOWS), "--percentile", "99",
            "--profile-export-file", str(export), "-f", str(table),
-           *shape_args(inputs, batch_size, max_batch)]
+           *shape_args(inputs, batch_size, max_batch), *data_args]
     if settings.mode == "closed":
         return [*cmd, "--concurrency-range", str(concurrency)]
     return [*cmd, "--request-rate-range", f"{settings.rate:g}", "--request-distribution", settings.mode]
 
 
-def _windows(export: dict[str, Any], batch_size: int) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
-    """farm's window summaries and each window's latencies (ms) from perf_analyzer's profile export:
-    a request belongs to the window its answer came in."""
+def data_file(path: Path, inputs: list[TensorSpec], batch_size: int, max_batch: int, data: InputData | None,
+              seed: int = 0) -> list[str]:
+    """perf_analyzer's ``--input-data`` for the tensors farm's own generator sends (``request.input_tensor``:
+    random values in each input's range, integers index-safe in [0, 99], or a data file's rows in turn):
+    zeros as ``zero``, else a JSON file at ``path`` of farm's requests in order, which perf_analyzer sends
+    round-robin. A model that declares a max batch size takes one entry per row (perf_analyzer builds each
+    batch of ``-b`` rows from consecutive entries), one that declares none one entry per request."""
+    from workers.loadgen.request import input_tensor, request_count
+
+    if data is not None and data.kind == "zeros":
+        return ["--input-data", "zero"]
+    entries: list[dict[str, Any]] = []
+    for k in range(request_count(batch_size, data)):
+        tensors = {spec.name: input_tensor(spec, batch_size, data, seed=seed + i, first_row=k * batch_size)
+                   for i, spec in enumerate(inputs)}
+        parts = [{n: t[r] for n, t in tensors.items()} for r in range(batch_size)] if max_batch > 0 else [tensors]
+        entries += [{n: {"content": {"b64": base64.b64encode(a.tobytes()).decode()}, "shape": list(a.shape)}
+                     for n, a in part.items()} for part in parts]
+    path.write_text(json.dumps({"data": entries}))
+    return ["--input-data", str(path)]
+
+
+def _windows(export: dict[str, Any], batch_size: int, warmup_s: float,
+             lengths: Sequence[float]) -> tuple[list[dict[str, Any]], list[np.ndarray], int]:
+    """farm's windows from perf_analyzer's profile export: the requests answered in the first ``warmup_s``
+    of its span are the warm-up, then one window per ``lengths`` (s; the last one cut where the span
+    ends); a request belongs to the window its answer came in. Returns the windows' summaries, their
+    latencies (ms) and the warm-up's request count."""
     exp = export["experiments"][-1]
     edges = np.asarray(exp["window_boundaries"], dtype=np.int64)
     reqs = [r for r in exp["requests"] if r.get("response_timestamps")]
     done = np.asarray([r["response_timestamps"][-1] for r in reqs], dtype=np.int64)
     lat = (done - np.asarray([r["timestamp"] for r in reqs], dtype=np.int64)) / 1e6
+    cuts = edges[0] + np.round(np.cumsum([warmup_s, *lengths]) * 1e9).astype(np.int64)
+    cuts = np.minimum(cuts, edges[-1])
     windows, lats = [], []
-    for k in range(len(edges) - 1):
-        w_lat = lat[(done >= edges[k]) & (done < edges[k + 1])]
-        length = float(edges[k + 1] - edges[k]) / 1e9
+    for k in range(len(lengths)):
+        if cuts[k + 1] <= cuts[k]:
+            break
+        w_lat = lat[(done >= cuts[k]) & (done < cuts[k + 1])]
+        length = float(cuts[k + 1] - cuts[k]) / 1e9
         p50, p99 = stats.percentiles(w_lat, (50, 99))
-        windows.append({"k": k, "t_s": float(edges[k] - edges[0]) / 1e9, "length_s": length,
+        windows.append({"k": k, "t_s": float(cuts[k] - cuts[0]) / 1e9, "length_s": length,
                         "requests": int(w_lat.size), "errors": 0, "requests_per_s": w_lat.size / length,
                         "throughput_infer_per_s": w_lat.size * batch_size / length, "mean_ms": stats.mean(w_lat),
                         "p50_ms": p50, "p99_ms": p99})
         lats.append(w_lat)
-    return windows, lats
+    return windows, lats, int(np.count_nonzero(done < cuts[0]))
 
 
 def _server_breakdown(table: Path) -> dict[str, float]:
@@ -191,81 +259,123 @@ def _server_breakdown(table: Path) -> dict[str, float]:
     return {k: float(row[col]) for k, col in keys.items() if row.get(col) not in (None, "")}
 
 
-def _run(cmd: list[str], timeout_s: float) -> tuple[str, int, float]:
-    """Run perf_analyzer: (its output, exit status, CPU busy % of wall time)."""
+@dataclass(frozen=True)
+class Launched:
+    """One finished perf_analyzer process: its output (stdout and stderr), exit status, CPU time (s, user
+    and system, its threads and children) and wall time (s)."""
+
+    output: str
+    returncode: int
+    cpu_s: float
+    wall_s: float
+
+    @property
+    def busy_pct(self) -> float:
+        """Its CPU time as a share of its wall time, % of one core."""
+        return 100.0 * self.cpu_s / max(self.wall_s, 1e-9)
+
+
+def launch(cmd: list[str], timeout_s: float, cpu_set: set[int] | None = None) -> Launched:
+    """Run perf_analyzer's ``cmd`` to its end (on ``cpu_set`` when given, else where this process may run),
+    polling its CPU time (psutil; gone once it is reaped). LoadGenError past ``timeout_s``."""
     import psutil
 
     wall0, cpu = time.monotonic(), 0.0
     proc = psutil.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        if cpu_set:
+            proc.cpu_affinity(sorted(cpu_set))
         while proc.poll() is None:
             try:
                 t = proc.cpu_times()
-                cpu = t.user + t.system
+                cpu = t.user + t.system + t.children_user + t.children_system
             except psutil.Error:
                 pass
             if time.monotonic() - wall0 > timeout_s:
                 raise LoadGenError(f"perf_analyzer ran past {timeout_s:.0f} s; check the server and retry")
-            time.sleep(0.05)
+            try:
+                proc.wait(0.05)
+            except psutil.TimeoutExpired:
+                pass
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     out = proc.stdout.read() if proc.stdout else ""
-    return out, proc.returncode, 100.0 * cpu / max(time.monotonic() - wall0, 1e-9)
+    return Launched(out, proc.returncode, cpu, time.monotonic() - wall0)
 
 
 def run_perf_analyzer(url: str, model_name: str, inputs: list[TensorSpec], batch_size: int, concurrency: int,
-                      settings: MeasurementSettings) -> Any:
-    """Measure with perf_analyzer; returns a ``LoadResult`` read the way farm reads its own generator's
-    runs. Raises LoadGenError when perf_analyzer is absent, fails or measured nothing."""
-    from workers.loadgen.run import LoadResult, _metrics, _Totals
+                      settings: MeasurementSettings, max_batch: int, data: InputData | None = None,
+                      seed: int = 0) -> Any:
+    """Measure with perf_analyzer (after :func:`choose` said it can: ``max_batch`` is what it found), sending
+    the tensors farm's generator would (``data``, ``seed``: :func:`data_file`); returns a ``LoadResult``
+    read the way farm reads its own generator's runs. Raises LoadGenError when perf_analyzer fails or
+    measured nothing."""
+    from workers.loadgen.run import LoadResult
 
-    if settings.rpc != "unary":
-        raise LoadGenError("the perf_analyzer client measures unary ModelInfer calls only; use --rpc unary")
-    why = missing()
-    if why:
-        raise LoadGenError(why)
+    lengths = farm_windows(settings)
     with tempfile.TemporaryDirectory() as tmp:
         export, table = Path(tmp) / "export.json", Path(tmp) / "table.csv"
-        cmd = command(url, model_name, inputs, batch_size, concurrency, settings, export, table,
-                      max_batch_size(url, model_name))
-        budget = PA_WINDOWS * (settings.duration_s or settings.window_s) + EXTRA_S
-        out, code, busy = _run(cmd, min(settings.timeout_s, budget))
+        data_args = data_file(Path(tmp) / "input.json", inputs, batch_size, max_batch, data, seed)
+        cmd = command(url, model_name, inputs, batch_size, concurrency, settings, export, table, max_batch,
+                      data_args)
+        ran = launch(cmd, min(settings.timeout_s, settings.warmup_s + sum(lengths) + EXTRA_S))
         if not export.is_file() or not table.is_file():
-            tail = " / ".join(ln.strip() for ln in out.strip().splitlines()[-3:])
-            raise LoadGenError(f"perf_analyzer measured nothing (exit {code}): {tail}")
-        windows, lats = _windows(json.loads(export.read_text()), batch_size)
+            tail = " / ".join(ln.strip() for ln in ran.output.strip().splitlines()[-3:])
+            raise LoadGenError(f"perf_analyzer measured nothing (exit {ran.returncode}): {tail}")
+        windows, lats, warmup_requests = _windows(json.loads(export.read_text()), batch_size, settings.warmup_s,
+                                                  lengths)
         breakdown = _server_breakdown(table)
-    n_metric = min(settings.min_windows, len(windows))
-    lat = np.concatenate(lats[len(lats) - n_metric:]) if lats else np.zeros(0)
-    if lat.size == 0:
-        raise LoadGenError(f"perf_analyzer saw no answer from {url}; check the model name, inputs and server log")
-    late_match = LATE_RE.search(out)
-    sent = sum(w["requests"] for w in windows)
-    late = round(float(late_match.group(1)) / 100 * sent) if late_match and settings.mode != "closed" else 0
-    stable = stats.is_stable(windows, min(settings.min_windows, 3), settings.stability_pct,
-                             stats.stability_keys(settings.stability_latency))
-    t = _Totals(used=[], lat=lat, queue=np.zeros(0), compute=np.zeros(0),
-                duration=sum(w["length_s"] for w in windows[len(windows) - n_metric:]), errors={}, sent=sent,
-                late=late, busy_by_proc=[busy], stable=stable, first_error=None)
-    metrics = _metrics(t, batch_size, settings.mode, len(windows))
+    metrics, notes, lat, duration = _read(windows, lats, ran, settings, batch_size, concurrency, url)
     limited = client_limited(metrics)
-    notes = [f"measured by NVIDIA perf_analyzer {VERSION}: {len(windows)} windows, no warm-up, stability judged "
-             "by farm (not extended to max_windows); server breakdown: ModelStatistics averages in "
-             "details.server_breakdown_avg_us"]
-    if limited:
-        notes.append(f"{metrics['late_send_pct']:.1f} % late sends; {CLIENT_LIMITED_NOTE} (its latency: "
-                     "details.client_limited_latency)")
     details = {"client": CLIENT_NAME, "client_limited": limited, "mode": settings.mode, "rpc": "unary",
                "rate": settings.rate if settings.mode != "closed" else None, "concurrency": concurrency,
-               "batch_size": batch_size, "processes": 1, "window_s": settings.window_s,
-               "metrics_windows": [len(windows) - n_metric, len(windows) - 1],
-               "latency_histogram": stats.histogram(lat), "windows": windows, "errors": {},
-               "sent": sent, "late_sends": late, "server_breakdown_avg_us": breakdown,
-               "client_limited_latency": stats.latency_metrics(lat, batch_size, t.duration) if limited else None,
-               "client_process": "perf_analyzer process", "command": " ".join(cmd[1:]), "notes": notes}
+               "batch_size": batch_size, "processes": 1, "warmup_s": settings.warmup_s,
+               "window_s": settings.window_s, "metrics_windows": [0, len(windows) - 1],
+               "stopped_when_stable": False, "latency_histogram": stats.histogram(lat), "windows": windows,
+               "errors": {}, "warmup_requests": warmup_requests, "sent": sum(w["requests"] for w in windows),
+               "late_sends": round((metrics["late_send_pct"] or 0.0) / 100 * sum(w["requests"] for w in windows)),
+               "server_breakdown_avg_us": breakdown,
+               "client_limited_latency": stats.latency_metrics(lat, batch_size, duration) if limited else None,
+               "client_busy_pct_by_process": [ran.busy_pct], "client_process": "perf_analyzer process",
+               "command": " ".join(cmd[1:]), "input_data": (data or InputData()).describe(), "notes": notes}
     return LoadResult(metrics=metrics, details=details)
+
+
+def _read(windows: list[dict[str, Any]], lats: list[np.ndarray], ran: Launched, settings: MeasurementSettings,
+          batch_size: int, concurrency: int, url: str) -> tuple[dict[str, Any], list[str], np.ndarray, float]:
+    """farm's metrics and notes from perf_analyzer's windows (all of them: farm asked for as many as it
+    measures) and output (its late-send share in open loop, over its whole run); also the latencies (ms)
+    and the measured duration (s)."""
+    from workers.loadgen.run import _metrics, _Totals
+
+    lat = np.concatenate(lats) if lats else np.zeros(0)
+    if lat.size == 0:
+        raise LoadGenError(f"perf_analyzer saw no answer from {url}; check the model name, inputs and server log")
+    late_match = LATE_RE.search(ran.output)
+    sent = sum(w["requests"] for w in windows)
+    late = round(float(late_match.group(1)) / 100 * sent) if late_match and settings.mode != "closed" else 0
+    stable = stats.is_stable(windows, settings.min_windows, settings.stability_pct,
+                             stats.stability_keys(settings.stability_latency))
+    duration = sum(w["length_s"] for w in windows)
+    t = _Totals(used=[], lat=lat, queue=np.zeros(0), compute=np.zeros(0), duration=duration, errors={},
+                sent=sent, late=late, busy_by_proc=[ran.busy_pct], stable=stable, first_error=None)
+    metrics = _metrics(t, batch_size, settings.mode, len(windows))
+    notes = [f"measured by NVIDIA perf_analyzer {VERSION}: {settings.warmup_s:g} s warm-up and {len(windows)} "
+             "windows cut from its per-request export, stability judged by farm (a fixed count of windows, not "
+             "extended to max_windows); server breakdown: ModelStatistics averages in "
+             "details.server_breakdown_avg_us"]
+    if client_limited(metrics):
+        notes.append(f"{metrics['late_send_pct']:.1f} % late sends; {CLIENT_LIMITED_NOTE} (its latency: "
+                     "details.client_limited_latency)")
+    share = stats.client_share_note(ran.busy_pct, concurrency, settings.mode, "perf_analyzer")
+    if share:
+        notes.append(share)
+    if not stable:
+        notes.append(f"not stable: the last {settings.min_windows} windows did not agree within "
+                     f"±{settings.stability_pct:g} % on throughput and {settings.stability_latency} latency")
+    return metrics, notes, lat, duration
 
 
 def main() -> None:

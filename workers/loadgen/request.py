@@ -82,12 +82,16 @@ def serialized_request(model_name: str, inputs: list[TensorSpec], batch_size: in
     return build_request(model_name, inputs, batch_size, seed, data).SerializeToString()
 
 
-def serialized_requests(model_name: str, inputs: list[TensorSpec], batch_size: int, seed: int = 0,
-                        data: InputData | None = None) -> list[bytes]:
-    """The requests the generator sends in turn: one, or for a data file enough to send each of its rows
-    (request k starts at row ``k * batch_size``), at most :data:`MAX_DISTINCT_REQUESTS`."""
+def request_count(batch_size: int, data: InputData | None) -> int:
+    """How many distinct requests are sent in turn: one, or for a data file enough to send each of its
+    rows (request k starts at row ``k * batch_size``), at most :data:`MAX_DISTINCT_REQUESTS`."""
     rows = max((a.shape[0] if a.shape else 1 for a in (data.arrays or {}).values()), default=1) \
         if data is not None and data.kind == "file" else 1
-    count = min(MAX_DISTINCT_REQUESTS, max(1, -(-rows // batch_size)))
+    return min(MAX_DISTINCT_REQUESTS, max(1, -(-rows // batch_size)))
+
+
+def serialized_requests(model_name: str, inputs: list[TensorSpec], batch_size: int, seed: int = 0,
+                        data: InputData | None = None) -> list[bytes]:
+    """The requests the generator sends in turn (:func:`request_count` of them), serialized."""
     return [build_request(model_name, inputs, batch_size, seed, data, k * batch_size).SerializeToString()
-            for k in range(count)]
+            for k in range(request_count(batch_size, data))]

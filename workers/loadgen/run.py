@@ -326,8 +326,9 @@ def _metrics(t: _Totals, batch_size: int, mode: str, windows: int) -> dict[str, 
     }
 
 
-def _notes(out: _Outcome, t: _Totals, settings: MeasurementSettings) -> list[str]:
-    """The coordinator's notes, then warnings about a busy client and an unstable measurement."""
+def _notes(out: _Outcome, t: _Totals, settings: MeasurementSettings, per_process: int) -> list[str]:
+    """The coordinator's notes, then warnings about a busy client (``per_process``: the concurrency each
+    client process kept) and an unstable measurement."""
     notes = list(out.notes)
     late = late_pct(t, settings.mode)
     if client_limited({"late_send_pct": late}):
@@ -335,6 +336,9 @@ def _notes(out: _Outcome, t: _Totals, settings: MeasurementSettings) -> list[str
     if max(t.busy_by_proc) > BUSY_LIMIT_PCT:
         notes.append(f"load generator process was {max(t.busy_by_proc):.0f} % busy: the client may limit "
                      "the result; give it more processes (processes=) or cores")
+    share = stats.client_share_note(max(t.busy_by_proc), per_process, settings.mode, "farm's generator")
+    if share:
+        notes.append(share)
     if not t.stable:
         notes.append(f"not stable: the last {settings.min_windows} windows did not agree within "
                      f"±{settings.stability_pct:g} % on throughput and {settings.stability_latency} latency")
@@ -363,7 +367,7 @@ def _details(out: _Outcome, t: _Totals, settings: MeasurementSettings, batch_siz
         "warmup_errors": sum(sum(w.errors.values()) for w in out.warmups),
         "sent": t.sent, "late_sends": t.late,
         "client_busy_pct_by_process": t.busy_by_proc,
-        "notes": _notes(out, t, settings),
+        "notes": _notes(out, t, settings, max(1, concurrency // processes)),
     }
 
 
@@ -381,8 +385,9 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
              data: InputData | None = None) -> LoadResult:
     """Drive the KServe v2 gRPC server at ``url`` (``host:port``) with inference requests for
     ``model_name`` and measure latency and throughput; ``settings.rpc`` picks unary ModelInfer calls or
-    ModelStreamInfer streams; ``settings.client`` farm's own generator or NVIDIA perf_analyzer
-    (``workers.loadgen.perf_analyzer``).
+    ModelStreamInfer streams; ``settings.client`` NVIDIA perf_analyzer (``workers.loadgen.perf_analyzer``),
+    farm's own generator, or ``auto``: perf_analyzer where it can run the job, else farm's generator (the
+    reason in the notes).
 
     Closed loop (``settings.mode == "closed"``): ``concurrency`` requests always outstanding, each a
     batch of ``batch_size``. Open loop (``constant``/``poisson``): ``settings.rate`` requests/s, latency
@@ -397,11 +402,18 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
     """
     if batch_size < 1 or concurrency < 1:
         raise LoadGenError(f"batch_size and concurrency must be >= 1, got {batch_size} and {concurrency}")
-    if settings.client == "perf_analyzer":
-        from workers.loadgen.perf_analyzer import run_perf_analyzer
+    from workers.loadgen import perf_analyzer
 
-        result: LoadResult = run_perf_analyzer(url, model_name, list(inputs), batch_size, concurrency, settings)
-        return result
+    max_batch, why_not_pa = perf_analyzer.choose(settings.client, url, model_name, settings.rpc)
+    if max_batch is not None:
+        try:
+            result: LoadResult = perf_analyzer.run_perf_analyzer(url, model_name, list(inputs), batch_size,
+                                                                 concurrency, settings, max_batch, data, seed)
+            return result
+        except LoadGenError as exc:  # auto: farm's generator measures instead, and says why
+            if settings.client != "auto":
+                raise
+            why_not_pa = f"perf_analyzer failed ({exc})"
     if processes is not None and processes < 1:
         raise LoadGenError(f"processes must be >= 1 or None, got {processes}")
     mode = settings.mode
@@ -411,7 +423,7 @@ def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: in
         raise LoadGenError(f"cannot build the request: {exc}") from exc
     n_proc = processes or 1
     cap = auto_process_cap() if processes is None else 1
-    notes: list[str] = []
+    notes = [f"measured by farm's own generator, not perf_analyzer: {why_not_pa}"] if settings.client == "auto" else []
     if mp.current_process().daemon and (n_proc > 1 or cap > 1):
         # a daemonic process (e.g. a Celery prefork child) may not start children
         notes.append(f"ran in one client process instead of {max(n_proc, cap)}: this process is daemonic "

@@ -220,3 +220,21 @@ def latency_metrics(lat_ms: Sequence[float] | np.ndarray, batch_size: int, durat
         "latency_p95_ms": s["p95"], "latency_p99_ms": s["p99"], "latency_p999_ms": s["p999"],
         "latency_max_ms": s["max"], "latency_std_ms": s["std"],
     }
+
+
+CLIENT_SHARE_PCT = 5.0  # closed loop: a client busier than this per outstanding request is flagged
+
+
+def client_share_note(busy_pct: float, concurrency: int, mode: str, client: str) -> str | None:
+    """A note when the client's own CPU time is a visible part of what it measured (closed loop): each of
+    ``concurrency`` outstanding requests spends about ``busy_pct / concurrency`` % of its cycle in the
+    client's hands (building, sending, receiving, recording), time that shows up in the latency and, at
+    low concurrency, in the throughput. None under :data:`CLIENT_SHARE_PCT` or in open loop (late sends
+    flag an open-loop client)."""
+    share = busy_pct / max(concurrency, 1)
+    if mode != "closed" or share <= CLIENT_SHARE_PCT:
+        return None
+    return (f"client cost: {client} was {busy_pct:.0f} % busy at concurrency {concurrency}, so up to about "
+            f"{share:.0f} % of each request's cycle can be its own CPU time, which then counts in the latency "
+            "and throughput; a lighter client (perf_analyzer, --client auto where installed) or a higher "
+            "concurrency shrinks it")

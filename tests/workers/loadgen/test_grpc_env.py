@@ -31,7 +31,7 @@ from schemas import MeasurementSettings, TensorSpec
 from workers import grpc_env
 from workers.loadgen import run_load
 
-s = MeasurementSettings(warmup_s=0.2, window_s=0.3, min_windows=3, max_windows=3)
+s = MeasurementSettings(client="farm", warmup_s=0.2, window_s=0.3, min_windows=3, max_windows=3)
 r = run_load(sys.argv[1], "model", [TensorSpec(name="x", shape=(16,))], 1, 2, s, processes=1, in_process=True)
 print(json.dumps({"effective": grpc_env.EFFECTIVE, "notes": r.details["notes"],
                   "requests": r.metrics["requests_per_s"]}))

@@ -13,8 +13,8 @@ INPUTS = [TensorSpec(name="x", shape=(16,))]
 @pytest.mark.parametrize("rpc", ["unary", "stream"])
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_closed_loop_against_farm_server(farm_server_url: str, concurrency: int, rpc: str) -> None:
-    settings = MeasurementSettings(warmup_s=0.5, window_s=0.5, min_windows=2, max_windows=4, stability_pct=50,
-                                   rpc=rpc)
+    settings = MeasurementSettings(client="farm", warmup_s=0.5, window_s=0.5, min_windows=2, max_windows=4,
+                                   stability_pct=50, rpc=rpc)
     r = run_load(farm_server_url, "model", INPUTS, batch_size=2, concurrency=concurrency, settings=settings)
     m = r.metrics
     first, last = r.details["metrics_windows"]
@@ -33,7 +33,8 @@ def test_closed_loop_against_farm_server(farm_server_url: str, concurrency: int,
 
 @pytest.mark.parametrize("rpc", ["unary", "stream"])
 def test_open_loop_against_farm_server(farm_server_url: str, rpc: str) -> None:
-    settings = MeasurementSettings(mode="poisson", rate=100, warmup_s=0.3, window_s=0.5, duration_s=1.5, rpc=rpc)
+    settings = MeasurementSettings(client="farm", mode="poisson", rate=100, warmup_s=0.3, window_s=0.5,
+                                   duration_s=1.5, rpc=rpc)
     with StallWatch() as stalls:
         r = run_load(farm_server_url, "model", INPUTS, 1, 1, settings)
     assert r.metrics["late_send_pct"] is not None

@@ -57,7 +57,7 @@ def _check_consistent(r: LoadResult, batch: int) -> None:
 def test_closed_loop_counts_and_server_params(fake_server, rpc: str) -> None:
     with fake_server("--params", "--compute-ms", "0.5") as url:
         r = run_load(url, "model", INPUTS, batch_size=3, concurrency=2,
-                     settings=MeasurementSettings(**QUICK, stability_pct=50, rpc=rpc))
+                     settings=MeasurementSettings(client="farm", **QUICK, stability_pct=50, rpc=rpc))
     _check_consistent(r, batch=3)
     m = r.metrics
     assert m["error_count"] == 0 and m["late_send_pct"] is None
@@ -72,7 +72,7 @@ def test_closed_loop_counts_and_server_params(fake_server, rpc: str) -> None:
 
 def test_server_without_params_reports_none(fake_server) -> None:
     with fake_server() as url:
-        r = run_load(url, "model", INPUTS, 1, 1, MeasurementSettings(**QUICK, stability_pct=50))
+        r = run_load(url, "model", INPUTS, 1, 1, MeasurementSettings(client="farm", **QUICK, stability_pct=50))
     for key in ("server_queue_p50_ms", "server_compute_p50_ms", "server_compute_p99_ms"):
         assert r.metrics[key] is None
     assert r.details["server_compute_histogram"] is None
@@ -81,7 +81,7 @@ def test_server_without_params_reports_none(fake_server) -> None:
 
 def test_unstable_run_is_kept_at_max_windows(fake_server) -> None:
     with fake_server() as url:
-        r = run_load(url, "model", INPUTS, 1, 1, MeasurementSettings(**QUICK, stability_pct=0.001))
+        r = run_load(url, "model", INPUTS, 1, 1, MeasurementSettings(client="farm", **QUICK, stability_pct=0.001))
     assert r.metrics["stable"] is False
     assert r.metrics["windows"] == 4
     assert r.details["metrics_windows"] == [2, 3]
@@ -93,7 +93,7 @@ def test_unstable_run_is_kept_at_max_windows(fake_server) -> None:
 def test_open_loop_stall_shows_in_tail(fake_server, rpc: str) -> None:
     """A 200 ms server stall delays every request scheduled during it: counted from the schedule,
     the tail shows the stall (no coordinated omission), over calls and over one stream alike."""
-    settings = MeasurementSettings(mode="constant", rate=200, warmup_s=0.5, window_s=0.5, duration_s=2.5,
+    settings = MeasurementSettings(client="farm", mode="constant", rate=200, warmup_s=0.5, window_s=0.5, duration_s=2.5,
                                    rpc=rpc)
     with fake_server("--stall-after-s", "1.2", "--stall-ms", "200") as url, StallWatch() as stalls:
         r = run_load(url, "model", INPUTS, 1, 1, settings)
@@ -111,7 +111,7 @@ def test_open_loop_stall_shows_in_tail(fake_server, rpc: str) -> None:
 def test_closed_loop_stall_only_hits_one_request(fake_server, rpc: str) -> None:
     """The contrast: a closed loop with one outstanding request waits out the stall, so only one
     latency carries it (this is why open-loop runs count from the schedule)."""
-    settings = MeasurementSettings(warmup_s=0.5, window_s=0.5, duration_s=2.5, rpc=rpc)
+    settings = MeasurementSettings(client="farm", warmup_s=0.5, window_s=0.5, duration_s=2.5, rpc=rpc)
     with fake_server("--stall-after-s", "1.2", "--stall-ms", "200") as url, StallWatch() as stalls:
         r = run_load(url, "model", INPUTS, 1, 1, settings)
     assert r.metrics["latency_max_ms"] >= 150
@@ -121,7 +121,7 @@ def test_closed_loop_stall_only_hits_one_request(fake_server, rpc: str) -> None:
 
 @pytest.mark.parametrize("rpc", ["unary", "stream"])
 def test_poisson_rate(fake_server, rpc: str) -> None:
-    settings = MeasurementSettings(mode="poisson", rate=300, warmup_s=0.3, window_s=0.5, duration_s=2.0,
+    settings = MeasurementSettings(client="farm", mode="poisson", rate=300, warmup_s=0.3, window_s=0.5, duration_s=2.0,
                                    rpc=rpc)
     with fake_server() as url, StallWatch() as stalls:
         r = run_load(url, "model", INPUTS, 2, 1, settings)
@@ -135,7 +135,7 @@ def test_poisson_rate(fake_server, rpc: str) -> None:
 def test_errors_counted_by_status(fake_server, rpc: str, status: str) -> None:
     """Unary calls fail with a gRPC status; a Triton-style stream answers with a bare error_message
     (no status), counted as STREAM_ERROR, and the stream goes on."""
-    settings = MeasurementSettings(warmup_s=0.3, window_s=0.5, duration_s=1.5, rpc=rpc)
+    settings = MeasurementSettings(client="farm", warmup_s=0.3, window_s=0.5, duration_s=1.5, rpc=rpc)
     with fake_server("--error-every", "4", "--error-code", "RESOURCE_EXHAUSTED") as url:
         r = run_load(url, "model", INPUTS, 1, 2, settings)
     errors = r.details["errors"]
@@ -150,12 +150,13 @@ def test_errors_counted_by_status(fake_server, rpc: str, status: str) -> None:
 def test_all_requests_failing_raises(fake_server, rpc: str, status: str) -> None:
     with fake_server("--error-every", "1", "--error-code", "INVALID_ARGUMENT") as url:
         with pytest.raises(LoadGenError, match=f"no request succeeded.*{status}.*scripted error"):
-            run_load(url, "model", INPUTS, 1, 1, MeasurementSettings(**QUICK, rpc=rpc))
+            run_load(url, "model", INPUTS, 1, 1, MeasurementSettings(client="farm", **QUICK, rpc=rpc))
 
 
 @pytest.mark.parametrize("mode", ["closed", "constant"])
 def test_stream_rpc_on_a_server_without_streams_raises(fake_server, mode: str) -> None:
-    settings = MeasurementSettings(**QUICK, rpc="stream", mode=mode, rate=100 if mode != "closed" else None)
+    settings = MeasurementSettings(client="farm", **QUICK, rpc="stream", mode=mode,
+                                   rate=100 if mode != "closed" else None)
     with fake_server("--no-stream") as url:
         with pytest.raises(LoadGenError, match="does not serve ModelStreamInfer.*--rpc unary"):
             run_load(url, "model", INPUTS, 1, 2, settings)
@@ -164,7 +165,7 @@ def test_stream_rpc_on_a_server_without_streams_raises(fake_server, mode: str) -
 def test_model_not_ready_raises(fake_server) -> None:
     with fake_server() as url:
         with pytest.raises(LoadGenError, match="'other' is not ready"):
-            run_load(url, "other", INPUTS, 1, 1, MeasurementSettings(**QUICK))
+            run_load(url, "other", INPUTS, 1, 1, MeasurementSettings(client="farm", **QUICK))
 
 
 def test_unreachable_server_raises() -> None:
@@ -172,22 +173,22 @@ def test_unreachable_server_raises() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(LoadGenError, match="cannot connect.*check that the server is running"):
-        run_load(f"127.0.0.1:{port}", "model", INPUTS, 1, 1, MeasurementSettings(**QUICK),
+        run_load(f"127.0.0.1:{port}", "model", INPUTS, 1, 1, MeasurementSettings(client="farm", **QUICK),
                  connect_timeout_s=1.0)
 
 
 def test_bad_arguments_raise() -> None:
     with pytest.raises(LoadGenError):
-        run_load("127.0.0.1:1", "model", INPUTS, 0, 1, MeasurementSettings())
+        run_load("127.0.0.1:1", "model", INPUTS, 0, 1, MeasurementSettings(client="farm"))
     with pytest.raises(LoadGenError):
-        run_load("127.0.0.1:1", "model", INPUTS, 1, 1, MeasurementSettings(), processes=0)
+        run_load("127.0.0.1:1", "model", INPUTS, 1, 1, MeasurementSettings(client="farm"), processes=0)
     with pytest.raises(LoadGenError, match="cannot build the request"):
-        run_load("127.0.0.1:1", "model", [], 1, 1, MeasurementSettings())
+        run_load("127.0.0.1:1", "model", [], 1, 1, MeasurementSettings(client="farm"))
 
 
 def test_two_processes_closed_loop_merge(fake_server) -> None:
     with fake_server("--params") as url:
-        r = run_load(url, "model", INPUTS, 1, 4, MeasurementSettings(**QUICK, stability_pct=50),
+        r = run_load(url, "model", INPUTS, 1, 4, MeasurementSettings(client="farm", **QUICK, stability_pct=50),
                      processes=2)
     assert r.details["processes"] == 2
     assert len(r.details["client_busy_pct_by_process"]) == 2
@@ -197,7 +198,7 @@ def test_two_processes_closed_loop_merge(fake_server) -> None:
 
 @pytest.mark.parametrize("rpc", ["unary", "stream"])
 def test_two_processes_open_loop_rate(fake_server, rpc: str) -> None:
-    settings = MeasurementSettings(mode="constant", rate=200, warmup_s=0.3, window_s=0.5, duration_s=1.5,
+    settings = MeasurementSettings(client="farm", mode="constant", rate=200, warmup_s=0.3, window_s=0.5, duration_s=1.5,
                                    rpc=rpc)
     with fake_server() as url, StallWatch() as stalls:
         r = run_load(url, "model", INPUTS, 1, 1, settings, processes=2)
@@ -212,7 +213,7 @@ def test_hung_server_raises_after_first_window(fake_server, rpc: str) -> None:
     """A server that accepts requests but never answers: the run stops after the first empty window."""
     with fake_server("--compute-ms", "60000") as url:
         with pytest.raises(LoadGenError, match="no request succeeded.*no responses at all"):
-            run_load(url, "model", INPUTS, 1, 2, MeasurementSettings(**QUICK, rpc=rpc))
+            run_load(url, "model", INPUTS, 1, 2, MeasurementSettings(client="farm", **QUICK, rpc=rpc))
 
 
 def test_client_limited_threshold() -> None:
@@ -228,7 +229,8 @@ def test_open_loop_beyond_the_client_is_flagged_client_limited(fake_server) -> N
     """An open-loop rate one client process cannot send on time: the run is flagged client-limited, its
     latency is not reported as the server's (kept in the details) and a note says what to do."""
     # 8000 req/s: beyond one Python process's ~100 us of CPU per request, below the 10000 in flight allowed
-    settings = MeasurementSettings(mode="constant", rate=8000, warmup_s=0.2, window_s=0.3, duration_s=0.6)
+    settings = MeasurementSettings(client="farm", mode="constant", rate=8000, warmup_s=0.2, window_s=0.3,
+                                   duration_s=0.6)
     with fake_server() as url:
         r = run_load(url, "model", INPUTS, 1, 1, settings, processes=1)
     m = r.metrics
@@ -243,7 +245,7 @@ def test_open_loop_beyond_the_client_is_flagged_client_limited(fake_server) -> N
 
 
 def test_closed_loop_is_never_client_limited(fake_server) -> None:
-    settings = MeasurementSettings(warmup_s=0.2, window_s=0.3, duration_s=0.6)
+    settings = MeasurementSettings(client="farm", warmup_s=0.2, window_s=0.3, duration_s=0.6)
     with fake_server() as url:
         r = run_load(url, "model", INPUTS, 1, 1, settings, in_process=True)
     assert r.details["client_limited"] is False and r.metrics["latency_p50_ms"] is not None
