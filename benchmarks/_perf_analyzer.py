@@ -36,11 +36,12 @@ class PaFigures:
 
 def run(url: str, model: str, inputs: list[TensorSpec], batch: int, *, concurrency: int | None = None,
         rate: float | None = None, distribution: str = "constant", window_ms: int = 2000,
-        cpu_set: set[int] | None = None) -> PaFigures:
+        cpu_set: set[int] | None = None, use_async: bool = False) -> PaFigures:
     """Measure ``model`` at ``url`` with ``inputs`` (shapes without the batch) in batches of ``batch``
     (``-b`` where the model declares a max batch size, else the shape's first dimension: the same
-    ``shape_args`` as farm's backend) over unary gRPC (``-i grpc``, non-streaming, sync API as default):
-    closed loop at ``concurrency`` or open loop at ``rate`` req/s (``distribution`` constant|poisson),
+    ``shape_args`` as farm's backend) over unary gRPC (``-i grpc``, non-streaming; its sync API, its async
+    one with ``use_async``): closed loop at ``concurrency`` or open loop at ``rate`` req/s (``distribution``
+    constant|poisson),
     ``window_ms`` per window; the figures are its first 3 windows' (``STABILITY_PCT``)."""
     with tempfile.TemporaryDirectory() as tmp:
         out_csv = Path(tmp) / "pa.csv"
@@ -48,6 +49,7 @@ def run(url: str, model: str, inputs: list[TensorSpec], batch: int, *, concurren
         cmd = [str(binary()), "-m", model, "-u", url, "-i", "grpc", *shape_args(inputs, batch, max_batch),
                "--measurement-interval", str(window_ms), "--percentile", "50", "-f", str(out_csv),
                "--max-trials", "10", "--stability-percentage", str(STABILITY_PCT)]
+        cmd += ["--async"] if use_async else []
         if rate is not None:
             cmd += ["--request-rate-range", f"{rate:g}", "--request-distribution", distribution]
         else:

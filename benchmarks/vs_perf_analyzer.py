@@ -1,8 +1,9 @@
 """farm's load generator against NVIDIA perf_analyzer (C++), the reference client, on the same server.
 
-farm's built-in server (onnxruntime, one thread) serves a model; perf_analyzer (``-i grpc``, unary, sync
-calls) and farm's generator (``run_load``, unary ModelInfer, with a job's samplers running in its process:
-the server's process tree and the host's CPU) take turns on it in interleaved rounds (A, B, then B, A).
+farm's built-in server (onnxruntime, one thread) serves a model; perf_analyzer (``-i grpc``, unary; sync
+calls in closed loop, async calls in open loop, as farm's backend runs it) and farm's generator
+(``run_load``, unary ModelInfer, with a job's samplers running in its process: the server's process tree
+and the host's CPU) take turns on it in interleaved rounds (A, B, then B, A).
 The client is pinned to half of the CPUs, the server to the other half (``split_cpus``).
 
 Cells: closed loop at concurrency 1, 4, 16 with batch 1 and 8; open loop (batch 1), constant and Poisson
@@ -13,13 +14,14 @@ of its process, samplers included, per request), then the ratios farm / perf_ana
 meet the targets (req/s >= 0.95x, p50 <= 1.05x; open loop: p50 within 5 %, p99 within 10 %, late < 1 %).
 
 Models: ``identity`` (FP32 [b, 64], transport-bound); full runs add ``matmul`` (8 chained 128 x 128
-MatMuls on [b, 128, 128], compute-bound). Five clients take turns on each cell in every round, the order
+MatMuls on [b, 128, 128], compute-bound). Up to five clients take turns on each cell in every round, the order
 rotating from round to round: farm's own generator (``--client farm``), perf_analyzer, farm's default client
 (``auto``, which picks its perf_analyzer backend here: perf_analyzer sends, farm reads its per-request export
 into its windows and percentiles), perf_analyzer again, the A/A yardstick: how far two runs of the very same
-client differ on this host, and at concurrency 1 a bare gRPC Python loop (one thread, the request serialized
-once, nothing else): the floor under any Python client. Each ratio is the median over the rounds (5; quick:
-1) of that round's ratio to perf_analyzer, with its range.
+client differ on this host, at concurrency 1 a bare gRPC Python loop (one thread, the request serialized
+once, nothing else): the floor under any Python client, and in open loop perf_analyzer with its default sync
+API, whose sends wait for a free thread in a burst (late sends, and a tail without the queueing). Each ratio
+is the median over the rounds (5; quick: 1) of that round's ratio to perf_analyzer, with its range.
 The host is a shared 2-core VM: the steal and load average are printed with the figures.
 
 Run: ``python benchmarks/vs_perf_analyzer.py [--quick]``. Skips (exit 0) where perf_analyzer is absent:
@@ -109,12 +111,16 @@ def run_farm(url: str, server_pid: int, model: Model, cell: Cell, rate: float | 
 
 
 def run_pa(url: str, model: Model, cell: Cell, rate: float | None, window: float,
-           cpus: set[int] | None) -> Fig:
-    """perf_analyzer on ``cell``."""
+           cpus: set[int] | None, sync_open_loop: bool = False) -> Fig | None:
+    """perf_analyzer on ``cell``: closed loop with its sync API (its default), open loop with its async API
+    as farm's backend runs it, or its sync API with ``sync_open_loop`` (open-loop cells only; None else)."""
     mode, batch, conc = cell
+    if sync_open_loop and mode == "closed":
+        return None
     f = pa.run(url, "model", [TensorSpec(name="x", shape=model.shape)], batch,
                concurrency=int(conc) if mode == "closed" else None, rate=rate,
-               distribution=mode if mode != "closed" else "constant", window_ms=int(window * 1000), cpu_set=cpus)
+               distribution=mode if mode != "closed" else "constant", window_ms=int(window * 1000), cpu_set=cpus,
+               use_async=mode != "closed" and not sync_open_loop)
     late = re.search(r"([\d.]+)% of the requests were delayed", f.warning or "")
     return Fig(f.requests_per_s, f.p50_ms, f.p99_ms, float(late.group(1)) if late else 0.0, f.cpu_us_per_request)
 
@@ -183,9 +189,9 @@ def label(cell: Cell, rate: float | None) -> str:
     return f"c={conc} b={batch}" if mode == "closed" else f"{mode} {conc:.0%} ({rate:.0f}/s)"
 
 
-# farm's own generator, perf_analyzer, farm's default client (auto: its perf_analyzer backend), A/A, and the
-# floor of gRPC Python (concurrency 1 only)
-CLIENTS = ("farm", "pa", "farm-pa", "pa2", "bare")
+# farm's own generator, perf_analyzer, farm's default client (auto: its perf_analyzer backend), A/A, the
+# floor of gRPC Python (concurrency 1 only) and perf_analyzer's sync API in open loop (open-loop cells only)
+CLIENTS = ("farm", "pa", "farm-pa", "pa2", "bare", "pa-sync")
 
 
 def measure_cell(url: str, pid: int, model: Model, cell: Cell, rate: float | None, window: float,
@@ -193,8 +199,8 @@ def measure_cell(url: str, pid: int, model: Model, cell: Cell, rate: float | Non
     """One client's run of ``cell``: ``pa``/``pa2`` perf_analyzer run directly, ``farm`` farm's own
     generator (``--client farm``), ``farm-pa`` farm's default client (``auto``, which picks its
     perf_analyzer backend here), ``bare`` a bare gRPC Python loop (None where it does not run)."""
-    if who in ("pa", "pa2"):
-        return run_pa(url, model, cell, rate, window, client_cpus)
+    if who in ("pa", "pa2", "pa-sync"):
+        return run_pa(url, model, cell, rate, window, client_cpus, sync_open_loop=who == "pa-sync")
     if who == "bare":
         return run_bare(url, model, cell, window)
     return run_farm(url, pid, model, cell, rate, window, "auto" if who == "farm-pa" else "farm")
@@ -233,7 +239,9 @@ def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: 
                        ("farm-pa", "farm's default client (auto: perf_analyzer sends, farm reads its requests) / "
                                    "perf_analyzer"),
                        ("pa2", "A/A yardstick: perf_analyzer / perf_analyzer (the host's own noise)"),
-                       ("bare", "the floor of gRPC Python: a bare unary loop / perf_analyzer (c=1)")):
+                       ("bare", "the floor of gRPC Python: a bare unary loop / perf_analyzer (c=1)"),
+                       ("pa-sync", "perf_analyzer's sync API in open loop / its async API (what farm runs): "
+                                   "late sends hide the queueing")):
         print(f"  {title}:")
         met = 0
         for cell in [c for c in cells if runs[c][who]]:

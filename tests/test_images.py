@@ -64,6 +64,11 @@ def test_runtime_targets_run_farm_as_nobody_from_pinned_bases(target: str) -> No
     else:
         assert "download.pytorch.org/whl/cpu" in builds  # the torch extra takes the CPU wheel
     assert "-c constraints.txt" in builds or "-c gpu-constraints.txt" in builds
+    # perf_analyzer, the default load client: installed into the venv, its library in the runtime, checked there
+    assert "workers.loadgen.perf_analyzer --install" in builds
+    runtime = " ".join(rest for o, rest in stage["lines"] if o in ("ENV", "RUN"))
+    assert "FARM_PERF_ANALYZER=/opt/venv/bin/perf_analyzer" in runtime and "libb64-0d" in runtime
+    assert re.search(r"-m workers\.loadgen\.perf_analyzer\s*$", instruction(stage, "RUN") or ""), stage["lines"]
 
 
 def test_the_default_target_is_the_cpu_image() -> None:

@@ -15,9 +15,9 @@ from farm.errors import LoadGenError
 from schemas import MeasurementSettings, TensorSpec
 from schemas.input_data import DataArray, InputData
 from schemas.metrics import BY_NAME
-from workers.loadgen import run_load, stats
 from tests.helpers import gather_model
 from tests.workers.loadgen.conftest import serve_subprocess
+from workers.loadgen import run_load, stats
 from workers.loadgen.perf_analyzer import BINARY_ENV, choose, data_file, missing, unfit
 from workers.loadgen.request import input_tensor
 
@@ -205,5 +205,23 @@ def test_client_cost_is_flagged_in_closed_loop() -> None:
     """A client busy for more than 5 % of each outstanding request's cycle is flagged with its share."""
     note = stats.client_share_note(40.0, 1, "closed", "farm's generator")
     assert note is not None and "40 % busy at concurrency 1" in note and "up to about 40 %" in note
+    assert "a lighter client (perf_analyzer" in note
+    pa_note = stats.client_share_note(40.0, 1, "closed", "perf_analyzer")
+    assert pa_note is not None and "lighter client" not in pa_note and "a higher concurrency" in pa_note
     assert stats.client_share_note(40.0, 16, "closed", "farm's generator") is None  # 2.5 % each
     assert stats.client_share_note(40.0, 1, "poisson", "farm's generator") is None  # late sends flag it
+
+
+def test_open_loop_uses_the_async_api_and_spans_warmup_and_windows(tmp_path: Path) -> None:
+    """Open loop runs perf_analyzer's async API (its sync API delays sends in a burst, which hides the
+    queueing); closed loop its sync API. Its three windows cover farm's warm-up and windows together."""
+    from workers.loadgen.perf_analyzer import command
+
+    closed = MeasurementSettings(warmup_s=0.5, window_s=1.0, min_windows=3)
+    opened = MeasurementSettings(mode="poisson", rate=200, warmup_s=0.5, window_s=1.0, duration_s=4.0)
+    c = command("h:1", "m", INPUTS, 1, 2, closed, tmp_path / "e", tmp_path / "t")
+    o = command("h:1", "m", INPUTS, 1, 1, opened, tmp_path / "e", tmp_path / "t")
+    assert "--async" not in c and c[-2:] == ["--concurrency-range", "2"]
+    assert "--async" in o and o[-4:] == ["--request-rate-range", "200", "--request-distribution", "poisson"]
+    assert c[c.index("--measurement-interval") + 1] == "1167"  # (0.5 + 3 x 1.0) / 3 s
+    assert o[o.index("--measurement-interval") + 1] == "1500"  # (0.5 + 4.0) / 3 s
