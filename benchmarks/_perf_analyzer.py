@@ -13,12 +13,17 @@ from pathlib import Path
 import _serve  # noqa: F401 (puts the repository on sys.path)
 
 from schemas import TensorSpec
-from workers.loadgen.perf_analyzer import VERSION, binary, launch, max_batch_size, missing, shape_args
+from workers.loadgen.perf_analyzer import (
+    ALWAYS_STABLE_PCT,
+    VERSION,
+    binary,
+    launch,
+    max_batch_size,
+    missing,
+    shape_args,
+)
 
 __all__ = ["VERSION", "PaFigures", "binary", "missing", "run"]
-# perf_analyzer's windows must agree within this (%) before it reports; set wide so it always reports
-# its first 3 windows, as farm's fixed-duration runs do (this host is too noisy for 10 %)
-STABILITY_PCT = 1000
 TIMEOUT_S = 300.0  # one measurement's limit (10 trials of a few seconds at most)
 
 
@@ -41,14 +46,14 @@ def run(url: str, model: str, inputs: list[TensorSpec], batch: int, *, concurren
     (``-b`` where the model declares a max batch size, else the shape's first dimension: the same
     ``shape_args`` as farm's backend) over unary gRPC (``-i grpc``, non-streaming; its sync API, its async
     one with ``use_async``): closed loop at ``concurrency`` or open loop at ``rate`` req/s (``distribution``
-    constant|poisson),
-    ``window_ms`` per window; the figures are its first 3 windows' (``STABILITY_PCT``)."""
+    constant|poisson), ``window_ms`` per window; the figures are its first 3 windows' (``ALWAYS_STABLE_PCT``:
+    it always reports them, as farm's fixed-duration runs do)."""
     with tempfile.TemporaryDirectory() as tmp:
         out_csv = Path(tmp) / "pa.csv"
         max_batch = max_batch_size(url, model) or 0
         cmd = [str(binary()), "-m", model, "-u", url, "-i", "grpc", *shape_args(inputs, batch, max_batch),
                "--measurement-interval", str(window_ms), "--percentile", "50", "-f", str(out_csv),
-               "--max-trials", "10", "--stability-percentage", str(STABILITY_PCT)]
+               "--max-trials", "10", "--stability-percentage", str(ALWAYS_STABLE_PCT)]
         cmd += ["--async"] if use_async else []
         if rate is not None:
             cmd += ["--request-rate-range", f"{rate:g}", "--request-distribution", distribution]
@@ -64,7 +69,7 @@ def run(url: str, model: str, inputs: list[TensorSpec], batch: int, *, concurren
     warn = next((ln.strip() for ln in text.splitlines() if "WARNING" in ln.upper() and "delay" in ln.lower()), None)
     # perf_analyzer's CPU covers every trial; its requests: windows x rate; the CPU per request is
     # therefore its whole CPU over (all trials' requests) -- approximated by the number of windows run
-    # (it measures 3 windows at least, and stops there: STABILITY_PCT; verbose output counts the passes)
+    # (it measures 3 windows at least, and stops there: ALWAYS_STABLE_PCT; verbose output counts the passes)
     trials = max(3, sum(1 for ln in text.splitlines() if ln.strip().startswith("Pass [")))
     requests = rps * window_ms / 1e3 * trials
     return PaFigures(requests_per_s=rps, p50_ms=float(row["p50 latency"]) / 1e3,
