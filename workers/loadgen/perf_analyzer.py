@@ -51,6 +51,7 @@ BINARY_ENV = "FARM_PERF_ANALYZER"
 CLIENT_NAME = "perf_analyzer"
 LATE_RE = re.compile(r"([\d.]+)% of the requests were delayed")
 EXTRA_S = 60.0  # how long perf_analyzer may take beyond its windows (start, connect, metadata)
+WINDOW_STRETCH = 1.2  # perf_analyzer sleeps 1.2 x --measurement-interval per window (2.41's Measure)
 PA_WINDOWS = 3  # perf_analyzer's fewest windows: the ones it measures for farm
 # perf_analyzer writes nothing for a run it finds unstable: its last 3 windows must agree within 1 + this/100
 # as max/min on throughput and on average latency (1000 % still refused an open-loop run here, whose
@@ -329,7 +330,8 @@ def run_perf_analyzer(url: str, model_name: str, inputs: list[TensorSpec], batch
         data_args = data_file(Path(tmp) / "input.json", inputs, batch_size, max_batch, data, seed)
         cmd = command(url, model_name, inputs, batch_size, concurrency, settings, export, table, max_batch,
                       data_args)
-        ran = launch(cmd, min(settings.timeout_s, settings.warmup_s + sum(lengths) + EXTRA_S))
+        ran = launch(cmd, min(settings.timeout_s,
+                              WINDOW_STRETCH * (settings.warmup_s + sum(lengths)) + EXTRA_S))
         if not export.is_file() or not table.is_file():
             tail = " / ".join(ln.strip() for ln in ran.output.strip().splitlines()[-3:])
             raise LoadGenError(f"perf_analyzer measured nothing (exit {ran.returncode}): {tail}")
