@@ -40,7 +40,7 @@ import numpy as np
 from farm.errors import LoadGenError
 from schemas import MeasurementSettings, TensorSpec
 from schemas.input_data import InputData
-from schemas.result import CLIENT_LIMITED_NOTE, client_limited
+from schemas.result import client_limited
 from workers.loadgen import stats
 
 VERSION = "2.41.0"
@@ -338,28 +338,26 @@ def run_perf_analyzer(url: str, model_name: str, inputs: list[TensorSpec], batch
         windows, lats, warmup_requests = _windows(json.loads(export.read_text()), batch_size, settings.warmup_s,
                                                   lengths)
         breakdown = _server_breakdown(table)
-    metrics, notes, lat, duration = _read(windows, lats, ran, settings, batch_size, concurrency, url)
+    metrics, notes, t = _read(windows, lats, ran, settings, batch_size, concurrency, url)
     limited = client_limited(metrics)
     details = {"client": CLIENT_NAME, "client_limited": limited, "mode": settings.mode, "rpc": "unary",
                "rate": settings.rate if settings.mode != "closed" else None, "concurrency": concurrency,
                "batch_size": batch_size, "processes": 1, "warmup_s": settings.warmup_s,
                "window_s": settings.window_s, "metrics_windows": [0, len(windows) - 1],
-               "stopped_when_stable": False, "latency_histogram": stats.histogram(lat), "windows": windows,
-               "errors": {}, "warmup_requests": warmup_requests, "sent": sum(w["requests"] for w in windows),
-               "late_sends": round((metrics["late_send_pct"] or 0.0) / 100 * sum(w["requests"] for w in windows)),
+               "stopped_when_stable": False, "latency_histogram": stats.histogram(t.lat), "windows": windows,
+               "errors": {}, "warmup_requests": warmup_requests, "sent": t.sent, "late_sends": t.late,
                "server_breakdown_avg_us": breakdown,
-               "client_limited_latency": stats.latency_metrics(lat, batch_size, duration) if limited else None,
-               "client_busy_pct_by_process": [ran.busy_pct], "client_process": "perf_analyzer process",
+               "client_limited_latency": stats.latency_metrics(t.lat, batch_size, t.duration) if limited else None,
+               "client_busy_pct_by_process": t.busy_by_proc, "client_process": "perf_analyzer process",
                "command": " ".join(cmd[1:]), "input_data": (data or InputData()).describe(), "notes": notes}
     return LoadResult(metrics=metrics, details=details)
 
 
 def _read(windows: list[dict[str, Any]], lats: list[np.ndarray], ran: Launched, settings: MeasurementSettings,
-          batch_size: int, concurrency: int, url: str) -> tuple[dict[str, Any], list[str], np.ndarray, float]:
-    """farm's metrics and notes from perf_analyzer's windows (all of them: farm asked for as many as it
-    measures) and output (its late-send share in open loop, over its whole run); also the latencies (ms)
-    and the measured duration (s)."""
-    from workers.loadgen.run import _metrics, _Totals
+          batch_size: int, concurrency: int, url: str) -> tuple[dict[str, Any], list[str], Any]:
+    """farm's metrics, notes and totals (``run._Totals``) from perf_analyzer's windows (all of them: farm
+    asked for as many as it measures) and output (its late-send share in open loop, over its whole run)."""
+    from workers.loadgen.run import _metrics, _Totals, judge_stable, result_notes
 
     lat = np.concatenate(lats) if lats else np.zeros(0)
     if lat.size == 0:
@@ -367,26 +365,15 @@ def _read(windows: list[dict[str, Any]], lats: list[np.ndarray], ran: Launched, 
     late_match = LATE_RE.search(ran.output)
     sent = sum(w["requests"] for w in windows)
     late = round(float(late_match.group(1)) / 100 * sent) if late_match and settings.mode != "closed" else 0
-    stable = stats.is_stable(windows, settings.min_windows, settings.stability_pct,
-                             stats.stability_keys(settings.stability_latency))
-    duration = sum(w["length_s"] for w in windows)
-    t = _Totals(used=[], lat=lat, queue=np.zeros(0), compute=np.zeros(0), duration=duration, errors={},
-                sent=sent, late=late, busy_by_proc=[ran.busy_pct], stable=stable, first_error=None)
-    metrics = _metrics(t, batch_size, settings.mode, len(windows))
+    t = _Totals(used=[], lat=lat, queue=np.zeros(0), compute=np.zeros(0),
+                duration=sum(w["length_s"] for w in windows), errors={}, sent=sent, late=late,
+                busy_by_proc=[ran.busy_pct], stable=judge_stable(windows, settings), first_error=None)
     notes = [f"measured by NVIDIA perf_analyzer {VERSION}: {settings.warmup_s:g} s warm-up and {len(windows)} "
              "windows cut from its per-request export, stability judged by farm (a fixed count of windows, not "
              "extended to max_windows); server breakdown: ModelStatistics averages in "
              "details.server_breakdown_avg_us"]
-    if client_limited(metrics):
-        notes.append(f"{metrics['late_send_pct']:.1f} % late sends; {CLIENT_LIMITED_NOTE} (its latency: "
-                     "details.client_limited_latency)")
-    share = stats.client_share_note(ran.busy_pct, concurrency, settings.mode, "perf_analyzer")
-    if share:
-        notes.append(share)
-    if not stable:
-        notes.append(f"not stable: the last {settings.min_windows} windows did not agree within "
-                     f"±{settings.stability_pct:g} % on throughput and {settings.stability_latency} latency")
-    return metrics, notes, lat, duration
+    notes += result_notes(t, settings, CLIENT_NAME, concurrency)
+    return _metrics(t, batch_size, settings.mode, len(windows)), notes, t
 
 
 def main() -> None:

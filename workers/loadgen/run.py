@@ -5,7 +5,7 @@ import math
 import multiprocessing as mp
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,9 +108,15 @@ def _sum_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
     return total
 
 
-def _is_stable(windows: list[WindowSummary], settings: MeasurementSettings) -> bool:
-    return stats.is_stable([w.public() for w in windows], settings.min_windows, settings.stability_pct,
+def judge_stable(windows: Sequence[dict[str, Any]], settings: MeasurementSettings) -> bool:
+    """The job's stability rule on a run's window summaries (``WindowSummary.public()`` form, as any client's
+    windows are kept): the last ``min_windows`` agree within ``stability_pct`` (``stats.is_stable``)."""
+    return stats.is_stable(windows, settings.min_windows, settings.stability_pct,
                            stats.stability_keys(settings.stability_latency))
+
+
+def _is_stable(windows: list[WindowSummary], settings: MeasurementSettings) -> bool:
+    return judge_stable([w.public() for w in windows], settings)
 
 
 @dataclass
@@ -326,23 +332,31 @@ def _metrics(t: _Totals, batch_size: int, mode: str, windows: int) -> dict[str, 
     }
 
 
-def _notes(out: _Outcome, t: _Totals, settings: MeasurementSettings, per_process: int) -> list[str]:
-    """The coordinator's notes, then warnings about a busy client (``per_process``: the concurrency each
-    client process kept) and an unstable measurement."""
-    notes = list(out.notes)
+def result_notes(t: _Totals, settings: MeasurementSettings, client: str, concurrency: int) -> list[str]:
+    """The warnings any client's run gets from its totals: client-limited (open loop, over 1 % late sends),
+    the client's own cost (closed loop; ``concurrency``: what one client process kept outstanding) and an
+    unstable measurement."""
+    notes = []
     late = late_pct(t, settings.mode)
     if client_limited({"late_send_pct": late}):
         notes.append(f"{late:.1f} % late sends; {CLIENT_LIMITED_NOTE} (its latency: details.client_limited_latency)")
-    if max(t.busy_by_proc) > BUSY_LIMIT_PCT:
-        notes.append(f"load generator process was {max(t.busy_by_proc):.0f} % busy: the client may limit "
-                     "the result; give it more processes (processes=) or cores")
-    share = stats.client_share_note(max(t.busy_by_proc), per_process, settings.mode, "farm's generator")
+    share = stats.client_share_note(max(t.busy_by_proc), concurrency, settings.mode, client)
     if share:
         notes.append(share)
     if not t.stable:
         notes.append(f"not stable: the last {settings.min_windows} windows did not agree within "
                      f"±{settings.stability_pct:g} % on throughput and {settings.stability_latency} latency")
     return notes
+
+
+def _notes(out: _Outcome, t: _Totals, settings: MeasurementSettings, per_process: int) -> list[str]:
+    """The coordinator's notes, a warning about a busy client process, then :func:`result_notes`
+    (``per_process``: the concurrency each client process kept)."""
+    notes = list(out.notes)
+    if max(t.busy_by_proc) > BUSY_LIMIT_PCT:
+        notes.append(f"load generator process was {max(t.busy_by_proc):.0f} % busy: the client may limit "
+                     "the result; give it more processes (processes=) or cores")
+    return notes + result_notes(t, settings, "farm's generator", per_process)
 
 
 def _details(out: _Outcome, t: _Totals, settings: MeasurementSettings, batch_size: int, mode: str,
