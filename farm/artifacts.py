@@ -7,6 +7,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -26,7 +27,7 @@ def safe_filename(name: str) -> str:
     return cleaned[:200] or "model"
 
 
-def static_metrics(path: Path, model_format: str, inputs: list[dict]) -> dict:
+def static_metrics(path: Path, model_format: str, inputs: list[dict[str, Any]]) -> dict[str, Any]:
     """``farm analyze`` of the model (params, size, MACs/FLOPs, activation memory), JSON-ready; a model
     the analyser cannot count gets ``{"error": ...}`` rather than blocking the submission."""
     from farm.models.analysis import analyze
@@ -38,10 +39,12 @@ def static_metrics(path: Path, model_format: str, inputs: list[dict]) -> dict:
         report = analyze(path, model_format, [TensorSpec.model_validate(t) for t in inputs])
     except Exception as exc:  # analysis is informative; a model that serves must not be refused for it
         return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"}
-    return json.loads(json.dumps(report, default=str))
+    metrics: dict[str, Any] = json.loads(json.dumps(report, default=str))
+    return metrics
 
 
-def store_model(session: Session, path: Path, sha256: str, model_format: str, inputs: list[dict]) -> ModelArtifact:
+def store_model(session: Session, path: Path, sha256: str, model_format: str,
+                inputs: list[dict[str, Any]]) -> ModelArtifact:
     """Put the model at ``path`` in the store (once per sha256) within ``session``'s transaction, with its
     static metrics computed once per artifact."""
     existing = session.get(ModelArtifact, sha256)

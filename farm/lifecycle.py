@@ -60,7 +60,8 @@ def start(bind: Bind, job_id: str, worker_id: str) -> bool:
     """claimed -> running; False when the worker no longer holds the job (cancelled or requeued)."""
     res = bind.execute(update(JOBS).where(_held(job_id, worker_id))
                        .values(status=JobStatus.running, started_at=utcnow()))
-    return res.rowcount == 1  # type: ignore[attr-defined]
+    rows: int = res.rowcount  # type: ignore[attr-defined]
+    return rows == 1
 
 
 def release(bind: Bind, job_id: str, worker_id: str, reason: str) -> bool:
@@ -82,7 +83,8 @@ def _to_queue(bind: Bind, job_id: str, worker_id: str | None, reason: str, uncou
     if uncount:
         values["attempts"] = case((JOBS.c.attempts > 0, JOBS.c.attempts - 1), else_=0)
     res = bind.execute(update(JOBS).where(_held(job_id, worker_id)).values(**values))
-    return res.rowcount == 1  # type: ignore[attr-defined]
+    rows: int = res.rowcount  # type: ignore[attr-defined]
+    return rows == 1
 
 
 def failure_result(job_id: str, reason: str) -> JobResult:

@@ -27,7 +27,7 @@ class Constraint:
     limit: float
 
     def holds(self, row: dict[str, Any]) -> bool:
-        value = row.get(self.metric)
+        value: float | None = row.get(self.metric)
         if value is None:
             return False
         return value >= self.limit if BY_NAME[self.metric].higher_is_better else value <= self.limit

@@ -88,7 +88,8 @@ def config_label(config: dict[str, Any]) -> str:
 
 def job_label(row: dict[str, Any]) -> str:
     """The short job id, marked when the job shared its host without isolation (see ``shared_lines``)."""
-    return (row["job_id"][:6] + (SHARED_MARK if shared_unisolated(row) else "")
+    job_id: str = row["job_id"]
+    return (job_id[:6] + (SHARED_MARK if shared_unisolated(row) else "")
             + (CLIENT_LIMITED_MARK if client_limited(row) else ""))
 
 

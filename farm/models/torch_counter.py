@@ -60,24 +60,24 @@ def _numel(x: Any) -> int:
     return int(x.numel())
 
 
-def _matmul(args: tuple, out: Any) -> Cost:
+def _matmul(args: tuple[Any, ...], out: Any) -> Cost:
     a = args[0]
     macs = _numel(out) * int(a.shape[-1])
     return macs, 2 * macs
 
 
-def _addmm(args: tuple, out: Any) -> Cost:  # addmm(bias, a, b), baddbmm(bias, a, b)
+def _addmm(args: tuple[Any, ...], out: Any) -> Cost:  # addmm(bias, a, b), baddbmm(bias, a, b)
     macs = _numel(out) * int(args[1].shape[-1])
     return macs, 2 * macs + _numel(out)
 
 
-def _linear(args: tuple, out: Any) -> Cost:  # linear(x, w, bias=None)
+def _linear(args: tuple[Any, ...], out: Any) -> Cost:  # linear(x, w, bias=None)
     macs = _numel(out) * int(args[1].shape[-1])
     bias = len(args) > 2 and args[2] is not None
     return macs, 2 * macs + (_numel(out) if bias else 0)
 
 
-def _conv(args: tuple, out: Any) -> Cost:
+def _conv(args: tuple[Any, ...], out: Any) -> Cost:
     # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     x, w = args[0], args[1]
     transposed = bool(args[6]) if len(args) > 6 else False
@@ -86,7 +86,7 @@ def _conv(args: tuple, out: Any) -> Cost:
     return macs, 2 * macs + (_numel(out) if bias else 0)
 
 
-def _sdpa(args: tuple, out: Any) -> Cost:
+def _sdpa(args: tuple[Any, ...], out: Any) -> Cost:
     """scaled_dot_product_attention(query [.., L, E], key [.., S, E], value [.., S, Ev], ...) -> [.., L, Ev]:
     Q K^T and P V; FLOPs add 4 per score (scale and softmax), as the ONNX counter's Attention rule."""
     q, k = args[0], args[1]
@@ -95,19 +95,19 @@ def _sdpa(args: tuple, out: Any) -> Cost:
     return macs, 2 * macs + 4 * (_numel(q) // int(q.shape[-1])) * s
 
 
-def _batchnorm(args: tuple, out: Any) -> Cost:
+def _batchnorm(args: tuple[Any, ...], out: Any) -> Cost:
     e = _numel(args[0])
     return e, 2 * e
 
 
-def _pool(args: tuple, out: Any) -> Cost:
+def _pool(args: tuple[Any, ...], out: Any) -> Cost:
     x, kernel = args[0], list(args[1])
     spatial = max(1, x.dim() - 2)
     k = prod(kernel) if len(kernel) == spatial else kernel[0] ** spatial
     return 0, _numel(out) * k
 
 
-HANDLERS: dict[str, Callable[[tuple, Any], Cost]] = {
+HANDLERS: dict[str, Callable[[tuple[Any, ...], Any], Cost]] = {
     "mm": _matmul, "bmm": _matmul, "matmul": _matmul, "addmm": _addmm, "baddbmm": _addmm,
     "linear": _linear, "convolution": _conv, "_convolution": _conv,
     "native_batch_norm": _batchnorm, "_native_batch_norm_legit_no_training": _batchnorm,
@@ -138,7 +138,8 @@ def _counting_mode() -> Any:
             self.unknown: dict[str, int] = {}
             self.macs = self.flops = self.act_bytes = 0
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                               kwargs: dict[str, Any] | None = None) -> Any:
             out = func(*args, **(kwargs or {}))
             name = func.overloadpacket.__name__
             first = out[0] if isinstance(out, (tuple, list)) and out else out
