@@ -4,14 +4,17 @@
 At submission the server's ServerMetadata (name, version) and ModelMetadata (inputs) are read, dynamic
 dimensions are filled from ``--input``, and a small JSON descriptor of the endpoint becomes the request's
 artifact (format ``endpoint``), so that jobs, results and the artifact store work as for a model file.
-The worker reads the descriptor back and drives the endpoint (``workers.runners.endpoint``).
+The worker reads the descriptor back and drives the endpoint (``workers.runners.endpoint``). Reading the
+metadata is the KServe client's (``workers.engines.triton.attach``), which the CLI passes in: the core does
+not import workers.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from farm.errors import FarmError, RequestError
 from farm.settings import get_settings
@@ -20,6 +23,28 @@ from schemas.dtypes import DTYPES
 
 FORMAT = "endpoint"
 FILENAME = "endpoint.json"
+
+
+class ServedModel(Protocol):
+    """What ``describe_endpoint`` reads of a served model (``workers.engines.triton.AttachedServer``): the
+    server's name and version, the model's platform, and its inputs and outputs (each with ``name``,
+    ``datatype`` and ``shape``, the first dimension being the batch)."""
+
+    @property
+    def server_name(self) -> str: ...
+    @property
+    def server_version(self) -> str: ...
+    @property
+    def platform(self) -> str: ...
+    @property
+    def inputs(self) -> Sequence[Any]: ...
+    @property
+    def outputs(self) -> Sequence[Any]: ...
+
+
+#: attach(endpoint HOST:PORT, model name, timeout s): wait until the server serves the model and read its
+#: metadata; a FarmError when it does not
+Attach = Callable[[str, str, float], ServedModel]
 
 
 def _per_sample(name: str, datatype: str, shape: list[int], given: TensorSpec | None) -> tuple[TensorSpec, int | None]:
@@ -47,7 +72,7 @@ def _per_sample(name: str, datatype: str, shape: list[int], given: TensorSpec | 
     return TensorSpec(name=name, dtype=datatype, shape=tuple(per)), (shape[0] if shape[0] > 0 else None)
 
 
-def endpoint_inputs(meta_inputs: list[Any], given: list[TensorSpec] | None) -> tuple[list[TensorSpec], int | None]:
+def endpoint_inputs(meta_inputs: Sequence[Any], given: list[TensorSpec] | None) -> tuple[list[TensorSpec], int | None]:
     """The request's inputs from the served model's metadata (IOSpec-like: name, datatype, shape) and the
     user's specs; with the batch size the server fixes, if any. RequestError when they do not fit."""
     by_name = {g.name: g for g in given or []}
@@ -68,11 +93,10 @@ def endpoint_inputs(meta_inputs: list[Any], given: list[TensorSpec] | None) -> t
     return specs, (fixed.pop() if len(fixed) == 1 and None not in batches else None)
 
 
-def describe_endpoint(request: ProfileRequest, timeout_s: float = 10.0) -> tuple[Path, dict[str, Any]]:
-    """Read the endpoint's metadata and write its descriptor under ``<home>/endpoints``; returns the file
-    and the descriptor. RequestError when the server does not answer or does not serve the model."""
-    from workers.engines.triton import attach
-
+def describe_endpoint(request: ProfileRequest, attach: Attach, timeout_s: float = 10.0) -> tuple[Path, dict[str, Any]]:
+    """Read the endpoint's metadata with ``attach`` and write its descriptor under ``<home>/endpoints``;
+    returns the file and the descriptor. RequestError when the server does not answer or does not serve the
+    model."""
     assert request.endpoint is not None and request.model_name is not None
     try:
         server = attach(request.endpoint, request.model_name, timeout_s)

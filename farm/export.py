@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.errors import RequestError
-from farm.results import JOB_COLUMNS, MEASUREMENT_COLUMNS, METRIC_NAMES
+from farm.formatting import to_csv, to_json
+from farm.results import JOB_COLUMNS, MEASUREMENT_COLUMNS, METRIC_NAMES, find_request, result_rows
 from schemas.metrics import BY_NAME
 from schemas.result import PLACEMENT_COLUMNS
 
@@ -30,8 +31,6 @@ _BOOL_COLUMNS = {"host_shared", "isolated"}
 
 def export_rows(request_id: str) -> list[dict[str, Any]]:
     """The request's result rows with :data:`EXPORT_COLUMNS` as keys, in that order."""
-    from farm.results import find_request, result_rows
-
     req = find_request(request_id)
     head = {"request_id": req.id, "model": req.spec.get("model"), "model_sha256": req.model_sha256}
     return [{c: {**head, **r}.get(c) for c in EXPORT_COLUMNS} for r in result_rows(req.id)]
@@ -39,7 +38,7 @@ def export_rows(request_id: str) -> list[dict[str, Any]]:
 
 def arrow_schema() -> pa.Schema:
     """The Parquet schema: typed coordinates, and one field per registered metric with its unit as metadata."""
-    import pyarrow as pa
+    import pyarrow as pa  # 0.2-0.4 s to import: only Parquet exports pay it
 
     fields = []
     for c in EXPORT_COLUMNS:
@@ -82,8 +81,6 @@ def _cell(column: str, value: Any) -> Any:
 
 def write(rows: list[dict[str, Any]], fmt: str, path: Path | None) -> str | None:
     """Write ``rows`` as ``fmt`` to ``path``; with no path, return the text (CSV and JSON only)."""
-    from farm.cli.views import to_csv, to_json
-
     if fmt not in FORMATS:
         raise RequestError(f"--format {fmt!r} is unknown; use one of {', '.join(FORMATS)}")
     if fmt == "parquet":

@@ -12,8 +12,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 from farm import report_plots as plots
+from farm.formatting import fmt_value, rate_text
 from farm.report import Constraint, Report, build_report
-from farm.results import JOB_COLUMNS, MEASURED_EDGE, MEASUREMENT_COLUMNS, METRIC_NAMES
+from farm.results import (
+    JOB_COLUMNS,
+    MEASURED_EDGE,
+    MEASUREMENT_COLUMNS,
+    METRIC_NAMES,
+    find_request,
+    load_details,
+    model_static_metrics,
+    result_details,
+    result_rows,
+)
+from farm.steal import steal_note
 from schemas.metrics import BY_NAME, MODEL_METRICS
 from schemas.result import shared_unisolated
 
@@ -34,24 +46,14 @@ def _e(v: Any) -> str:
     return html.escape("" if v is None else str(v))
 
 
-def _fmt(name: str, v: Any) -> str:
-    from farm.cli.views import fmt_value
-
-    return fmt_value(name, v)
-
-
 def _config(r: dict[str, Any]) -> str:
     edge = f" edge {r['edge_profile']}" if r.get("edge_profile") else ""
-    from farm.cli.views import rate_text
-
     return f"{r['device']} {r['engine']} batch {r['batch_size']} × concurrency {r['concurrency']}{rate_text(r)}{edge}"
 
 
 def render(request_id: str, objective: str = "throughput_infer_per_s", constraints: list[Constraint] | None = None,
            require_stable: bool = False) -> str:
     """The report of request ``request_id`` as one HTML document."""
-    from farm.results import find_request, load_details, model_static_metrics, result_details, result_rows
-
     req = find_request(request_id)
     rows = result_rows(req.id)
     rep = build_report(rows, objective, constraints or [], require_stable)
@@ -110,8 +112,8 @@ def _summary(rep: Report) -> str:
            f" is better); constraints: {_e(cons)}</p>"]
 
     def line(r: dict[str, Any]) -> str:
-        return (f"<li>{_e(_config(r))}: {_e(_fmt(obj, r.get(obj)))} {_e(BY_NAME[obj].unit)}, p99 "
-                f"{_e(_fmt('latency_p99_ms', r.get('latency_p99_ms')))} ms</li>")
+        return (f"<li>{_e(_config(r))}: {_e(fmt_value(obj, r.get(obj)))} {_e(BY_NAME[obj].unit)}, p99 "
+                f"{_e(fmt_value('latency_p99_ms', r.get('latency_p99_ms')))} ms</li>")
 
     out.append("<h3>Best per device and engine</h3><ul>" + "".join(line(r) for r in best.values())
                + ("" if best else "<li>no configuration meets the constraints</li>") + "</ul>")
@@ -131,7 +133,7 @@ def _summary(rep: Report) -> str:
 def _static(static: dict[str, Any]) -> str:
     if not static:
         return "<h2>Model</h2><p>no static metrics stored (run <code>farm analyze</code>)</p>"
-    cells = "".join(f"<tr><td class=l>{_e(m.name)}</td><td>{_e(_fmt(m.name, static.get(m.name)))}</td>"
+    cells = "".join(f"<tr><td class=l>{_e(m.name)}</td><td>{_e(fmt_value(m.name, static.get(m.name)))}</td>"
                     f"<td class=l>{_e('MiB' if m.unit == 'B' else m.unit)}</td>"
                     f"<td class=l>{_e(m.description)}</td></tr>" for m in MODEL_METRICS if m.name in static)
     head = "<tr><th>metric</th><th>value</th><th>unit</th><th>what</th></tr>"
@@ -140,8 +142,6 @@ def _static(static: dict[str, Any]) -> str:
 
 def _jobs(rows: list[dict[str, Any]]) -> str:
     """Every job: coordinates, how measured, flags, error and every metric, with exact stored values."""
-    from workers.samplers.host import steal_note
-
     coords = JOB_COLUMNS[:6] + ("rpc",) + MEASUREMENT_COLUMNS + ("status",)
     heads = [*coords, "measured", "steal", "shared", "error",
              *(f"{m} ({BY_NAME[m].unit})" for m in METRIC_NAMES)]
@@ -151,7 +151,7 @@ def _jobs(rows: list[dict[str, Any]]) -> str:
         flags = [steal_note(r.get("cpu_steal_pct")) or "", "shared, not isolated" if shared_unisolated(r) else ""]
         cells = [f"<td class=l>{_e(r.get(c))}</td>" for c in coords]
         cells += [f"<td class=l>{_e(v)}</td>" for v in (r.get("measured"), *flags, r.get("error"))]
-        cells += [f'<td data-metric="{m}" data-value="{_e(r.get(m))}">{_e(_fmt(m, r.get(m)))}</td>'
+        cells += [f'<td data-metric="{m}" data-value="{_e(r.get(m))}">{_e(fmt_value(m, r.get(m)))}</td>'
                   for m in METRIC_NAMES]
         out.append(f'<tr data-job="{_e(r["job_id"])}">' + "".join(cells) + "</tr>")
     return "".join(out) + "</table></div>"

@@ -23,8 +23,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
+from sqlalchemy import func, select
 
-from workers.samplers.host import read_steal
+from farm.db.models import Job, Result, Worker, utcnow
+from farm.db.session import session_scope
+from farm.errors import ConfigError
+from farm.steal import read_steal
+from schemas.job import JobStatus
 
 log = logging.getLogger("farm.metrics")
 
@@ -85,11 +90,6 @@ class WorkerMetrics:
 
     def job_done(self, job_id: str, seconds: float) -> None:
         """Record a handled job: its queue, status and stolen share are read back from the ledger."""
-        from sqlalchemy import select
-
-        from farm.db.models import Job, Result
-        from farm.db.session import session_scope
-
         try:
             with session_scope() as s:
                 row = s.execute(select(Job.queue, Job.status, Result.__table__.c.cpu_steal_pct)
@@ -122,12 +122,6 @@ class LedgerCollector(Collector):
 
     @staticmethod
     def _read() -> list[Metric]:
-        from sqlalchemy import func, select
-
-        from farm.db.models import Job, Worker, utcnow
-        from farm.db.session import session_scope
-        from schemas.job import JobStatus
-
         jobs = GaugeMetricFamily("farm_jobs", "Jobs in the ledger by queue and state", labels=["queue", "status"])
         oldest = GaugeMetricFamily("farm_queue_oldest_job_age_seconds", "Age of the oldest queued job per queue, s",
                                    labels=["queue"])
@@ -197,8 +191,6 @@ class MetricsServer(AbstractContextManager["MetricsServer"]):
         return f"http://{host}:{self.port}/metrics"
 
     def __enter__(self) -> MetricsServer:
-        from farm.errors import ConfigError
-
         try:
             self._server, self._thread = start_http_server(self.port, self.addr, self.registry)
         except OSError as exc:

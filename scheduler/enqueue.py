@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from farm.artifacts import store_model
 from farm.db.models import Job, Request, utcnow
 from farm.db.session import session_scope
+from farm.endpoint import FORMAT, Attach, describe_endpoint
 from farm.errors import RequestError, SchedulerError
 from farm.input_data import resolve_input_data
 from farm.models.info import inspect_model, sha256_file
@@ -40,13 +41,14 @@ def online_gpu_products(session: Session) -> list[str]:
     return [g.get("name", "") for hw, _ in live_workers(session) for g in hw.get("gpus", [])]
 
 
-def _model_ref(request: ProfileRequest) -> tuple[Path, ModelRef]:
+def _model_ref(request: ProfileRequest, attach: Attach | None) -> tuple[Path, ModelRef]:
     """The artifact to store and what expansion needs of it: the model file, or the endpoint's
-    descriptor (``farm.endpoint``)."""
+    descriptor (``farm.endpoint``, its metadata read with ``attach``)."""
     if request.endpoint is not None:
-        from farm.endpoint import FORMAT, describe_endpoint
-
-        path, desc = describe_endpoint(request)
+        if attach is None:
+            raise RequestError("profiling an endpoint needs its metadata reader: pass attach= "
+                               "(the CLI passes workers.engines.triton.attach)")
+        path, desc = describe_endpoint(request, attach)
         return path, ModelRef(sha256=sha256_file(path), format=FORMAT, filename=path.name, static_batch=
                               desc["static_batch"], inputs=tuple(TensorSpec.model_validate(t) for t in desc["inputs"]))
     assert request.model is not None
@@ -56,13 +58,15 @@ def _model_ref(request: ProfileRequest) -> tuple[Path, ModelRef]:
                           static_batch=info.static_batch)
 
 
-def plan(request: ProfileRequest, request_id: str | None = None) -> tuple[Submission, Path, ModelRef]:
-    """Inspect the model and expand the request, touching nothing; raises RequestError on bad input."""
+def plan(request: ProfileRequest, request_id: str | None = None,
+         attach: Attach | None = None) -> tuple[Submission, Path, ModelRef]:
+    """Inspect the model (or read the endpoint with ``attach``) and expand the request, touching nothing;
+    raises RequestError on bad input."""
     settings = get_settings()
     if request.measurement.timeout_s >= settings.visibility_timeout_s:
         raise RequestError(f"measurement timeout_s {request.measurement.timeout_s:g} must be below the broker "
                            f"visibility timeout ({settings.visibility_timeout_s} s, FARM_VISIBILITY_TIMEOUT_S)")
-    path, ref = _model_ref(request)
+    path, ref = _model_ref(request, attach)
     data = resolve_input_data(request.input_data, list(ref.inputs))
     if data is not request.input_data:
         request = request.model_copy(update={"input_data": data})
@@ -79,13 +83,14 @@ def plan(request: ProfileRequest, request_id: str | None = None) -> tuple[Submis
     return Submission(rid, expansion, request), path, ref
 
 
-def submit(request: ProfileRequest, send: bool | None = None) -> Submission:
-    """Store the model, the request and its jobs atomically; then enqueue them when a broker is set.
+def submit(request: ProfileRequest, send: bool | None = None, attach: Attach | None = None) -> Submission:
+    """Store the model (or the descriptor of the endpoint, read with ``attach``: ``farm.endpoint``), the
+    request and its jobs atomically; then enqueue them when a broker is set.
 
     A broker failure after the commit leaves the jobs ``queued`` in the database, where reconciliation
     re-enqueues them; it is reported as a SchedulerError.
     """
-    sub, path, ref = plan(request)
+    sub, path, ref = plan(request, attach=attach)
     request = sub.request or request
     with session_scope() as s:
         store_model(s, path, ref.sha256, ref.format, [t.model_dump(mode="json") for t in ref.inputs])

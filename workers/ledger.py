@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Engine, create_engine
 
 from farm import lifecycle
 from farm.db.session import get_engine
+from farm.hooks import search_step_done
 from farm.settings import get_settings
 from schemas import JobResult, JobSpec
 from schemas.job import JobStatus
@@ -72,12 +73,11 @@ def finish(spec: JobSpec, worker_id: str, result: JobResult, status: JobStatus |
 
 
 def _advance_search(request_id: str) -> None:
-    """The result of a quick-search step landed: enqueue the search's next step now (``scheduler.search``).
+    """The result of a quick-search step landed: raise ``farm.hooks.search_step_done``, whose handler (the
+    scheduler's ``advance``, registered by the CLI at start-up) enqueues the search's next step now.
     A failure here is only logged: reconciliation advances searches too, so the job's result stands."""
-    from scheduler.search import advance
-
     try:
-        advance(request_id)
+        search_step_done.fire(request_id)
     except Exception:
         log.warning("could not enqueue the next search step of request %s; reconciliation will", request_id,
                     exc_info=True)

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from farm.cli.hooks import register_hooks
 from farm.cli.views import err_console, rate_text
 from farm.errors import RunInterrupted
 from farm.settings import get_settings
@@ -63,6 +64,7 @@ def run_embedded(request_id: str, job_ids: list[str], quiet: bool, command: str 
     from workers.node import new_worker_id
     from workers.runners.select import make_runner
 
+    register_hooks()
     worker_id = f"embedded-{new_worker_id()}"
     current: list[str] = []  # the job in hand (a list, so the interrupt handler below sees the last one)
     with stop_signals():

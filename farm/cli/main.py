@@ -87,6 +87,7 @@ def submit(
     from farm.cli.request_options import build_request_dict, load_request_file
     from scheduler.enqueue import submit as do_submit
     from schemas import ProfileRequest
+    from workers.engines.triton import attach  # reads --endpoint's metadata; gRPC stubs: ~0.08 s, submit only
 
     base = load_request_file(request_file) if request_file else {}
     data = build_request_dict(base, model, engine, device, batch_sizes, concurrency, edge, input_spec,
@@ -101,7 +102,7 @@ def submit(
     request = ProfileRequest.model_validate(data)
     _prepare_db()
     settings = get_settings()
-    sub = do_submit(request)
+    sub = do_submit(request, attach=attach)
     rid = sub.request_id
     if not as_json:
         left_out = len(sub.expansion.excluded)

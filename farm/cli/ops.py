@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from farm.cli.hooks import register_hooks
 from farm.cli.views import console, err_console
 from farm.errors import RequestError
 from farm.settings import get_settings, mask_url
@@ -65,6 +66,7 @@ def worker(
     err_console.print(f"worker {wid}: {why}; slot {mine.index} (GPU {mine.gpu_uuid or 'none'}); queues "
                       f"{', '.join(mine.queues)}; database {mask_url(settings.db_url)}; broker "
                       f"{mask_url(settings.broker_url)}")
+    register_hooks()
     with WorkerNode(runner=run, hardware=hardware, worker_id=wid, slot=mine, slot_count=len(slots)) as node, \
             serve_metrics(node.metrics.registry, slot_port(settings.metrics_port, mine.index), settings.metrics_addr,
                           f"worker {wid}"):

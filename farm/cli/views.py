@@ -1,9 +1,6 @@
 """Rendering results, status and workers with Rich (table), CSV or JSON."""
 from __future__ import annotations
 
-import csv
-import io
-import json
 import sys
 from datetime import datetime
 from typing import Any
@@ -12,7 +9,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from schemas.metrics import BY_NAME
+# farm.formatting: shared with the reports; to_csv and to_json are re-exported for the CLI's commands
+from farm.formatting import fmt_value, rate_text
+from farm.formatting import to_csv as to_csv
+from farm.formatting import to_json as to_json
+from farm.steal import steal_note
 from schemas.result import CLIENT_LIMITED_NOTE, SHARED_NOTE, client_limited, shared_unisolated
 
 SHARED_MARK = "!"  # after a job id: measured beside another farm job without core isolation
@@ -30,20 +31,6 @@ TABLE_METRICS: tuple[tuple[str, str], ...] = (
 )
 
 
-def fmt_value(name: str, value: Any) -> str:
-    """A metric value for humans, in its registry unit (bytes shown in MiB)."""
-    if value is None:
-        return "-"
-    m = BY_NAME.get(name)
-    if isinstance(value, bool) or (m is not None and m.kind == "bool"):
-        return "yes" if value else "no"
-    if m is not None and m.unit == "B":
-        return f"{value / 2**20:.1f}"
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-    return str(value)
-
-
 def results_table(rows: list[dict[str, Any]], title: str = "") -> Table:
     """The results as a Rich table; errors are listed under it (see ``error_lines``)."""
     table = Table(title=title or None, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
@@ -57,12 +44,6 @@ def results_table(rows: list[dict[str, Any]], title: str = "") -> Table:
                       load_label(r), r["edge_profile"] or "-", r["status"],
                       *(fmt_value(n, r.get(n)) for n, _ in TABLE_METRICS))
     return table
-
-
-def rate_text(row: dict[str, Any]) -> str:
-    """A row's open-loop rate, ``@100/s`` (empty in closed loop and for edge rows, which send no load)."""
-    rate = row.get("rate")
-    return "" if rate is None or row.get("edge_profile") else f"@{rate:g}/s"
 
 
 def load_label(row: dict[str, Any]) -> str:
@@ -124,27 +105,7 @@ def error_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 def steal_lines(rows: list[dict[str, Any]]) -> list[str]:
     """One line per job measured while the hypervisor stole a noticeable share of the CPUs."""
-    from workers.samplers.host import steal_note
-
     return [f"{r['job_id'][:6]}: {note}" for r in rows if (note := steal_note(r.get("cpu_steal_pct")))]
-
-
-def _jsonable(v: Any) -> Any:
-    return v.isoformat() if isinstance(v, datetime) else v
-
-
-def to_json(rows: list[dict[str, Any]]) -> str:
-    return json.dumps([{k: _jsonable(v) for k, v in r.items()} for r in rows], indent=2)
-
-
-def to_csv(rows: list[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    if rows:
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: "" if v is None else _jsonable(v) for k, v in r.items()})
-    return buf.getvalue()
 
 
 def slot_text(slot: dict[str, Any] | None) -> str:

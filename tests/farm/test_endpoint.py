@@ -127,6 +127,39 @@ def test_dynamic_dims_need_input(tmp_path: Path) -> None:
     assert "'tokens'" in lines[0] and "--input tokens:FP32:N" in lines[0]
 
 
+def test_the_endpoint_is_read_by_the_client_the_cli_passes_in(sqlite_url: str) -> None:
+    """farm core does not import workers: ``describe_endpoint`` reads the metadata with the ``attach`` it is given
+    (the CLI gives the KServe client's), and a submission of an endpoint without one says what is missing."""
+    from dataclasses import dataclass, field
+
+    from farm.endpoint import describe_endpoint
+    from farm.errors import RequestError
+    from scheduler.enqueue import submit
+    from schemas import ProfileRequest
+    from workers.engines.base import IOSpec
+
+    @dataclass
+    class Served:
+        server_name: str = "fake"
+        server_version: str = "1"
+        platform: str = "onnxruntime_onnx"
+        inputs: list[IOSpec] = field(default_factory=lambda: [IOSpec("x", "FP32", (-1, 16))])
+        outputs: list[IOSpec] = field(default_factory=lambda: [IOSpec("y", "FP32", (-1, 2))])
+
+    asked: list[tuple[str, str, float]] = []
+
+    def attach(url: str, model_name: str, timeout_s: float) -> Served:
+        asked.append((url, model_name, timeout_s))
+        return Served()
+
+    request = ProfileRequest(endpoint="127.0.0.1:9", model_name="mlp")
+    path, desc = describe_endpoint(request, attach)
+    assert asked == [("127.0.0.1:9", "mlp", 10.0)] and json.loads(path.read_text()) == desc
+    assert desc["server"] == {"name": "fake", "version": "1"} and desc["inputs"][0]["shape"] == [16]
+    with pytest.raises(RequestError, match="attach="):
+        submit(request, send=False)
+
+
 def test_bad_endpoint_options_are_one_line_errors(example_onnx: Path) -> None:
     for args, needle in ((["--endpoint", "localhost"], "HOST:PORT"),
                          (["--endpoint", "127.0.0.1:1"], "model_name"),

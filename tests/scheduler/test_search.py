@@ -1,14 +1,16 @@
 """Quick-search decisions on synthetic result sequences: where each search stops and what it picks."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from farm import lifecycle
-from scheduler.search import GAIN, Decision, Step, decide, first_level
+from farm.cli.hooks import register_hooks
+from farm.hooks import search_step_done
+from scheduler.search import GAIN, Decision, Step, advance, decide, first_level
 
 LEVELS = [1, 2, 4, 8, 16, 32, 64, 128]
 
@@ -99,6 +101,44 @@ def test_first_steps_and_results_in_any_order() -> None:
     assert decide(LEVELS, [m(1), m(2)], None).next == 4
 
 
+@pytest.fixture
+def search_hook() -> Iterator[None]:
+    """What ``farm worker`` and embedded runs do at start-up: register the scheduler's ``advance`` for the event a
+    worker's ledger raises when a search step's result is written (``farm.hooks``); unregistered after the test."""
+    register_hooks()
+    yield
+    search_step_done.unregister(advance)
+
+
+def test_the_worker_raises_an_event_that_the_cli_wires_to_the_scheduler(sqlite_url: str, example_onnx: Path) -> None:
+    """Workers never import the scheduler: a result written through the worker's ledger adds the next step only
+    once the CLI's handler is registered (reconciliation would add it otherwise); registering twice is once."""
+    from farm.db.session import session_scope
+    from scheduler.enqueue import submit
+    from schemas import JobResult, ProfileRequest
+    from workers import ledger
+
+    sub = submit(ProfileRequest(model=str(example_onnx), concurrency=[1, 2, 4], measurement={"search": "quick"}),
+                 send=False)
+    (job,) = sub.expansion.jobs
+    spec = ledger.claim(job.job_id, "w1")
+    assert spec is not None and ledger.start(job.job_id, "w1")
+    assert search_step_done.handlers == ()
+    assert ledger.finish(spec, "w1", JobResult(job_id=job.job_id, metrics={"throughput_infer_per_s": 100.0}))
+    with session_scope() as s:
+        assert lifecycle.resumable(s, sub.request_id) == []  # no handler: no step yet
+    try:
+        register_hooks()
+        register_hooks()
+        assert search_step_done.handlers == (advance,)
+        search_step_done.fire(sub.request_id)
+    finally:
+        search_step_done.unregister(advance)
+    with session_scope() as s:
+        assert len(lifecycle.resumable(s, sub.request_id)) == 1
+
+
+@pytest.mark.usefixtures("search_hook")
 def test_the_scheduler_adds_each_next_step_once_as_results_land(sqlite_url: str, example_onnx: Path) -> None:
     """Against a real (SQLite) ledger: each result written through the worker's ledger enqueues the next
     step; asking again adds nothing; the search ends where ``decide`` says, with a report for ``farm status``."""
@@ -236,6 +276,7 @@ def test_rate_bisection_counts_a_step_without_p99_or_failed_as_over_budget() -> 
     assert d.best is None and measured[-1] == 50.0 and "rate=50/s already exceeds" in d.reason
 
 
+@pytest.mark.usefixtures("search_hook")
 def test_the_scheduler_walks_the_rates_of_an_open_loop_search(sqlite_url: str, example_onnx: Path) -> None:
     """Against a real (SQLite) ledger: each next step is a job of the next rate (its own id, its rate in its
     measurement, the same concurrency); the report says the search walks the rate."""

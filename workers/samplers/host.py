@@ -1,43 +1,17 @@
-"""How much CPU the hypervisor took from this machine while measuring (steal time), from /proc/stat.
+"""The job's stolen CPU share (steal time), sampled from /proc/stat while it is measured.
 
-On a virtual machine, a vCPU that the host hands to another guest is "stolen": the guest's clocks keep
-running, so every latency and throughput measured meanwhile gets worse without any change in the model
-or the server. farm records the stolen share over each job (``cpu_steal_pct``) and notes results taken
-under heavy steal, so a noisy figure can be told from a real regression.
+Reading the counters and judging a share (``read_steal``, ``steal_pct``, ``steal_note``) is ``farm.steal``,
+which the core's telemetry and reports use too; its names are re-exported here.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from farm.steal import PROC_STAT, STEAL_NOTE_PCT, read_steal, steal_note, steal_pct
 from workers.samplers.base import Sampler
 
-PROC_STAT = Path("/proc/stat")
-STEAL_NOTE_PCT = 5.0  # above this share of stolen CPU time, a result carries a note
-STEAL_FIELD = 7  # user nice system idle iowait irq softirq steal [guest guest_nice]; guest is inside user
-
-
-def read_steal(path: Path = PROC_STAT) -> tuple[int, int] | None:
-    """(stolen ticks, all ticks) summed over every CPU since boot; None when the kernel reports no steal
-    column (not Linux, or a kernel older than 2.6.11)."""
-    try:
-        with open(path) as f:
-            parts = f.readline().split()
-    except OSError:
-        return None
-    if not parts or parts[0] != "cpu" or len(parts) < 1 + STEAL_FIELD + 1:
-        return None
-    ticks = [int(v) for v in parts[1:1 + STEAL_FIELD + 1]]
-    return ticks[STEAL_FIELD], sum(ticks)
-
-
-def steal_pct(first: tuple[int, int], last: tuple[int, int]) -> float | None:
-    """The stolen share, %, of all CPU time between two :func:`read_steal` readings (None if no time
-    passed)."""
-    total = last[1] - first[1]
-    if total <= 0:
-        return None
-    return 100.0 * max(0, last[0] - first[0]) / total
+__all__ = ["PROC_STAT", "STEAL_NOTE_PCT", "HostSampler", "read_steal", "steal_note", "steal_pct"]
 
 
 class HostSampler(Sampler):
@@ -67,10 +41,3 @@ class HostSampler(Sampler):
     def details(self) -> dict[str, Any]:
         return {"source": str(self.path), "note_above_pct": STEAL_NOTE_PCT}
 
-
-def steal_note(pct: float | None) -> str | None:
-    """The note a result gets when ``pct`` % of the machine's CPU time was stolen while measuring."""
-    if pct is None or pct < STEAL_NOTE_PCT:
-        return None
-    return (f"measured while the hypervisor took {pct:.1f} % of the machine's CPU time (steal): "
-            "rerun on a quieter host before comparing")
