@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
+from schemas.worker import WorkerStatus
 from workers.samplers.host import read_steal
 
 log = logging.getLogger("farm.metrics")
@@ -145,7 +146,7 @@ class LedgerCollector(Collector):
             for status, n in s.execute(select(Worker.status, func.count()).group_by(Worker.status)):
                 workers.add_metric([status], n)
             for wid, host, beat in s.execute(select(Worker.id, Worker.hostname, Worker.last_heartbeat)
-                                             .where(Worker.status == "online")):
+                                             .where(Worker.status == WorkerStatus.online)):
                 age.add_metric([wid, host], _age_s(now, beat))
         return [jobs, oldest, workers, age]
 
