@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from schemas.worker import WorkerStatus
+
 PG_ADMIN_URL = os.environ.get("FARM_TEST_PG_ADMIN", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 REDIS_BASE = os.environ.get("FARM_TEST_REDIS", "redis://127.0.0.1:6379")
 
@@ -89,7 +91,7 @@ def wait_workers_online(n: int, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with session_scope() as s:
-            if s.scalar(select(func.count()).select_from(Worker).where(Worker.status == "online")) >= n:
+            if s.scalar(select(func.count()).select_from(Worker).where(Worker.status == WorkerStatus.online)) >= n:
                 return
         time.sleep(0.2)
     raise RuntimeError(f"{n} workers did not come online in {timeout_s:g} s")

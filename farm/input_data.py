@@ -1,19 +1,22 @@
 """``--input-data random|zeros|FILE``: reading a data file (``.npz``, or JSON: one array per input) and
 checking it against the model's inputs at submit time, so that a bad file is a one-line error naming the
-input and the mismatch, never a failed job."""
+input and the mismatch, never a failed job; and the one generator of the tensors a job sends
+(:func:`input_tensors`), used by the load generator and the edge bench alike, so that the served and the
+edge jobs of a request send the same data."""
 from __future__ import annotations
 
 import base64
 import hashlib
 import json
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from farm.errors import RequestError
 from schemas import TensorSpec
-from schemas.dtypes import V2_NUMPY_NAME
+from schemas.dtypes import DTYPES, V2_NUMPY_NAME
 from schemas.input_data import MAX_FILE_BYTES, DataArray, InputData
 
 
@@ -92,3 +95,57 @@ def resolve_input_data(data: InputData | None, inputs: list[TensorSpec]) -> Inpu
     return InputData(kind="file", source=path.name, sha256=digest, arrays={
         s.name: DataArray(dtype=s.dtype, shape=tuple(arrays[s.name].shape),
                           b64=base64.b64encode(arrays[s.name].tobytes()).decode()) for s in inputs})
+
+
+#: random values of an input without a ``value_range``: floats uniform in [0, 1), integers in [0, 99] (small,
+#: so index-like inputs stay valid); booleans are fair coin flips
+DEFAULT_FLOAT_RANGE = (0.0, 1.0)
+DEFAULT_INT_RANGE = (0.0, 99.0)
+#: KServe v2 datatype -> numpy dtype (little-endian, as the protocol's raw contents are)
+V2_NUMPY: dict[str, np.dtype] = {name: np.dtype(V2_NUMPY_NAME[name]).newbyteorder("<") for name in DTYPES}
+
+
+def random_tensor(spec: TensorSpec, batch_size: int, seed: int = 0) -> np.ndarray:
+    """Random data of ``spec``'s dtype, shape ``(batch_size, *spec.shape)``: uniform in ``spec.value_range``
+    (low, high) when given (floats in [low, high), integers in [low, high] both included), else in
+    :data:`DEFAULT_FLOAT_RANGE` / :data:`DEFAULT_INT_RANGE`. The same ``seed`` gives the same data."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    dtype = V2_NUMPY.get(spec.dtype)
+    if dtype is None:
+        raise ValueError(f"dtype {spec.dtype!r} has no numpy equivalent; allowed: {', '.join(V2_NUMPY)}")
+    rng = np.random.default_rng(seed)
+    shape = (batch_size, *spec.shape)
+    low, high = spec.value_range or (DEFAULT_FLOAT_RANGE if dtype.kind == "f" else DEFAULT_INT_RANGE)
+    if dtype.kind == "f":
+        return (low + (high - low) * rng.random(shape, dtype=np.float64)).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(dtype)
+    return rng.integers(int(low), int(high), size=shape, endpoint=True).astype(dtype)
+
+
+def input_tensor(spec: TensorSpec, batch_size: int, data: InputData | None, seed: int = 0,
+                 first_row: int = 0) -> np.ndarray:
+    """The tensor sent for ``spec``: random (``data`` None or ``random``), zeros, or the file's rows in
+    order from ``first_row``, cycled past the file's end."""
+    if data is None or data.kind == "random":
+        return random_tensor(spec, batch_size, seed)
+    dtype = V2_NUMPY[spec.dtype]
+    if data.kind == "zeros":
+        return np.zeros((batch_size, *spec.shape), dtype=dtype)
+    arr = (data.arrays or {}).get(spec.name)
+    if arr is None:
+        raise ValueError(f"the input data file has no array for input {spec.name!r}")
+    rows = np.frombuffer(base64.b64decode(arr.b64), dtype=V2_NUMPY[arr.dtype]).reshape(arr.shape)
+    if tuple(rows.shape[1:]) != tuple(spec.shape) or arr.dtype != spec.dtype:
+        raise ValueError(f"the input data of {spec.name!r} has rows of {list(rows.shape[1:])} {arr.dtype}, "
+                         f"the model expects {list(spec.shape)} {spec.dtype}")
+    return np.ascontiguousarray(rows[(first_row + np.arange(batch_size)) % rows.shape[0]])
+
+
+def input_tensors(specs: Sequence[TensorSpec], batch_size: int, data: InputData | None, seed: int = 0,
+                  first_row: int = 0) -> dict[str, np.ndarray]:
+    """One batch of every input of ``specs`` by name, the i-th drawn with ``seed + i`` (:func:`input_tensor`):
+    what a served request and an edge run of the same job send."""
+    return {spec.name: input_tensor(spec, batch_size, data, seed=seed + i, first_row=first_row)
+            for i, spec in enumerate(specs)}

@@ -3,20 +3,22 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from farm.db.models import Job, ModelArtifact, Request, Result, Worker, utcnow
+from farm.db.models import Job, ModelArtifact, Request, Result, Worker, live_worker
 from farm.db.session import session_scope
 from farm.errors import NotFoundError
 from farm.settings import get_settings
-from schemas import COORDINATE_KEYS, MEASUREMENT_KEYS
+from schemas import COORDINATE_KEYS, MEASUREMENT_KEYS, SERVING_KEYS
 from schemas.job import JobStatus
+from schemas.measured import MEASURED_EDGE as MEASURED_EDGE  # re-exported for the HTML report
+from schemas.measured import how_measured
 from schemas.metrics import JOB_METRICS
 from schemas.metrics import merge_repeats as merge_metrics
+from schemas.request import MEASUREMENT_DEFAULTS
 from schemas.result import PLACEMENT_COLUMNS, shared_unisolated
 
 JOB_COLUMNS = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "status",
@@ -24,20 +26,16 @@ JOB_COLUMNS = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_
 METRIC_NAMES = tuple(m.name for m in JOB_METRICS)
 #: a job's coordinates (``schemas.COORDINATE_KEYS``; the serving-configuration keys come from its measurement)
 COORDINATE_COLUMNS = COORDINATE_KEYS
-#: per-job coordinates kept in the job's spec (``jobs.spec -> measurement``; ``schemas.MEASUREMENT_KEYS``: the
-#: serving dimensions and the open-loop rate)
+#: a row's coordinates after the job's own (``schemas.MEASUREMENT_KEYS``): the serving dimensions its spec's
+#: measurement holds (``jobs.spec -> measurement``) and the open-loop rate (the ``jobs.rate`` column)
 MEASUREMENT_COLUMNS = MEASUREMENT_KEYS
 #: what makes two jobs (of the same or of different requests) repeats of one measurement
 CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "rpc", "client")
-#: how a row was measured (the ``measured`` column): serving jobs end to end through a gRPC client, edge
-#: jobs inside the container with no transport, so an edge row's throughput is not comparable to a serving one
-MEASURED_SERVING = "end-to-end over gRPC ({rpc} calls: client, network stack, server)"
-MEASURED_EDGE = "in-process on the edge profile (no server, no transport)"
 
 
 def measured(row: dict[str, Any]) -> str:
-    """How ``row`` was measured, in words (see :data:`MEASURED_SERVING`, :data:`MEASURED_EDGE`)."""
-    return MEASURED_EDGE if row.get("edge_profile") else MEASURED_SERVING.format(rpc=row.get("rpc") or "unary")
+    """How ``row`` was measured, in words (``schemas.measured``, the one wording)."""
+    return how_measured(bool(row.get("edge_profile")), row.get("rpc"))
 
 
 def find_request(request_id: str) -> Request:
@@ -63,7 +61,7 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     req = find_request(request_id)
     metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + METRIC_NAMES]
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
-                   Job.status, Job.attempts, Job.worker_id, Job.error, *metric_cols, Job.spec["measurement"],
+                   Job.status, Job.attempts, Job.worker_id, Job.error, *metric_cols, Job.spec["measurement"], Job.rate,
                    Result.details[("load", "client")].as_string())
             .outerjoin(Result, Result.job_id == Job.id)
             .where(Job.request_id == req.id)
@@ -80,9 +78,9 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     extra: dict[str, Any] = {"rpc": rpc, "client": client, "input_data": input_data,
                              **({"server": server} if server else {})}
     out = []
-    for *values, job_measurement, measured_by in rows:
+    for *values, job_measurement, rate, measured_by in rows:
         row = dict(zip(names, values, strict=True))
-        r = {**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **measurement_values(job_measurement), **row, **extra}
+        r = {**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **measurement_values(job_measurement, rate), **row, **extra}
         r["client"] = measured_by or client
         out.append({**r, "measured": measured(r)})
     if any(measurement_values(None) != {k: r[k] for k in MEASUREMENT_COLUMNS} for r in out):
@@ -90,14 +88,12 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     return out
 
 
-def measurement_values(measurement: dict[str, Any] | None) -> dict[str, Any]:
-    """A job's coordinates held in its spec's ``measurement`` (JSON; :data:`MEASUREMENT_COLUMNS`), with the
-    defaults of ``MeasurementSettings`` where a key is absent (jobs submitted before the key existed)."""
-    from schemas import MeasurementSettings
-
+def measurement_values(measurement: dict[str, Any] | None, rate: float | None = None) -> dict[str, Any]:
+    """A job's :data:`MEASUREMENT_COLUMNS`: the serving dimensions its spec's ``measurement`` holds (JSON; the
+    ``MeasurementSettings`` defaults where a key is absent: jobs submitted before the key existed), and its
+    open-loop ``rate`` (requests/s, the ``jobs.rate`` column; None in closed loop)."""
     m = measurement if isinstance(measurement, dict) else {}
-    defaults = MeasurementSettings.model_fields
-    return {k: m.get(k, defaults[k].default) for k in MEASUREMENT_COLUMNS}
+    return {**{k: m.get(k, MEASUREMENT_DEFAULTS[k]) for k in SERVING_KEYS}, "rate": rate}
 
 
 def _matrix_order(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -205,13 +201,9 @@ def workers_table() -> list[dict[str, Any]]:
 
 
 def live_workers(session: Session) -> list[tuple[dict[str, Any], list[str]]]:
-    """(hardware JSON, queues) of workers that are online and heartbeated within
-    ``worker_dead_after_s``."""
-    cutoff = utcnow() - timedelta(seconds=get_settings().worker_dead_after_s)
-    rows = session.execute(select(Worker.hardware, Worker.queues, Worker.last_heartbeat)
-                           .where(Worker.status == "online")).all()
-    return [(hw or {}, queues or []) for hw, queues, beat in rows
-            if beat >= cutoff]
+    """(hardware JSON, queues) of live workers (``farm.db.models.live_worker``)."""
+    rows = session.execute(select(Worker.hardware, Worker.queues).where(live_worker())).all()
+    return [(hw or {}, queues or []) for hw, queues in rows]
 
 
 def live_queues() -> set[str]:

@@ -30,6 +30,7 @@ from farm.db.session import session_scope
 from farm.errors import ConfigError
 from farm.steal import read_steal
 from schemas.job import JobStatus
+from schemas.worker import WorkerStatus
 
 log = logging.getLogger("farm.metrics")
 
@@ -139,7 +140,7 @@ class LedgerCollector(Collector):
             for status, n in s.execute(select(Worker.status, func.count()).group_by(Worker.status)):
                 workers.add_metric([status], n)
             for wid, host, beat in s.execute(select(Worker.id, Worker.hostname, Worker.last_heartbeat)
-                                             .where(Worker.status == "online")):
+                                             .where(Worker.status == WorkerStatus.online)):
                 age.add_metric([wid, host], _age_s(now, beat))
         return [jobs, oldest, workers, age]
 

@@ -134,7 +134,8 @@ def job_rows(request_id: str, jobs: list[JobSpec]) -> list[dict[str, Any]]:
     now = utcnow()
     dumped: dict[int, dict[str, Any]] = {}
     return [dict(id=j.job_id, request_id=request_id, device=j.device, engine=j.engine, batch_size=j.batch_size,
-                 concurrency=j.concurrency, edge_profile=j.edge_profile.name if j.edge_profile else None,
+                 concurrency=j.concurrency, rate=j.rate,
+                 edge_profile=j.edge_profile.name if j.edge_profile else None,
                  queue=j.queue, spec=spec_json(j, common, dumped), status=JobStatus.queued, attempts=0,
                  created_at=now)
             for j in jobs]

@@ -3,7 +3,8 @@
 One job per (device x engine x batch size x serving configuration x concurrency x open-loop rate) plus one per
 (edge profile x in-process engine x batch size), where a serving configuration is one combination of the
 request's instances x threads x max queue delay (``ProfileRequest.serving_configs``), held by each job's
-``measurement`` with its rate (``measurement.rate``; ``ProfileRequest.rate_levels``). A quick search
+``measurement`` with its open-loop rate (one of ``ProfileRequest.rate_levels``; ``JobSpec.rate``, stored in the
+``jobs.rate`` column like its concurrency). A quick search
 (``measurement.search == "quick"``) gets only the first step of each serving configuration (a concurrency, or
 a rate in open loop); ``scheduler.search`` adds the next ones as results land. Job ids are deterministic from
 the request id and the job's coordinates.
@@ -14,12 +15,11 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.search import first_level
 from schemas import JobSpec, ProfileRequest, TensorSpec
 from schemas.engines import FORMAT_ENGINE, IN_PROCESS, incompatibility
 from schemas.queues import EDGE_QUEUE, queue_for
-from schemas.request import device_slug
-
-_PLAIN_SERVING = {"instances": 1, "threads": 0, "max_queue_delay_us": None, "preferred_batch_size": None}
+from schemas.request import PLAIN_SERVING, device_slug
 
 
 def job_id_for(request_id: str, device: str, engine: str, batch: int, concurrency: int,
@@ -28,8 +28,8 @@ def job_id_for(request_id: str, device: str, engine: str, batch: int, concurrenc
     job's measurement, or its serving configuration and ``rate``; the plain one, 1 instance and engine
     defaults, adds nothing to the key, nor does a closed loop's absent rate)."""
     key = f"{request_id}|{device}|{engine}|b{batch}|c{concurrency}|edge={edge or ''}"
-    if serving and {k: serving.get(k) for k in _PLAIN_SERVING} != _PLAIN_SERVING:
-        key += "|" + ",".join(f"{k}={serving.get(k)}" for k in sorted(_PLAIN_SERVING))
+    if serving and {k: serving.get(k) for k in PLAIN_SERVING} != PLAIN_SERVING:
+        key += "|" + ",".join(f"{k}={serving.get(k)}" for k in sorted(PLAIN_SERVING))
     if serving and serving.get("rate") is not None:
         key += f"|rate={float(serving['rate'])!r}"
     return hashlib.sha256(key.encode()).hexdigest()[:32]
@@ -126,8 +126,6 @@ def _levels(request: ProfileRequest) -> list[tuple[int, float | None]]:
     (of the concurrency list, or in open loop of the rates at the request's one concurrency)."""
     rates = request.rate_levels()
     if request.measurement.search == "quick":
-        from scheduler.search import first_level
-
         first = first_level(request.search_levels(), request.measurement.p99_ms)
         if request.search_load() == "rate":
             return [(request.concurrency[0], float(first))]

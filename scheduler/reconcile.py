@@ -23,10 +23,11 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from farm import lifecycle
-from farm.db.models import Job, Worker, utcnow
+from farm.db.models import Job, Worker, heartbeat_cutoff, live_worker, utcnow
 from farm.db.session import session_scope
 from farm.settings import Settings, get_settings
 from schemas.job import ACTIVE, JobStatus
+from schemas.worker import WorkerStatus
 
 log = logging.getLogger("farm.scheduler")
 
@@ -53,8 +54,7 @@ class ReconcileReport:
 
 
 def _dead_workers(session: Session, cutoff: datetime) -> set[str]:
-    rows = session.execute(select(Worker.id, Worker.status, Worker.last_heartbeat)).all()
-    return {wid for wid, status, beat in rows if status != "online" or beat < cutoff}
+    return set(session.execute(select(Worker.id).where(~live_worker(cutoff))).scalars())
 
 
 def _orphaned(job_id: str, worker_id: str | None, attempts: int, claimed_at: datetime | None,
@@ -76,14 +76,13 @@ def requeue_orphans(settings: Settings, now: datetime, report: ReconcileReport,
                     dead_after_s: float | None = None) -> list[tuple[str, str]]:
     """Requeue (or fail, past max_attempts) jobs held by workers that stopped heartbeating; returns the
     (job id, queue) pairs to send again."""
-    cutoff = now - timedelta(seconds=dead_after_s if dead_after_s is not None else settings.worker_dead_after_s)
+    cutoff = heartbeat_cutoff(now, dead_after_s if dead_after_s is not None else settings.worker_dead_after_s)
     to_send: list[tuple[str, str]] = []
+    silent = and_(Worker.status == WorkerStatus.online, ~live_worker(cutoff))  # online, heartbeat stopped
     with session_scope() as s:
-        stale = s.execute(select(Worker.id).where(Worker.status == "online", Worker.last_heartbeat < cutoff)
-                          ).scalars().all()
+        stale = s.execute(select(Worker.id).where(silent)).scalars().all()
         if stale:
-            s.execute(update(Worker).where(Worker.id.in_(stale), Worker.status == "online",
-                                           Worker.last_heartbeat < cutoff).values(status="lost"))
+            s.execute(update(Worker).where(Worker.id.in_(stale), silent).values(status=WorkerStatus.lost))
             report.lost_workers.extend(stale)
     with session_scope() as s:
         held = s.execute(select(Job.id, Job.request_id, Job.queue, Job.worker_id, Job.attempts, Job.claimed_at)
@@ -193,5 +192,5 @@ def still_running(job_ids: list[str]) -> list[str]:
         return []
     with session_scope() as s:
         return [j for j in s.execute(select(Worker.current_job_id).where(Worker.current_job_id.in_(job_ids),
-                                                                         Worker.status == "online")).scalars()
+                                                                         live_worker())).scalars()
                 if j is not None]

@@ -167,15 +167,15 @@ def search_states(bind: Any, request_id: str) -> list[SearchState]:
         return []
     load, levels = request.search_load(), request.search_levels()
     metrics = [getattr(Result, n) for n in ("throughput_infer_per_s", "latency_p99_ms")]  # registry columns
-    rows = bind.execute(select(Job.spec, Job.status, Job.concurrency, *metrics)
+    rows = bind.execute(select(Job.spec, Job.status, Job.concurrency, Job.rate, *metrics)
                         .outerjoin(Result, Result.job_id == Job.id)
                         .where(Job.request_id == request_id, Job.edge_profile.is_(None))).all()
     states: dict[tuple[Any, ...], SearchState] = {}
     cancelled: set[tuple[Any, ...]] = set()
-    for job_spec, status, c, tput, p99 in rows:
+    for job_spec, status, c, rate, tput, p99 in rows:
         key = serving_key(job_spec)
         st = states.setdefault(key, SearchState(key, [], None, None, job_spec, load))
-        level = c if load == "concurrency" else job_spec["measurement"]["rate"]
+        level = c if load == "concurrency" else rate
         if status not in FINAL:
             st.pending = level
             continue

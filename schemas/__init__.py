@@ -18,6 +18,7 @@ from schemas.request import (
     TensorSpec,
 )
 from schemas.result import JobResult, Placement
+from schemas.worker import WorkerStatus
 
 __all__ = [
     "COORDINATE_KEYS",
@@ -37,4 +38,5 @@ __all__ = [
     "ProfileRequest",
     "TensorSpec",
     "WorkerHardware",
+    "WorkerStatus",
 ]

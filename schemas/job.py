@@ -56,3 +56,9 @@ class JobSpec(BaseModel):
     @property
     def is_edge(self) -> bool:
         return self.edge_profile is not None
+
+    @property
+    def rate(self) -> float | None:
+        """The job's open-loop rate, requests/s (None in closed loop): its load with ``concurrency``, held by
+        its ``measurement`` (what the load generator reads) and stored in the ``jobs.rate`` column."""
+        return self.measurement.rate if self.measurement.mode != "closed" else None

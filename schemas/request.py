@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
+from schemas.cpus import parse_cpu_list
 from schemas.dtypes import DTYPES
 from schemas.engines import ENDPOINT_ENGINE, ENGINES
 from schemas.input_data import InputData
@@ -121,9 +122,14 @@ class EdgeProfile(_Strict):
     @field_validator("cpuset")
     @classmethod
     def _cpuset(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", v):
-            raise ValueError(f"cpuset {v!r} is not a CPU list; use e.g. 0 or 0-1 or 0,2")
+        if v is not None:
+            parse_cpu_list(v)  # ValueError says what a CPU list looks like
         return v
+
+    @property
+    def cores(self) -> list[int]:
+        """The cores of the cpuset (empty: none given)."""
+        return parse_cpu_list(self.cpuset) if self.cpuset else []
 
     @model_validator(mode="after")
     def _default_name(self) -> EdgeProfile:
@@ -183,12 +189,18 @@ class MeasurementSettings(_Strict):
                     "its Python cost shows in the figures), or auto: perf_analyzer where it is installed and "
                     "can run the job, else farm's generator. The result says which one measured it")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _rate_opens_the_loop(cls, data: object) -> object:
+        """A rate without an open-loop mode measures at that constant rate (a new input, nothing mutated)."""
+        if isinstance(data, dict) and data.get("rate") is not None and data.get("mode", "closed") == "closed":
+            return {**data, "mode": "constant"}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> MeasurementSettings:
         if self.mode != "closed" and self.rate is None:
             raise ValueError(f"mode {self.mode!r} needs a rate (requests/s)")
-        if self.mode == "closed" and self.rate is not None:
-            object.__setattr__(self, "mode", "constant")
         if self.max_windows < self.min_windows:
             raise ValueError(f"max_windows ({self.max_windows}) must be >= min_windows ({self.min_windows})")
         if self.p99_ms is not None and self.search != "quick":
@@ -197,13 +209,18 @@ class MeasurementSettings(_Strict):
         return self
 
 
+#: every measurement setting's default (the one place: ``MeasurementSettings``' fields)
+MEASUREMENT_DEFAULTS: dict[str, Any] = {k: f.default for k, f in MeasurementSettings.model_fields.items()}
 #: the serving-configuration keys of a job's ``measurement`` (columns of results, report groups)
 SERVING_KEYS: tuple[str, ...] = ("instances", "threads", "max_queue_delay_us", "preferred_batch_size")
-#: a job's load level: closed-loop concurrency (a job column) and the open-loop rate (requests/s, its
-#: ``measurement.rate``; None in closed loop). A quick search walks one of them; a serving configuration
+#: the plain serving configuration: every ``SERVING_KEYS`` at its default (1 instance, engine defaults)
+PLAIN_SERVING: dict[str, Any] = {k: MEASUREMENT_DEFAULTS[k] for k in SERVING_KEYS}
+#: a job's load level: closed-loop concurrency and the open-loop rate (requests/s; None in closed loop), each
+#: a ``JobSpec`` attribute and a ``jobs`` column. A quick search walks one of them; a serving configuration
 #: excludes both
 LOAD_KEYS: tuple[str, ...] = ("concurrency", "rate")
-#: the coordinates a job keeps in its ``measurement`` (columns of results taken from ``jobs.spec``)
+#: a results row's coordinates after the job's own columns: the serving keys of its ``measurement`` and its
+#: rate
 MEASUREMENT_KEYS: tuple[str, ...] = (*SERVING_KEYS, "rate")
 #: a job's coordinates in the matrix, in matrix order: what results, reports and comparisons group by (a
 #: serving configuration is all of them but the ``LOAD_KEYS`` and edge_profile)
@@ -220,28 +237,30 @@ def _positive_unique(name: str, values: list[int], upper: int, lower: int = 1) -
     return sorted(set(values))
 
 
-def _first_rate(data: object) -> object:
-    """A request dict with a ``rates`` list and no ``measurement.rate``: its measurement takes the first rate,
-    which makes it open loop (each job gets its own rate at expansion)."""
+def _one_rate_list(data: object) -> object:
+    """A request dict whose open-loop rates are in ``rates``, the one list expansion reads (like
+    ``concurrency``): ``measurement.rate`` alone becomes ``rates: [R]``; a ``rates`` list gives a measurement
+    without a rate its first one, which makes it open loop (each job gets its own rate at expansion). A new
+    dict; anything unusable is left for the fields' own validators to explain."""
     if not isinstance(data, dict):
         return data
+    m = data.get("measurement")
+    if isinstance(m, MeasurementSettings):
+        m = m.model_dump(exclude_unset=True)
+    if not isinstance(m, dict | None):
+        return data
+    m = dict(m or {})
     rates = data.get("rates")
+    if rates is None and m.get("rate") is not None:
+        return {**data, "rates": [m["rate"]]}
     first = rates[0] if isinstance(rates, list) and rates else rates
     try:
         first = None if isinstance(first, bool) else float(first)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         first = None
-    if first is None or not first > 0:
-        return data  # no usable rates: their own validator says why
-    m = data.get("measurement")
-    if isinstance(m, MeasurementSettings):
-        m = m.model_dump(exclude_unset=True)
-    if not isinstance(m, dict | None):
-        return data  # not a mapping: the measurement's own validation says why
-    m = dict(m or {})
-    if m.get("rate") is None:
-        return {**data, "measurement": {**m, "rate": first}}
-    return data
+    if first is None or not first > 0 or m.get("rate") is not None:
+        return data
+    return {**data, "measurement": {**m, "rate": first}}
 
 
 class ProfileRequest(_Strict):
@@ -261,7 +280,7 @@ class ProfileRequest(_Strict):
     instances: list[StrictInt] | None = None
     threads: list[StrictInt] | None = None
     max_queue_delay_us: list[StrictInt] | None = None
-    # open-loop rates, requests/s (None: the one ``measurement.rate``, or closed loop), one job per rate
+    # open-loop rates, requests/s (None: closed loop; ``measurement.rate`` alone is one rate), one job per rate
     rates: list[float] | None = None
     measurement: MeasurementSettings = Field(default_factory=MeasurementSettings)
     name: str | None = Field(default=None, max_length=200)
@@ -312,7 +331,15 @@ class ProfileRequest(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _rates_open_loop(cls, data: object) -> object:
-        return _first_rate(data)
+        return _one_rate_list(data)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _endpoint_engine(cls, data: object) -> object:
+        """An endpoint request without engines runs the endpoint's own (a new input, nothing mutated)."""
+        if isinstance(data, dict) and data.get("endpoint") is not None and "engines" not in data:
+            return {**data, "engines": [ENDPOINT_ENGINE]}
+        return data
 
     @field_validator("instances", "threads", "max_queue_delay_us", "rates", mode="before")
     @classmethod
@@ -349,9 +376,7 @@ class ProfileRequest(_Strict):
 
     def rate_levels(self) -> list[float | None]:
         """The open-loop rates of the request's jobs, ascending (``[None]`` in closed loop)."""
-        if self.measurement.mode == "closed":
-            return [None]
-        return list(self.rates) if self.rates else [self.measurement.rate]
+        return list(self.rates) if self.rates else [None]
 
     def search_load(self) -> str:
         """What a quick search walks (one of ``LOAD_KEYS``): the rates in open loop, else concurrency."""
@@ -422,7 +447,6 @@ class ProfileRequest(_Strict):
             raise ValueError("an endpoint is profiled without a model file: drop the model, format and edge runs")
         if self.model_name is None:
             raise ValueError(f"endpoint {self.endpoint} needs model_name: the model to profile (--model-name)")
-        if "engines" in self.model_fields_set and self.engines != [ENDPOINT_ENGINE]:
+        if self.engines != [ENDPOINT_ENGINE]:
             raise ValueError(f"an endpoint runs its own engine: drop engines {', '.join(self.engines)}")
-        object.__setattr__(self, "engines", [ENDPOINT_ENGINE])
         return self

@@ -36,35 +36,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from schemas import JobSpec
+from schemas.cpus import cpu_list
 
 JOURNAL_KEEP_S = 86400.0  # journal entries of finished leases are kept this long, s
 POLL_MIN_S, POLL_MAX_S = 0.02, 0.5  # waiting for cores: first and longest pause between attempts, s
 MIN_SERVING_CORES = 2  # a serving job's lease when the host's cores are divided among slots
-
-
-def cpu_list(cores: Iterable[int]) -> str:
-    """Cores as the kernel writes a CPU list: ``0-3,6``."""
-    out: list[str] = []
-    run: list[int] = []
-    for c in sorted(set(cores)):
-        if run and c != run[-1] + 1:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-            run = []
-        run.append(c)
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
-
-
-def parse_cpu_list(text: str) -> list[int]:
-    """The cores of a CPU list such as ``0-3,6`` (sorted, no duplicates)."""
-    cores: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if part:
-            lo, _, hi = part.partition("-")
-            cores.update(range(int(lo), int(hi or lo) + 1))
-    return sorted(cores)
 
 
 def host_cores() -> list[int]:
@@ -79,7 +55,7 @@ def cores_for(spec: JobSpec, allowed: list[int], slots: int = 1, job_cores: int 
     prof = spec.edge_profile
     n = len(allowed)
     if prof is not None:
-        exact = sorted(set(parse_cpu_list(prof.cpuset)) & set(allowed)) if prof.cpuset else []
+        exact = sorted(set(prof.cores) & set(allowed))
         return exact or min(n, max(1, math.ceil(prof.cpus)))
     if job_cores > 0:
         return min(n, job_cores)

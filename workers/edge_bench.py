@@ -6,13 +6,13 @@ the model costs on that box: no server, no network, just the engine call.
 Run::
 
     python -m workers.edge_bench --model /model/m.onnx --format onnx --batch-size 4 \
-        --warmup-s 1 --duration-s 5 --threads 1 [--inputs '[{"name": "input", "dtype": "FP32",
+        --warmup-s 0.5 --duration-s 5 --threads 1 [--inputs '[{"name": "input", "dtype": "FP32",
         "shape": [256]}]']
 
 Output (stdout, last line): ``{"edge_bench": 1, "metrics": {...}, ...}`` with metrics named as in
 ``schemas.metrics`` (latency_*_ms per batch call, throughput_infer_per_s in samples/s, requests_per_s in
-batch calls/s, duration_s of the measured loop), plus ``iterations``, ``load_s``, ``warmup_iterations``
-and the input shapes used. On a load or input error it prints ``{"edge_bench": 1, "error": "..."}``
+batch calls/s, duration_s of the measured loop), plus ``iterations``, ``load_s``, ``warmup_iterations``,
+``warmup_s`` and the input shapes used. On a load or input error it prints ``{"edge_bench": 1, "error": "..."}``
 and exits 2.
 """
 from __future__ import annotations
@@ -26,7 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from farm.input_data import input_tensors
+from schemas import TensorSpec
+from schemas.dtypes import DTYPES
 from schemas.engines import FORMAT_ENGINE
+from schemas.input_data import InputData
+from schemas.request import MEASUREMENT_DEFAULTS
 from workers.loadgen.stats import latency_metrics
 
 MARKER = "edge_bench"
@@ -34,38 +39,30 @@ MARKER = "edge_bench"
 
 def make_inputs(model_inputs: list[Any], given: list[dict[str, Any]] | None, batch_size: int,
                 seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs for one batch. ``given`` (name, dtype, per-sample shape, optional ``value_range``
-    [low, high] and ``zeros``) wins over the model's declared shapes; otherwise dynamic dims are 1 and the
-    first dim is the batch."""
-    from workers.engines.base import V2_TO_NP
+    """One batch of every model input, drawn by farm's one input generator (``farm.input_data``) exactly as
+    a served job of the same request sends it: ``given`` (the job's inputs: name, dtype, per-sample shape,
+    optional ``value_range`` [low, high] and ``zeros``) in its order, the i-th with ``seed + i``; a model
+    input not given takes its declared shape (dynamic dims 1, the first dim the batch) and the seeds after
+    them."""
+    given = list(given or [])
+    names = {g["name"] for g in given}
+    specs = [TensorSpec(name=g["name"], dtype=g.get("dtype") or "FP32", shape=tuple(int(d) for d in g["shape"]),
+                        value_range=g.get("value_range")) for g in given]
+    specs += [_declared(spec) for spec in model_inputs if spec.name not in names]
+    data = InputData(kind="zeros") if any(g.get("zeros") for g in given) else None
+    feed = input_tensors(specs, batch_size, data, seed=seed)
+    return {spec.name: feed[spec.name] for spec in model_inputs}
 
-    rng = np.random.default_rng(seed)
-    by_name = {g["name"]: g for g in (given or [])}
-    out: dict[str, np.ndarray] = {}
-    for spec in model_inputs:
-        g = by_name.get(spec.name)
-        dtype_name = (g or {}).get("dtype") or spec.datatype or "FP32"
-        if g is not None:
-            shape = (batch_size, *[int(d) for d in g["shape"]])
-        elif spec.shape:
-            dims = [d if d > 0 else 1 for d in spec.shape]
-            shape = (batch_size, *dims[1:])
-        else:
-            raise ValueError(f"input {spec.name!r} has no known shape; pass --inputs with its shape")
-        dtype = V2_TO_NP.get(dtype_name)
-        if dtype is None:
-            raise ValueError(f"input {spec.name!r} has datatype {dtype_name}, which edge_bench cannot generate")
-        low, high = (g or {}).get("value_range") or (0, 1 if dtype.kind == "f" else 9)
-        if (g or {}).get("zeros"):
-            arr = np.zeros(shape, dtype=dtype)
-        elif dtype.kind == "f":
-            arr = (low + (high - low) * rng.random(shape, dtype=np.float32)).astype(dtype)
-        elif dtype.kind == "b":
-            arr = rng.random(shape) < 0.5
-        else:
-            arr = rng.integers(int(low), int(high), size=shape, endpoint=True).astype(dtype)
-        out[spec.name] = arr
-    return out
+
+def _declared(spec: Any) -> TensorSpec:
+    """A model input the job did not describe, as the model declares it (``IOSpec``: name, datatype, shape
+    with the batch first; dynamic dims become 1)."""
+    dtype = spec.datatype or "FP32"
+    if dtype not in DTYPES:
+        raise ValueError(f"input {spec.name!r} has datatype {dtype}, which edge_bench cannot generate")
+    if not spec.shape:
+        raise ValueError(f"input {spec.name!r} has no known shape; pass --inputs with its shape")
+    return TensorSpec(name=spec.name, dtype=dtype, shape=tuple(d if d > 0 else 1 for d in spec.shape[1:]))
 
 
 def run(model: Path, model_format: str, engine: str | None, batch_size: int, warmup_s: float,
@@ -104,6 +101,7 @@ def run(model: Path, model_format: str, engine: str | None, batch_size: int, war
         "metrics": {**latency_metrics(lat_ms, batch_size, elapsed), "duration_s": elapsed},
         "iterations": len(lat_ms),
         "warmup_iterations": warm,
+        "warmup_s": warmup_s,
         "load_s": load_s,
         "batch_size": batch_size,
         "threads": threads,
@@ -129,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", dest="model_format", default="onnx", choices=sorted(FORMAT_ENGINE))
     p.add_argument("--engine", default=None, help="default: onnxruntime for onnx, torchscript for torchscript")
     p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--warmup-s", type=float, default=1.0)
+    p.add_argument("--warmup-s", type=float, default=MEASUREMENT_DEFAULTS["warmup_s"],
+                   help="warm-up time, s (default: a job's, %(default)g)")
     p.add_argument("--duration-s", type=float, default=5.0)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads, 0 = engine default")
     p.add_argument("--device", default="cpu")

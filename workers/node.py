@@ -15,17 +15,16 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import select, update
 
 from farm.broker import Broker
-from farm.db.models import Worker, utcnow
+from farm.db.models import Worker, live_worker, utcnow
 from farm.db.session import session_scope
 from farm.settings import get_settings
 from farm.telemetry import WorkerMetrics
-from schemas import GpuInfo, WorkerHardware
+from schemas import GpuInfo, WorkerHardware, WorkerStatus
 from workers.cancel import SHUTDOWN, JobWatch
 from workers.execute import replay_spool, run_job
 from workers.hardware import gpu_uuids_for
@@ -91,7 +90,7 @@ class WorkerNode:
             row = s.get(Worker, self.worker_id)
             values: dict[str, Any] = dict(hostname=self.hardware.hostname,
                                           hardware=self.registered_hardware(), queues=self.queues,
-                                          runner=self.runner.name, status="online", last_heartbeat=utcnow())
+                                          runner=self.runner.name, status=WorkerStatus.online, last_heartbeat=utcnow())
             if row is None:
                 s.add(Worker(id=self.worker_id, started_at=utcnow(), **values))
             else:
@@ -102,7 +101,7 @@ class WorkerNode:
         """One heartbeat: last_heartbeat = now, and the job in hand."""
         with session_scope() as s:
             s.execute(update(Worker).where(Worker.id == self.worker_id)
-                      .values(last_heartbeat=utcnow(), status="online", current_job_id=self.current_job))
+                      .values(last_heartbeat=utcnow(), status=WorkerStatus.online, current_job_id=self.current_job))
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
@@ -130,11 +129,9 @@ class WorkerNode:
 
     def dead_neighbours(self) -> list[str]:
         """Ids of workers on this host that are not alive: offline, lost, or silent past the dead-after time."""
-        cutoff = utcnow() - timedelta(seconds=get_settings().worker_dead_after_s)
         with session_scope() as s:
             rows = s.execute(select(Worker.id).where(
-                Worker.hostname == self.hardware.hostname, Worker.id != self.worker_id,
-                or_(Worker.status != "online", Worker.last_heartbeat < cutoff))).scalars().all()
+                Worker.hostname == self.hardware.hostname, Worker.id != self.worker_id, ~live_worker())).scalars().all()
         return list(rows)
 
     def __enter__(self) -> WorkerNode:
@@ -160,7 +157,7 @@ class WorkerNode:
         try:
             with session_scope() as s:
                 s.execute(update(Worker).where(Worker.id == self.worker_id)
-                          .values(status="offline", current_job_id=None, last_heartbeat=utcnow()))
+                          .values(status=WorkerStatus.offline, current_job_id=None, last_heartbeat=utcnow()))
         except Exception as exc:
             log.warning("could not mark worker offline: %s", exc)
         self.runner.close()

@@ -11,6 +11,7 @@ from farm.cli.views import console, err_console, fmt_value, load_label
 from farm.compare import RATIOS, SLOWER, Comparison
 from farm.errors import RequestError
 from farm.results import CONFIG_COLUMNS
+from schemas.measured import how_measured_short
 
 
 def compare(
@@ -76,7 +77,7 @@ def _print(c: Comparison, a: str, b: str) -> None:
         tests = "; ".join(f"{'thr' if t.metric.startswith('throughput') else 'p50'} {t.change_pct:+.1f}% "
                           f"p={t.p_value:.1g}" for t in m.tests)
         colour = "red" if m.verdict == SLOWER else "green" if m.verdict == "faster" else ""
-        table.add_row(_coords(m.key), "in-process" if m.a.get("edge_profile") else "gRPC e2e",
+        table.add_row(_coords(m.key), how_measured_short(bool(m.a.get("edge_profile"))),
                       *(fmt_value("", m.ratios[label]) + ("x" if m.ratios[label] is not None else "")
                         for _, label in RATIOS),
                       tests or "-", f"[{colour}]{m.verdict}[/]" if colour else m.verdict)

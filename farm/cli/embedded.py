@@ -123,7 +123,7 @@ def _interrupted(request_id: str, worker_id: str, job_id: str | None, what: str,
         job = s.get(Job, job_id) if stopped else None
         left = len(lifecycle.resumable(s, request_id))
     if job is not None:
-        rate = rate_text({"rate": (job.spec.get("measurement") or {}).get("rate"), "edge_profile": job.edge_profile})
+        rate = rate_text({"rate": job.rate, "edge_profile": job.edge_profile})
         err_console.print(f"{name}: job {job.id[:8]} ({job.device} {job.engine} b={job.batch_size} "
                           f"c={job.concurrency}{rate}{' edge=' + job.edge_profile if job.edge_profile else ''}) "
                           "cancelled, its server stopped", highlight=False, soft_wrap=True)

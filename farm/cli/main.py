@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from farm.cli import views
+from farm.cli import request_options, views
 from farm.cli.embedded import run_embedded
 from farm.cli.errors import run_app, run_cli
 from farm.cli.views import console, err_console
@@ -37,20 +37,20 @@ def _prepare_db() -> None:
 @app.command()
 def submit(
     model: str | None = typer.Argument(None, help="Model file (ONNX or TorchScript)."),
-    engine: list[str] | None = typer.Option(None, "--engine", "-e", help="onnxruntime | torchscript | triton; repeat."),
+    engine: list[str] | None = typer.Option(None, "--engine", "-e", help=request_options.ENGINE_HELP),
     device: list[str] | None = typer.Option(None, "--device", "-d", help="cpu | gpu | gpu:<product>; repeat."),
     batch_sizes: str | None = typer.Option(None, "--batch-sizes", "-b", help="e.g. 1,4,16"),
     concurrency: str | None = typer.Option(None, "--concurrency", "-c", help="e.g. 1,4"),
     edge: list[str] | None = typer.Option(None, "--edge", help="cpus=1,memory=512m[,name=N][,cpuset=0-1]; repeat."),
     input_spec: list[str] | None = typer.Option(None, "--input", "-i", help="name:dtype:shape, e.g. x:FP32:3x224x224"),
-    model_format: str | None = typer.Option(None, "--format", help="onnx | torchscript (default: detected)."),
+    model_format: str | None = typer.Option(None, "--format", help=request_options.FORMAT_HELP),
     request_file: Path | None = typer.Option(None, "-f", "--file", help="Request file (YAML or JSON)."),
     name: str | None = typer.Option(None, "--name", help="A name for the request."),
     duration: float | None = typer.Option(None, "--duration", help="Fixed measurement time per job, s."),
     windows: int | None = typer.Option(None, "--windows", help="Maximum measurement windows per job."),
     window: float | None = typer.Option(None, "--window", help="Measurement window length, s."),
-    warmup: float | None = typer.Option(None, "--warmup", help="Warm-up time, s (default 0.5)."),
-    stability: float | None = typer.Option(None, "--stability", help="Stability bound, % (default 10)."),
+    warmup: float | None = typer.Option(None, "--warmup", help=request_options.WARMUP_HELP),
+    stability: float | None = typer.Option(None, "--stability", help=request_options.STABILITY_HELP),
     stability_latency: str | None = typer.Option(None, "--stability-latency", help="mean (default, "
                                                  "perf_analyzer's rule) | p50 | p99: the latency that must "
                                                  "agree across windows, with throughput."),

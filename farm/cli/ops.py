@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from farm.cli.hooks import register_hooks
+from farm.cli.request_options import FORMAT_HELP, SERVE_ENGINE_HELP
 from farm.cli.views import console, err_console
 from farm.errors import RequestError
 from farm.settings import get_settings, mask_url
@@ -79,9 +80,8 @@ def worker(
 
 def serve(
     model: Path = typer.Argument(..., help="Model file."),
-    model_format: str | None = typer.Option(None, "--format", help="onnx | torchscript (default: detected)."),
-    engine: str | None = typer.Option(None, "--engine", help="onnxruntime | torchscript | openvino "
-                                      "(default: by format)."),
+    model_format: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
+    engine: str | None = typer.Option(None, "--engine", help=SERVE_ENGINE_HELP),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8001, "--port", help="gRPC port; 0 picks a free one."),
     device: str = typer.Option("cpu", "--device", help="cpu | gpu:<product>"),

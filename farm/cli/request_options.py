@@ -7,10 +7,18 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import RequestError
+from schemas.engines import ENGINES, IN_PROCESS, MODEL_FORMATS
+from schemas.request import MEASUREMENT_DEFAULTS
 
 _MEASUREMENT_FLAGS = ("duration_s", "window_s", "warmup_s", "max_windows", "min_windows", "stability_pct",
                       "stability_latency", "mode", "timeout_s", "rpc", "preferred_batch_size", "search",
                       "p99_ms", "client")
+#: help texts whose choices and defaults come from the contract (``schemas``), so they cannot drift from it
+ENGINE_HELP = f"{' | '.join(ENGINES)}; repeat."
+SERVE_ENGINE_HELP = f"{' | '.join(IN_PROCESS)} (default: by format)."
+FORMAT_HELP = f"{' | '.join(MODEL_FORMATS)} (default: detected)."
+WARMUP_HELP = f"Warm-up time, s (default {MEASUREMENT_DEFAULTS['warmup_s']:g})."
+STABILITY_HELP = f"Stability bound, % (default {MEASUREMENT_DEFAULTS['stability_pct']:g})."
 #: serving-configuration options given as comma-separated lists (``--instances 1,2``): request-level lists
 _SERVING_LIST_FLAGS = {"instances": "--instances", "threads": "--threads", "max_queue_delay_us": "--max-queue-delay-us"}
 

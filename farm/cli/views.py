@@ -15,6 +15,7 @@ from farm.formatting import to_csv as to_csv
 from farm.formatting import to_json as to_json
 from farm.steal import steal_note
 from schemas.result import CLIENT_LIMITED_NOTE, SHARED_NOTE, client_limited, shared_unisolated
+from schemas.worker import WorkerStatus
 
 SHARED_MARK = "!"  # after a job id: measured beside another farm job without core isolation
 CLIENT_LIMITED_MARK = "~"  # after a job id: open-loop run whose own late sends exceeded the limit
@@ -124,7 +125,7 @@ def workers_table(rows: list[dict[str, Any]]) -> Table:
         table.add_column(col)
     for w in rows:
         cpu = w["cpu"]
-        job = (w["current_job_id"] or "")[:8] or ("idle" if w["status"] == "online" else "-")
+        job = (w["current_job_id"] or "")[:8] or ("idle" if w["status"] == WorkerStatus.online else "-")
         table.add_row(w["worker_id"], w["hostname"], slot_text(w.get("slot")), w["runner"], w["status"],
                       age(w["last_heartbeat"]), f"{cpu.get('logical_cores', '?')}x {cpu.get('model', '')}"[:40],
                       ", ".join(w["gpus"]) or "-", ", ".join(w["queues"]), job)

@@ -1,13 +1,14 @@
 """ORM models. The results table has one column per registered metric (``schemas.metrics``)."""
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    ColumnElement,
     DateTime,
     Float,
     ForeignKey,
@@ -18,13 +19,16 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    and_,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from farm.settings import get_settings
 from schemas.job import JobStatus
 from schemas.metrics import JOB_METRICS
 from schemas.result import PLACEMENT_COLUMNS
+from schemas.worker import WorkerStatus
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -98,7 +102,8 @@ class Request(Base):
 
 
 class Job(Base):
-    """One cell of the matrix. ``status`` follows ``schemas.JobStatus``; claims are one UPDATE."""
+    """One cell of the matrix. ``status`` follows ``schemas.JobStatus``; claims are one UPDATE. Its load is
+    ``concurrency`` and, in open loop, ``rate`` (set at expansion from ``JobSpec.rate``)."""
 
     __tablename__ = "jobs"
     # by request (status, results), by status (reconciler, waiting queues), by worker (dead-worker requeue)
@@ -110,6 +115,7 @@ class Job(Base):
     engine: Mapped[str] = mapped_column(String(32))
     batch_size: Mapped[int] = mapped_column(Integer)
     concurrency: Mapped[int] = mapped_column(Integer)
+    rate: Mapped[float | None] = mapped_column(Float, nullable=True)  # open-loop requests/s; NULL: closed loop
     edge_profile: Mapped[str | None] = mapped_column(String(64), nullable=True)
     queue: Mapped[str] = mapped_column(String(120))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -125,7 +131,8 @@ class Job(Base):
 
 
 class Worker(Base):
-    """A worker node: hardware JSON, the queues it consumes, and its heartbeat."""
+    """A worker node: hardware JSON, the queues it consumes, and its heartbeat. ``status`` follows
+    ``schemas.WorkerStatus``; whether it is live is :func:`live_worker`."""
 
     __tablename__ = "workers"
 
@@ -134,10 +141,24 @@ class Worker(Base):
     hardware: Mapped[dict[str, Any]] = mapped_column(JSON)
     queues: Mapped[list[Any]] = mapped_column(JSON)
     runner: Mapped[str] = mapped_column(String(16), default="process")
-    status: Mapped[str] = mapped_column(String(16), default="online")
+    status: Mapped[str] = mapped_column(String(16), default=WorkerStatus.online)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_heartbeat: Mapped[datetime] = mapped_column(default=utcnow)
     current_job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
+def heartbeat_cutoff(now: datetime | None = None, dead_after_s: float | None = None) -> datetime:
+    """The oldest heartbeat of a live worker: ``now`` less ``dead_after_s`` (default
+    ``FARM_WORKER_DEAD_AFTER_S``), s."""
+    wait = dead_after_s if dead_after_s is not None else get_settings().worker_dead_after_s
+    return (now or utcnow()) - timedelta(seconds=wait)
+
+
+def live_worker(cutoff: datetime | None = None) -> ColumnElement[bool]:
+    """The one rule of a live worker, as a SQL condition on ``workers``: online, with a heartbeat at or after
+    ``cutoff`` (default :func:`heartbeat_cutoff`). Its negation is a dead one: offline, lost or silent."""
+    return and_(Worker.status == WorkerStatus.online,
+                Worker.last_heartbeat >= (cutoff if cutoff is not None else heartbeat_cutoff()))
 
 
 _SQL_TYPES = {"float": Float, "int": BigInteger, "bool": Boolean}

@@ -12,14 +12,18 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from schemas.measured import MEASURED_EDGE, MEASURED_SERVING
+
 VIEW = "job_results"
 #: the serving dimensions each job keeps in ``jobs.spec -> 'measurement'`` (integers; NULL when absent)
 SPEC_DIMENSIONS = ("instances", "threads", "max_queue_delay_us", "preferred_batch_size")
 #: the placement columns of ``results`` (``schemas.Placement``), frozen here as the view's SQL needs them
 PLACEMENT = ("host", "slot", "gpu_uuid", "server_cpus", "loadgen_cpus", "host_shared", "isolated")
-#: the load columns (migration 0005): the job's ``measurement`` mode (closed|constant|poisson) and open-loop
-#: rate (requests/s, NULL in closed loop)
+#: the load columns: the job's ``measurement`` mode (closed|constant|poisson) and open-loop rate (requests/s,
+#: NULL in closed loop), read from the ``jobs.rate`` column (migration 0006)
 LOAD = ("mode", "rate")
+#: the load columns as migration 0005 froze them: the rate read from ``jobs.spec`` (no ``jobs.rate`` yet)
+LOAD_0005 = ("mode", "spec_rate")
 #: the metric columns of results at migration 0004, frozen (a migration adding a metric recreates the view
 #: with its own list)
 METRICS_0004 = (
@@ -30,8 +34,6 @@ METRICS_0004 = (
     'cpu_steal_pct', 'cpu_pct_avg', 'cpu_pct_peak', 'mem_avg_bytes', 'mem_peak_bytes', 'mem_limit_bytes',
     'cpu_limit', 'oom_killed', 'limits_enforced', 'duration_s', 'total_time_s',
 )
-MEASURED_SERVING = "end-to-end over gRPC"
-MEASURED_EDGE = "in-process (no transport)"
 
 
 def _json_text(dialect: str, column: str, *path: str) -> str:
@@ -41,11 +43,24 @@ def _json_text(dialect: str, column: str, *path: str) -> str:
     return f"json_extract({column}, '$.{'.'.join(path)}')"
 
 
-def _load_sql(dialect: str, load: Sequence[str]) -> str:
-    """The select-list entries of the ``load`` columns (:data:`LOAD` or none, as a migration froze it)."""
+def _sql_text(text: str) -> str:
+    """``text`` as a SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def spec_rate_sql(dialect: str, column: str = "spec") -> str:
+    """SQL for the open-loop rate a job's spec JSON (``column``) holds, requests/s (NULL in closed loop): what
+    ``jobs.rate`` was filled from (migration 0006)."""
     real = "DOUBLE PRECISION" if dialect == "postgresql" else "REAL"
+    return f"CAST({_json_text(dialect, column, 'measurement', 'rate')} AS {real})"
+
+
+def _load_sql(dialect: str, load: Sequence[str]) -> str:
+    """The select-list entries of the ``load`` columns (:data:`LOAD`, :data:`LOAD_0005` or none, as a migration
+    froze it)."""
     sql = {"mode": f"COALESCE({_json_text(dialect, 'j.spec', 'measurement', 'mode')}, 'closed') AS mode",
-           "rate": f"CAST({_json_text(dialect, 'j.spec', 'measurement', 'rate')} AS {real}) AS rate"}
+           "spec_rate": f"{spec_rate_sql(dialect, 'j.spec')} AS rate",
+           "rate": "j.rate AS rate"}
     return "".join(f" {sql[c]}," for c in load)
 
 
@@ -55,6 +70,7 @@ def job_results_sql(dialect: str, metrics: Sequence[str], load: Sequence[str] = 
     dims = ",\n  ".join(f"CAST({_json_text(dialect, 'j.spec', 'measurement', d)} AS INTEGER) AS {d}"
                         for d in SPEC_DIMENSIONS)
     rpc = f"COALESCE({_json_text(dialect, 'j.spec', 'measurement', 'rpc')}, 'unary')"
+    before, after = (_sql_text(part) for part in MEASURED_SERVING.split("{rpc}"))
     cols = ",\n  ".join(f"r.{c}" for c in (*PLACEMENT, *metrics))
     return f"""CREATE VIEW {VIEW} AS SELECT
   j.request_id, q.name AS request_name, {_json_text(dialect, 'q.spec', 'model')} AS model, q.model_sha256,
@@ -62,7 +78,7 @@ def job_results_sql(dialect: str, metrics: Sequence[str], load: Sequence[str] = 
   {rpc} AS rpc,
   {dims},
   j.status, j.attempts, j.worker_id, j.error, j.created_at, j.finished_at,
-  CASE WHEN j.edge_profile IS NULL THEN '{MEASURED_SERVING}' ELSE '{MEASURED_EDGE}' END AS measured,
+  CASE WHEN j.edge_profile IS NULL THEN {before} || {rpc} || {after} ELSE {_sql_text(MEASURED_EDGE)} END AS measured,
   {cols}
 FROM jobs j
 JOIN requests q ON q.id = j.request_id

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from farm.db.views import LOAD, METRICS_0004, create_job_results
+from farm.db.views import LOAD_0005, METRICS_0004, create_job_results
 
 revision = '0005'
 down_revision = '0004'
@@ -20,7 +20,7 @@ METRICS = METRICS_0004
 
 
 def upgrade() -> None:
-    for statement in create_job_results(op.get_bind().dialect.name, METRICS, LOAD):
+    for statement in create_job_results(op.get_bind().dialect.name, METRICS, LOAD_0005):
         op.execute(statement)
 
 

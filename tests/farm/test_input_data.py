@@ -200,3 +200,25 @@ def test_every_row_of_the_file_is_sent(tmp_path: Path, rpc: str) -> None:
         result = run_load(f"127.0.0.1:{server.port}", "m", [IDS], 2, 1, settings, processes=1, data=data)
     assert server.seen == {0, 16, 32}  # the first id of rows 0, 2 and 4
     assert result.details["input_data"]["kind"] == "file" and result.details["input_data"]["rows"] == {"ids": 5}
+
+
+def test_served_and_edge_jobs_of_a_request_send_the_same_data() -> None:
+    """One generator (``farm.input_data``): the tensors of a served request (decoded as its server sees
+    them) and of the edge bench are equal, integers drawn from 0..99 on both sides."""
+    from schemas import EdgeProfile, JobSpec, MeasurementSettings
+    from workers.edge_bench import make_inputs
+    from workers.runners.common import bench_command
+
+    inputs = [IDS, X, TensorSpec(name="r", dtype="INT32", shape=(3,), value_range=(5, 7))]
+    specs = {t.name: IOSpec(t.name, t.dtype, (-1, *t.shape)) for t in inputs}
+    spec = JobSpec(job_id="j", request_id="r", model_sha256="0" * 64, model_format="onnx", device="cpu",
+                   engine="onnxruntime", batch_size=4, concurrency=1, queue="farm.edge",
+                   edge_profile=EdgeProfile(cpus=1, memory="512m"), inputs=inputs, measurement=MeasurementSettings())
+    argv = bench_command(spec, "/m.onnx")
+    model_order = [specs["x"], specs["r"], specs["ids"]]  # the engine may list its inputs in another order
+    edge = make_inputs(model_order, json.loads(argv[argv.index("--inputs") + 1]), 4)
+    served = decode_inputs(build_request("m", inputs, 4), specs)
+    assert list(edge) == ["x", "r", "ids"] and set(served) == set(edge)
+    for name in served:
+        assert edge[name].dtype == served[name].dtype and np.array_equal(edge[name], served[name]), name
+    assert edge["ids"].min() >= 0 and 9 < edge["ids"].max() <= 99 and set(np.unique(edge["r"])) <= {5, 6, 7}

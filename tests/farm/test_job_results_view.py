@@ -1,4 +1,4 @@
-"""The ``job_results`` view (migrations 0004, 0005) on SQLite and Postgres: every coordinate and metric, and the
+"""The ``job_results`` view (migrations 0004, 0005, 0006) on SQLite and Postgres: every coordinate and metric, and the
 README's SQL for the usual questions answers what the Python rows say."""
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def _query(url: str, sql: str, rid: str) -> list[dict[str, Any]]:
 
 
 def _make_open_loop(rid: str, rate: float) -> str:
-    """Turn one job of the request into an open-loop (Poisson) job at ``rate`` req/s; returns its id."""
+    """Turn one job of the request into an open-loop (Poisson) job at ``rate`` req/s (its spec and its rate
+    column); returns its id."""
     from sqlalchemy import select
 
     from farm.db.models import Job
@@ -49,6 +50,7 @@ def _make_open_loop(rid: str, rate: float) -> str:
     with session_scope() as s:
         job = s.execute(select(Job).where(Job.request_id == rid, Job.edge_profile.is_(None)).limit(1)).scalar_one()
         job.spec = {**job.spec, "measurement": {**job.spec["measurement"], "mode": "poisson", "rate": rate}}
+        job.rate = rate
         return str(job.id)
 
 
@@ -70,6 +72,7 @@ def test_the_view_has_every_coordinate_placement_and_metric_and_one_row_per_job(
         for m in JOB_METRICS:
             assert (v[m.name] is None) == (r[m.name] is None) and (r[m.name] is None or v[m.name] == r[m.name])
         assert v["model"] == "mlp.onnx" and ("in-process" in v["measured"]) == bool(r["edge_profile"])
+        assert v["measured"] == r["measured"]  # one wording (schemas.measured) in SQL and in Python
         assert v["mode"] == ("poisson" if r["job_id"] == open_loop else "closed")
     assert view[open_loop]["rate"] == 120.5
 

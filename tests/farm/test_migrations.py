@@ -1,16 +1,45 @@
 """The Alembic migrations create farm's tables on Postgres and SQLite and match the ORM models."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
-from farm.db.migrate import is_current, upgrade
+from farm.db.migrate import alembic_config, is_current, upgrade
 from farm.db.models import Base
 from farm.db.session import get_engine
 
 TABLES = {"requests", "jobs", "results", "workers", "model_artifacts"}
+
+
+def _url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """An empty database of ``backend`` (its earlier revisions undone), at no revision."""
+    url = f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite" else str(request.getfixturevalue("pg_url"))
+    upgrade(url)
+    _downgrade(url, "base")  # the fixture's database may come migrated already
+    return url
+
+
+def _downgrade(url: str, revision: str) -> None:
+    cfg = alembic_config(url)
+    with get_engine(url).begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+
+
+def _add_request(url: str) -> None:
+    """A model and a request ``r1`` (what an existing farm database holds)."""
+    with get_engine(url).begin() as conn:
+        conn.execute(text("INSERT INTO model_artifacts (sha256, filename, format, size_bytes, content, inputs, "
+                          "created_at) VALUES ('ab', 'm.onnx', 'onnx', 1, :c, '[]', CURRENT_TIMESTAMP)"),
+                     {"c": b"x"})
+        conn.execute(text("INSERT INTO requests (id, model_sha256, spec, excluded, created_at) "
+                          "VALUES ('r1', 'ab', '{}', '[]', CURRENT_TIMESTAMP)"))
 
 
 def _diff(url: str) -> list[object]:
@@ -34,29 +63,10 @@ def test_a_database_at_the_first_revision_upgrades_and_keeps_its_rows(
         backend: str, tmp_path, request: pytest.FixtureRequest) -> None:
     """An existing farm database (revision 0001, with a request in it) gains the steal column and the
     placement columns on upgrade, keeps its rows, and the step back works too."""
-    from alembic import command
-    from sqlalchemy import text
-
-    from farm.db.migrate import alembic_config
-
-    url = f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite" else request.getfixturevalue("pg_url")
-    cfg = alembic_config(url)
-
-    def downgrade(revision: str) -> None:
-        with get_engine(url).begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.downgrade(cfg, revision)
-
-    upgrade(url)
-    downgrade("base")  # the fixture's database may come migrated already
+    url = _url(backend, tmp_path, request)
     upgrade(url, "0001")
     assert not is_current(url)
-    with get_engine(url).begin() as conn:
-        conn.execute(text("INSERT INTO model_artifacts (sha256, filename, format, size_bytes, content, inputs, "
-                          "created_at) VALUES ('ab', 'm.onnx', 'onnx', 1, :c, '[]', CURRENT_TIMESTAMP)"),
-                     {"c": b"x"})
-        conn.execute(text("INSERT INTO requests (id, model_sha256, spec, excluded, created_at) "
-                          "VALUES ('r1', 'ab', '{}', '[]', CURRENT_TIMESTAMP)"))
+    _add_request(url)
     upgrade(url)
     assert is_current(url) and _diff(url) == []
     columns = {c["name"] for c in inspect(get_engine(url)).get_columns("results")}
@@ -65,8 +75,33 @@ def test_a_database_at_the_first_revision_upgrades_and_keeps_its_rows(
     with get_engine(url).connect() as conn:
         assert conn.execute(text("SELECT id FROM requests")).scalars().all() == ["r1"]
     assert "job_results" in inspect(get_engine(url)).get_view_names()
-    downgrade("0002")
+    _downgrade(url, "0002")
     assert "job_results" not in inspect(get_engine(url)).get_view_names()
     assert "host_shared" not in {c["name"] for c in inspect(get_engine(url)).get_columns("results")}
-    downgrade("0001")
+    _downgrade(url, "0001")
     assert "cpu_steal_pct" not in {c["name"] for c in inspect(get_engine(url)).get_columns("results")}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_the_rate_column_is_filled_from_the_jobs_specs(backend: str, tmp_path, request: pytest.FixtureRequest) -> None:
+    """Migration 0006 adds ``jobs.rate`` and fills it from each job's ``measurement.rate`` (NULL in closed
+    loop); ``job_results`` reads the column, and the step back reads the spec again."""
+    url = _url(backend, tmp_path, request)
+    upgrade(url, "0005")
+    _add_request(url)
+    with get_engine(url).begin() as conn:
+        for jid, m in (("open", {"mode": "poisson", "rate": 120.5}), ("closed", {"mode": "closed", "rate": None})):
+            conn.execute(text("INSERT INTO jobs (id, request_id, device, engine, batch_size, concurrency, queue, "
+                              "spec, status, attempts, created_at) VALUES (:id, 'r1', 'cpu', 'onnxruntime', 1, 1, "
+                              "'farm.cpu', :spec, 'queued', 0, CURRENT_TIMESTAMP)"),
+                         {"id": jid, "spec": json.dumps({"measurement": m})})
+    rates = "SELECT job_id, rate FROM job_results ORDER BY job_id"
+    upgrade(url)
+    assert is_current(url) and _diff(url) == []
+    with get_engine(url).connect() as conn:
+        assert dict(conn.execute(text("SELECT id, rate FROM jobs")).all()) == {"open": 120.5, "closed": None}
+        assert conn.execute(text(rates)).all() == [("closed", None), ("open", 120.5)]
+    _downgrade(url, "0005")
+    assert "rate" not in {c["name"] for c in inspect(get_engine(url)).get_columns("jobs")}
+    with get_engine(url).connect() as conn:
+        assert conn.execute(text(rates)).all() == [("closed", None), ("open", 120.5)]

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from scheduler.enqueue import job_rows
 from scheduler.expand import ModelRef, expand, job_id_for, matrix_size, resolve_devices
 from schemas import SERVING_KEYS, ProfileRequest, TensorSpec
 from schemas.queues import queue_for
@@ -152,3 +153,22 @@ def test_open_loop_quick_search_submits_the_first_rate_only() -> None:
     bisect = expand(ProfileRequest(model="m.onnx", rates=rates, measurement={"search": "quick", "p99_ms": 5}),
                     "r", ONNX)
     assert [j.measurement.rate for j in bisect.jobs] == [200.0]  # the middle of 7 rates
+
+
+def test_the_rate_is_carried_like_concurrency() -> None:
+    """Each job's open-loop rate is set at expansion (``JobSpec.rate``, the ``jobs.rate`` column of its row),
+    as its concurrency is; the request's ``rates`` list is the one list of them (``measurement.rate`` alone
+    becomes ``rates: [R]``), and validation builds new inputs instead of changing frozen models."""
+    req = ProfileRequest(model="m.onnx", rates=[100, 50], concurrency=[2])
+    before = req.model_dump()
+    jobs = expand(req, "r", ONNX).jobs
+    assert sorted((j.concurrency, j.rate) for j in jobs) == [(2, 50.0), (2, 100.0)]
+    assert sorted((r["concurrency"], r["rate"]) for r in job_rows("r", jobs)) == [(2, 50.0), (2, 100.0)]
+    assert req.model_dump() == before and req.rates == [50.0, 100.0]  # expansion left the request alone
+    closed = expand(ProfileRequest(model="m.onnx"), "r", ONNX).jobs
+    assert [j.rate for j in closed] == [None] and job_rows("r", closed)[0]["rate"] is None
+    single = ProfileRequest.model_validate({"model": "m.onnx", "measurement": {"rate": 80}})
+    assert single.rates == [80.0] and single.rate_levels() == [80.0] and single.measurement.mode == "constant"
+    given = {"rate": 80}
+    assert ProfileRequest.model_validate({"model": "m.onnx", "measurement": given}).rates == [80.0]
+    assert given == {"rate": 80}  # the caller's input is not changed either

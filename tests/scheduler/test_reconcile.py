@@ -208,3 +208,27 @@ def test_job_no_live_worker_can_serve_waits_and_status_says_so(cluster: dict[str
         s.execute(__import__("sqlalchemy").update(Worker).where(Worker.id == "h100-box")
                   .values(last_heartbeat=now() - timedelta(seconds=3600)))
     assert waiting_queues(rid) == {"farm.gpu.h100": 1}  # its worker stopped heartbeating
+
+
+def test_one_live_worker_rule_for_every_reader(cluster: dict[str, str], example_onnx: Path) -> None:
+    """Online with a fresh heartbeat is live; offline, lost or silent is dead, for reconciliation (dead
+    holders), the inventory (live queues) and ``still_running`` alike."""
+    from farm.db.models import live_worker
+    from farm.results import live_queues
+    from schemas import WorkerStatus
+
+    add_worker("live", queues=("q.live",))
+    add_worker("silent", beat_age_s=120, queues=("q.silent",))
+    add_worker("gone", status=WorkerStatus.offline, queues=("q.gone",))
+    add_worker("was-lost", status=WorkerStatus.lost, queues=("q.lost",))
+    with session_scope() as s:
+        assert set(s.execute(select(Worker.id).where(live_worker())).scalars()) == {"live"}
+        for wid in ("live", "silent", "gone", "was-lost"):
+            s.get(Worker, wid).current_job_id = f"job-{wid}"
+    assert live_queues() == {"q.live"}
+    assert still_running([f"job-{w}" for w in ("live", "silent", "gone", "was-lost")]) == ["job-live"]
+    assert reconcile().lost_workers == ["silent"]  # only an online worker is marked lost
+    with session_scope() as s:
+        assert {w.id: w.status for w in s.execute(select(Worker)).scalars()} == {
+            "live": WorkerStatus.online, "silent": WorkerStatus.lost, "gone": WorkerStatus.offline,
+            "was-lost": WorkerStatus.lost}

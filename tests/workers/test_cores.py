@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from schemas import EdgeProfile, JobSpec, MeasurementSettings, TensorSpec
-from workers.cores import CoreLease, cores_for, cpu_list, parse_cpu_list, read_journal, split
+from schemas.cpus import cpu_list, parse_cpu_list
+from workers.cores import CoreLease, cores_for, read_journal, split
 
 ROOT = Path(__file__).resolve().parents[2]
 CORES = sorted(os.sched_getaffinity(0))
@@ -61,6 +62,22 @@ def test_cpu_lists_round_trip() -> None:
     assert cpu_list([3, 0, 1, 2, 6]) == "0-3,6"
     assert parse_cpu_list("0-3,6") == [0, 1, 2, 3, 6]
     assert cpu_list([]) == ""
+
+
+def test_one_cpu_list_parser_for_cpusets_leases_and_threads() -> None:
+    """``schemas.cpus.parse_cpu_list`` validates an edge profile's cpuset, gives its cores to the lease
+    (``cores_for``) and its size to the edge run's threads (``edge_threads``)."""
+    from workers.runners.common import edge_threads
+
+    for bad in ("a", "0-", "1,,2", "3-1"):
+        with pytest.raises(ValueError, match="cpuset"):
+            parse_cpu_list(bad)
+        with pytest.raises(ValueError, match="cpuset"):
+            EdgeProfile(cpus=1, memory="256m", cpuset=bad)
+    profile = EdgeProfile(cpus=4, memory="256m", cpuset="0,2-3")
+    assert profile.cores == [0, 2, 3] and EdgeProfile(cpus=1, memory="256m").cores == []
+    assert cores_for(_spec(profile), list(range(8))) == [0, 2, 3]
+    assert edge_threads(_spec(profile)) == min(3, os.cpu_count() or 3)
 
 
 def test_how_many_cores_a_job_takes_depends_on_the_job_and_host_only() -> None:

@@ -61,3 +61,17 @@ def test_limits_that_cannot_be_applied_are_reported_not_enforced(example_onnx: P
     assert result.metrics["limits_enforced"] is False
     assert any("NOT enforced" in n for n in result.details["notes"])
     assert result.metrics["throughput_infer_per_s"] > 0
+
+
+def test_the_edge_bench_warms_up_for_a_jobs_default_time(example_onnx: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Run without --warmup-s, the edge bench warms up as long as a job does by default (one default)."""
+    import json
+
+    from schemas.request import MEASUREMENT_DEFAULTS
+    from workers.edge_bench import main
+
+    assert main(["--model", str(example_onnx), "--duration-s", "0.05", "--inputs",
+                 json.dumps([{"name": "input", "dtype": "FP32", "shape": [256]}])]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["warmup_s"] == MEASUREMENT_DEFAULTS["warmup_s"] == 0.5 and report["warmup_iterations"] >= 1

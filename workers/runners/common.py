@@ -38,11 +38,7 @@ def edge_threads(spec: JobSpec) -> int:
     assert prof is not None
     n = max(1, math.ceil(prof.cpus))
     if prof.cpuset:
-        cores = 0
-        for part in prof.cpuset.split(","):
-            lo, _, hi = part.partition("-")
-            cores += int(hi or lo) - int(lo) + 1
-        n = min(n, cores)
+        n = min(n, len(prof.cores))
     return min(n, os.cpu_count() or n)
 
 

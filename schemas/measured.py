@@ -1,0 +1,21 @@
+"""How a result row was measured, in words (the ``measured`` column of results, exports and the
+``job_results`` view): a serving job end to end through a gRPC client, an edge job inside its container
+with no transport, so an edge row's throughput is not comparable to a serving one. The one wording."""
+from __future__ import annotations
+
+#: a serving row, in short (table cells) and in full; ``{rpc}``: unary or stream
+SERVING_SHORT = "end-to-end over gRPC"
+MEASURED_SERVING = SERVING_SHORT + " ({rpc} calls: client, network stack, server)"
+#: an edge row, in short and in full
+EDGE_SHORT = "in-process"
+MEASURED_EDGE = EDGE_SHORT + " on the edge profile (no server, no transport)"
+
+
+def how_measured(edge: bool, rpc: str | None = None) -> str:
+    """The ``measured`` text of a row: an edge run, or a serving job over ``rpc`` calls (default unary)."""
+    return MEASURED_EDGE if edge else MEASURED_SERVING.format(rpc=rpc or "unary")
+
+
+def how_measured_short(edge: bool) -> str:
+    """The same in a few words, for a table column."""
+    return EDGE_SHORT if edge else SERVING_SHORT
