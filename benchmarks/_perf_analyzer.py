@@ -13,17 +13,10 @@ from pathlib import Path
 import _serve  # noqa: F401 (puts the repository on sys.path)
 
 from schemas import TensorSpec
-from workers.loadgen.perf_analyzer import (
-    ALWAYS_STABLE_PCT,
-    VERSION,
-    binary,
-    launch,
-    max_batch_size,
-    missing,
-    shape_args,
-)
+from workers.loadgen.patterns import OPEN_PATTERNS, ClosedLoop, LoadPattern
+from workers.loadgen.perf_analyzer import VERSION, binary, command, late_pct, launch, max_batch_size, missing
 
-__all__ = ["VERSION", "PaFigures", "binary", "missing", "run"]
+__all__ = ["VERSION", "PaFigures", "binary", "late_pct", "missing", "run"]
 TIMEOUT_S = 300.0  # one measurement's limit (10 trials of a few seconds at most)
 
 
@@ -43,22 +36,17 @@ def run(url: str, model: str, inputs: list[TensorSpec], batch: int, *, concurren
         rate: float | None = None, distribution: str = "constant", window_ms: int = 2000,
         cpu_set: set[int] | None = None, use_async: bool = False) -> PaFigures:
     """Measure ``model`` at ``url`` with ``inputs`` (shapes without the batch) in batches of ``batch``
-    (``-b`` where the model declares a max batch size, else the shape's first dimension: the same
-    ``shape_args`` as farm's backend) over unary gRPC (``-i grpc``, non-streaming; its sync API, its async
-    one with ``use_async``): closed loop at ``concurrency`` or open loop at ``rate`` req/s (``distribution``
-    constant|poisson), ``window_ms`` per window; the figures are its first 3 windows' (``ALWAYS_STABLE_PCT``:
-    it always reports them, as farm's fixed-duration runs do)."""
+    (``-b`` where the model declares a max batch size, else the shape's first dimension) over unary gRPC
+    (``-i grpc``, non-streaming; its sync API, its async one with ``use_async``): closed loop at ``concurrency``
+    or open loop at ``rate`` req/s (``distribution`` constant|poisson), ``window_ms`` per window; the command
+    line is farm's backend's (``workers.loadgen.perf_analyzer.command``) but for its outputs. The figures are its
+    first 3 windows' (``ALWAYS_STABLE_PCT``: it always reports them, as farm's fixed-duration runs do)."""
+    pattern: LoadPattern = ClosedLoop(concurrency or 1) if rate is None else OPEN_PATTERNS[distribution](rate)
     with tempfile.TemporaryDirectory() as tmp:
         out_csv = Path(tmp) / "pa.csv"
         max_batch = max_batch_size(url, model) or 0
-        cmd = [str(binary()), "-m", model, "-u", url, "-i", "grpc", *shape_args(inputs, batch, max_batch),
-               "--measurement-interval", str(window_ms), "--percentile", "50", "-f", str(out_csv),
-               "--max-trials", "10", "--stability-percentage", str(ALWAYS_STABLE_PCT)]
-        cmd += ["--async"] if use_async else []
-        if rate is not None:
-            cmd += ["--request-rate-range", f"{rate:g}", "--request-distribution", distribution]
-        else:
-            cmd += ["--concurrency-range", str(concurrency or 1)]
+        cmd = command(url, model, inputs, batch, max_batch, pattern, interval_ms=window_ms, trials=10,
+                      options=["--percentile", "50", "-f", str(out_csv)], async_api=use_async)
         ran = launch(cmd, TIMEOUT_S, cpu_set)
         text, cpu = ran.output, ran.cpu_s
         if ran.returncode != 0 or not out_csv.is_file():

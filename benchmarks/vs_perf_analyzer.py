@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import _perf_analyzer as pa
+import grpc
 import numpy as np
 from _serve import (  # noqa: I001 (sets sys.path)
     Steal,
@@ -53,6 +53,9 @@ from _serve import (  # noqa: I001 (sets sys.path)
 
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
+from workers.loadgen.request import serialized_request
+from workers.samplers.host import HostSampler
+from workers.samplers.process import ProcessTreeSampler
 
 RPS_MIN, P50_MAX = 0.95, 1.05  # closed-loop targets, farm / perf_analyzer
 OPEN_P50_TOL, OPEN_P99_TOL, LATE_MAX_PCT = 0.05, 0.10, 1.0  # open-loop targets
@@ -89,9 +92,6 @@ def run_farm(url: str, server_pid: int, model: Model, cell: Cell, rate: float | 
              client: str = "farm") -> Fig:
     """farm's measurement of ``cell`` (``client``: its own generator or its perf_analyzer backend) with a
     job's samplers running meanwhile in this process."""
-    from workers.samplers.host import HostSampler
-    from workers.samplers.process import ProcessTreeSampler
-
     mode, batch, conc = cell
     settings = MeasurementSettings(warmup_s=window, window_s=window, duration_s=3 * window, mode=mode,
                                    rate=rate if mode != "closed" else None, client=client)
@@ -121,8 +121,7 @@ def run_pa(url: str, model: Model, cell: Cell, rate: float | None, window: float
                concurrency=int(conc) if mode == "closed" else None, rate=rate,
                distribution=mode if mode != "closed" else "constant", window_ms=int(window * 1000), cpu_set=cpus,
                use_async=mode != "closed" and not sync_open_loop)
-    late = re.search(r"([\d.]+)% of the requests were delayed", f.warning or "")
-    return Fig(f.requests_per_s, f.p50_ms, f.p99_ms, float(late.group(1)) if late else 0.0, f.cpu_us_per_request)
+    return Fig(f.requests_per_s, f.p50_ms, f.p99_ms, pa.late_pct(f.warning or "") or 0.0, f.cpu_us_per_request)
 
 
 def run_bare(url: str, model: Model, cell: Cell, window: float) -> Fig | None:
@@ -130,10 +129,6 @@ def run_bare(url: str, model: Model, cell: Cell, window: float) -> Fig | None:
     serialized once, the answer left as bytes, nothing recorded but two clock reads per call (no asyncio,
     no windows, no samplers). What any Python client pays per call on this host; measured at concurrency 1
     only (None for other cells), after one window of warm-up, for three windows."""
-    import grpc
-
-    from workers.loadgen.request import serialized_request
-
     mode, batch, conc = cell
     if mode != "closed" or conc != 1:
         return None

@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from farm.histogram import bucket_counts, histogram_quantile, merge_histograms
 from farm.results import CONFIG_COLUMNS, METRIC_NAMES, load_details, merge_repeats
 from schemas.job import JobStatus
-from workers.loadgen.stats import histogram_quantile, merge_histograms
 
 SAME, FASTER, SLOWER = "no significant difference", "faster", "slower"
 UNDECIDED = "undecided (no stored windows or histogram)"
@@ -82,9 +82,9 @@ def welch_p(a: list[float], b: list[float]) -> float:
 
 def mann_whitney_hist(ha: dict[str, Any], hb: dict[str, Any]) -> float:
     """Two-sided p-value of the Mann-Whitney U test between the samples two latency histograms (built by
-    ``workers.loadgen.stats.histogram``: one bucket grid) were made from; values in one bucket are ties.
+    ``farm.histogram.histogram``: one bucket grid) were made from; values in one bucket are ties.
     Normal approximation with tie correction; 1.0 when either is empty."""
-    ca, cb = _bucket_counts(ha), _bucket_counts(hb)
+    ca, cb = bucket_counts(ha), bucket_counts(hb)
     n1, n2 = sum(ca.values()), sum(cb.values())
     if n1 == 0 or n2 == 0:
         return 1.0
@@ -101,11 +101,6 @@ def mann_whitney_hist(ha: dict[str, Any], hb: dict[str, Any]) -> float:
         return 1.0
     z = (u - n1 * n2 / 2.0) / math.sqrt(var)
     return math.erfc(abs(z) / math.sqrt(2.0))
-
-
-def _bucket_counts(h: dict[str, Any]) -> dict[int, int]:
-    first = int(h.get("first_index", 0))
-    return {first + j: int(c) for j, c in enumerate(h.get("counts") or []) if c}
 
 
 def window_values(details: dict[str, Any], key: str = "throughput_infer_per_s") -> list[float]:

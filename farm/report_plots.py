@@ -20,8 +20,8 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from farm.histogram import histogram_quantile  # noqa: E402
 from schemas.metrics import BY_NAME  # noqa: E402
-from workers.loadgen.stats import histogram_quantile  # noqa: E402
 
 plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "farm", "font.size": 9, "axes.grid": True,
                      "grid.alpha": 0.3, "legend.fontsize": 7, "figure.dpi": 96,

@@ -1,4 +1,4 @@
-"""What load workers and their coordinator tell each other, and the coordinator's merged window.
+"""What load workers and their coordinator tell each other.
 
 Worker → coordinator: :class:`Ready`, one :class:`WarmupReport`, one :class:`WindowReport` per
 measurement window, then :class:`WorkerDone` (or :class:`WorkerError` at any point). Coordinator →
@@ -9,7 +9,6 @@ latencies milliseconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -93,40 +92,3 @@ class Stop:
 
 
 ControlMessage = Go | Stop
-
-
-# --------------------------------------------------------------------------- coordinator
-
-@dataclass(frozen=True, slots=True)
-class WindowSummary:
-    """Window ``k`` merged over every worker. Public figures (see :meth:`public`): start ``t_s`` after
-    the measurement began, ``length_s``, successful ``requests``, ``errors``, rates and mean/p50/p99 latency.
-    The rest feeds the run's result: all samples, error counts by status, sends, late sends, and each
-    worker's CPU and wall seconds (by worker index)."""
-
-    k: int
-    t_s: float
-    length_s: float
-    requests: int
-    errors: int
-    requests_per_s: float
-    throughput_infer_per_s: float
-    mean_ms: float | None
-    p50_ms: float | None
-    p99_ms: float | None
-    lat_ms: np.ndarray
-    queue_ms: np.ndarray
-    compute_ms: np.ndarray
-    error_counts: dict[str, int]
-    sent: int
-    late: int
-    cpu_s: tuple[float, ...]
-    wall_s: tuple[float, ...]
-    first_error: str | None
-
-    def public(self) -> dict[str, Any]:
-        """The figures stored in a result's ``details["windows"]`` (and judged for stability)."""
-        return {"k": self.k, "t_s": self.t_s, "length_s": self.length_s, "requests": self.requests,
-                "errors": self.errors, "requests_per_s": self.requests_per_s,
-                "throughput_infer_per_s": self.throughput_infer_per_s, "mean_ms": self.mean_ms,
-                "p50_ms": self.p50_ms, "p99_ms": self.p99_ms}

@@ -1,4 +1,5 @@
-"""Pure statistics helpers for the load generator: percentiles, log-bucket histograms, stability.
+"""Pure statistics helpers for the load clients: percentiles, stability, the latency metrics (and, re-exported
+from ``farm.histogram``, the log-bucket histogram).
 
 Latencies are in milliseconds throughout. Nothing here does I/O or keeps state between calls.
 """
@@ -10,9 +11,18 @@ from typing import Any
 
 import numpy as np
 
-HIST_PER_DECADE = 50  # buckets per factor of 10: each bucket is ~4.7 % wide
-HIST_MIN_INDEX = -4 * HIST_PER_DECADE  # values below 1e-4 ms (0.1 us) go to the first bucket
-HIST_MAX_INDEX = 7 * HIST_PER_DECADE  # values above 1e7 ms (~2.8 h) go to the last bucket
+# the histogram codec is farm's core's (it reads what it stores); the load clients write it through here
+from farm.histogram import (  # noqa: F401 (re-exported)
+    HIST_MAX_INDEX,
+    HIST_MIN_INDEX,
+    HIST_PER_DECADE,
+    bucket_bound,
+    bucket_index,
+    histogram,
+    histogram_mean,
+    histogram_quantile,
+    merge_histograms,
+)
 
 
 def percentile(values: Sequence[float] | np.ndarray, q: float) -> float | None:
@@ -45,114 +55,6 @@ def _sorted_percentile(a: np.ndarray, q: float) -> float | None:
     hi = min(lo + 1, n - 1)
     frac = h - lo
     return float(a[lo] + (a[hi] - a[lo]) * frac)
-
-
-# --------------------------------------------------------------------------- histogram
-
-def bucket_index(value_ms: float) -> int:
-    """Index ``i`` of the log bucket ``[10**(i/D), 10**((i+1)/D))`` ms holding ``value_ms`` (D per decade)."""
-    if math.isnan(value_ms) or value_ms <= 0:
-        return HIST_MIN_INDEX
-    if math.isinf(value_ms):
-        return HIST_MAX_INDEX
-    i = math.floor(math.log10(value_ms) * HIST_PER_DECADE)
-    return max(HIST_MIN_INDEX, min(HIST_MAX_INDEX, i))
-
-
-def bucket_bound(index: int) -> float:
-    """Lower bound in ms of bucket ``index`` (the upper bound of ``index - 1``)."""
-    return 10.0 ** (index / HIST_PER_DECADE)
-
-
-def histogram(values_ms: Sequence[float] | np.ndarray) -> dict[str, Any]:
-    """A JSON-storable latency histogram with log-spaced buckets.
-
-    ``{"per_decade": D, "first_index": i0, "bounds_ms": [...], "counts": [...], "count": n,
-    "sum_ms": s, "min_ms": lo, "max_ms": hi}``: ``counts[j]`` counts values in
-    ``[bounds_ms[j], bounds_ms[j+1])``; only the span from the first to the last non-empty bucket is kept.
-    Histograms built here share one bucket grid, so :func:`merge_histograms` adds them exactly.
-    """
-    a = np.asarray(values_ms, dtype=np.float64)
-    if a.size == 0:
-        return _hist_from_counts({}, 0, 0.0, None, None)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        idx = np.floor(np.log10(a) * HIST_PER_DECADE)
-    idx = np.nan_to_num(idx, nan=HIST_MIN_INDEX, neginf=HIST_MIN_INDEX, posinf=HIST_MAX_INDEX)
-    idx = np.clip(idx, HIST_MIN_INDEX, HIST_MAX_INDEX).astype(np.int64)
-    uniq, cnt = np.unique(idx, return_counts=True)
-    counts = {int(i): int(c) for i, c in zip(uniq, cnt, strict=True)}
-    return _hist_from_counts(counts, int(a.size), float(a.sum()), float(a.min()), float(a.max()))
-
-
-def _hist_from_counts(
-    counts: dict[int, int], n: int, total: float, lo: float | None, hi: float | None
-) -> dict[str, Any]:
-    if not counts:
-        return {"per_decade": HIST_PER_DECADE, "first_index": 0, "bounds_ms": [], "counts": [],
-                "count": 0, "sum_ms": 0.0, "min_ms": None, "max_ms": None}
-    first, last = min(counts), max(counts)
-    dense = [counts.get(i, 0) for i in range(first, last + 1)]
-    bounds = [bucket_bound(i) for i in range(first, last + 2)]
-    return {"per_decade": HIST_PER_DECADE, "first_index": first, "bounds_ms": bounds, "counts": dense,
-            "count": n, "sum_ms": total, "min_ms": lo, "max_ms": hi}
-
-
-def merge_histograms(hists: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Add histograms built by :func:`histogram` (same bucket grid) into one."""
-    counts: dict[int, int] = {}
-    n, total = 0, 0.0
-    lo: float | None = None
-    hi: float | None = None
-    for h in hists:
-        if h.get("per_decade", HIST_PER_DECADE) != HIST_PER_DECADE:
-            raise ValueError(f"cannot merge a histogram with {h['per_decade']} buckets per decade "
-                             f"into one with {HIST_PER_DECADE}; rebuild it from raw samples")
-        first = int(h["first_index"])
-        for j, c in enumerate(h["counts"]):
-            if c:
-                counts[first + j] = counts.get(first + j, 0) + int(c)
-        n += int(h["count"])
-        total += float(h["sum_ms"])
-        if h.get("min_ms") is not None:
-            lo = h["min_ms"] if lo is None else min(lo, h["min_ms"])
-        if h.get("max_ms") is not None:
-            hi = h["max_ms"] if hi is None else max(hi, h["max_ms"])
-    return _hist_from_counts(counts, n, total, lo, hi)
-
-
-def histogram_quantile(hist: dict[str, Any], q: float) -> float | None:
-    """The ``q``-th percentile (0..100) estimated from a histogram: linear within the bucket reached,
-    clamped to the recorded min/max. Error is at most one bucket width (~4.7 %). None when empty."""
-    if not 0.0 <= q <= 100.0:
-        raise ValueError(f"percentile q must be within 0..100, got {q}")
-    n = int(hist["count"])
-    if n == 0:
-        return None
-    lo_v, hi_v = hist.get("min_ms"), hist.get("max_ms")
-    if q <= 0 and lo_v is not None:
-        return float(lo_v)
-    if q >= 100 and hi_v is not None:
-        return float(hi_v)
-    rank = q / 100.0 * n
-    bounds, counts = hist["bounds_ms"], hist["counts"]
-    cum = 0
-    for j, c in enumerate(counts):
-        if c and cum + c >= rank:
-            frac = (rank - cum) / c
-            value = bounds[j] + (bounds[j + 1] - bounds[j]) * frac
-            if lo_v is not None:
-                value = max(value, float(lo_v))
-            if hi_v is not None:
-                value = min(value, float(hi_v))
-            return float(value)
-        cum += c
-    return float(hi_v) if hi_v is not None else float(bounds[-1])
-
-
-def histogram_mean(hist: dict[str, Any]) -> float | None:
-    """Exact mean in ms of the values a histogram was built from; None when empty."""
-    n = int(hist["count"])
-    return float(hist["sum_ms"]) / n if n else None
 
 
 # --------------------------------------------------------------------------- stability
@@ -225,14 +127,16 @@ def latency_metrics(lat_ms: Sequence[float] | np.ndarray, batch_size: int, durat
 CLIENT_SHARE_PCT = 5.0  # closed loop: a client busier than this per outstanding request is flagged
 
 
-def client_share_note(busy_pct: float, concurrency: int, mode: str, client: str) -> str | None:
+def client_share_note(busy_pct: float, concurrency: int | None, client: str) -> str | None:
     """A note when the client's own CPU time is a visible part of what it measured (closed loop): each of
     ``concurrency`` outstanding requests spends about ``busy_pct / concurrency`` % of its cycle in the
     client's hands (building, sending, receiving, recording), time that shows up in the latency and, at
-    low concurrency, in the throughput. None under :data:`CLIENT_SHARE_PCT` or in open loop (late sends
-    flag an open-loop client)."""
+    low concurrency, in the throughput. None under :data:`CLIENT_SHARE_PCT` or in open loop (``concurrency``
+    None: late sends flag an open-loop client)."""
+    if concurrency is None:
+        return None
     share = busy_pct / max(concurrency, 1)
-    if mode != "closed" or share <= CLIENT_SHARE_PCT:
+    if share <= CLIENT_SHARE_PCT:
         return None
     lighter = "" if client == "perf_analyzer" else "a lighter client (perf_analyzer: --client auto where installed) or "
     return (f"client cost: {client} was {busy_pct:.0f} % busy at concurrency {concurrency}, so up to about "

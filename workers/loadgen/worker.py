@@ -1,4 +1,5 @@
-"""One load-generating event loop: a grpc.aio channel driving closed- or open-loop ModelInfer traffic.
+"""One load-generating event loop: a grpc.aio channel driving the ModelInfer traffic of a load pattern
+(``patterns``: closed loop, or open loop on the pattern's send schedule).
 
 A worker runs in a thread of the caller's process or in its own process (see ``drivers``). It talks to
 its coordinator through a :class:`Control` with the messages of ``messages``: it reports ``Ready``, waits
@@ -12,7 +13,6 @@ import asyncio
 import bisect
 import itertools
 import math
-import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -34,6 +34,8 @@ from workers.loadgen.messages import (
     WorkerError,
     WorkerMessage,
 )
+from workers.loadgen.patterns import LoadPattern
+from workers.loadgen.plan import WindowPlan
 
 MAX_MESSAGE_BYTES = -1  # unlimited send/receive message size
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
@@ -54,24 +56,19 @@ STREAM_CLOSED_TEXT = f"{STREAM_CLOSED_STATUS}: the server ended the stream"
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """What one worker sends. ``window_lengths_s``: the measurement windows after the warm-up, in order.
+    """What one worker sends: ``pattern`` (this worker's share of the job's, ``LoadPattern.split``) through
+    ``plan``'s warm-up and windows.
 
-    Closed loop: ``concurrency`` requests always outstanding (stream RPC: one stream per outstanding
-    request). Open loop (``constant``/``poisson``):
-    ``rate`` requests/s from this worker, the first (constant mode) ``phase_s`` after the warm-up
-    schedule starts; at most ``max_outstanding`` in flight (sends beyond are counted as errors); stream
-    RPC: one stream, responses matched to requests by their ``id``.
+    Closed loop: one call (stream RPC: one stream) per outstanding request. Open loop: at most
+    ``max_outstanding`` in flight (sends beyond are counted as errors); stream RPC: one stream, responses
+    matched to requests by their ``id``.
     """
 
     url: str
     model_name: str
     request: bytes
-    mode: str
-    concurrency: int
-    rate: float | None
-    phase_s: float
-    warmup_s: float
-    window_lengths_s: tuple[float, ...]
+    pattern: LoadPattern
+    plan: WindowPlan
     connect_timeout_s: float = 10.0
     seed: int = 0
     max_outstanding: int = 10000
@@ -160,6 +157,10 @@ class LoadWorker:
         self.first_error: str | None = None
         self._sent = 0
         self._late = 0
+        self._infer: Any = None  # the channel's ModelInfer call, once connected
+        self._open_stream: Any = None  # opens a ModelStreamInfer stream, once connected
+        self._traffic: list[asyncio.Task[None]] = []
+        self._sender: _UnarySender | _StreamSender | None = None
 
     # ----------------------------------------------------------------- recording
     def _record_ok(self, start: float, done: float, resp: pb.ModelInferResponse) -> None:
@@ -249,15 +250,10 @@ class LoadWorker:
             finally:
                 call.cancel()
 
-    async def _open_loop(self, sender: _UnarySender | _StreamSender, t_first: float) -> None:
+    async def _open_loop(self, sender: _UnarySender | _StreamSender, send_times: Iterator[float]) -> None:
         cfg = self.cfg
-        assert cfg.rate is not None and cfg.rate > 0
-        rng = random.Random(cfg.seed)
-        poisson = cfg.mode == "poisson"
-        interval = 1.0 / cfg.rate
-        t = t_first + (rng.expovariate(cfg.rate) if poisson else cfg.phase_s)
         now = time.monotonic
-        while not self._stopping:
+        for t in send_times:
             delay = t - WAKE_LEAD_S - now()
             # behind schedule: still yield once, so the calls sent so far start and answers are read
             await asyncio.sleep(max(delay, 0.0))
@@ -274,7 +270,20 @@ class LoadWorker:
                 # the actual send when it left a little early; the sender counts a late send when the
                 # call actually starts
                 await sender.send(t, sent_at)
-            t += rng.expovariate(cfg.rate) if poisson else interval
+
+    # ----------------------------------------------------------------- traffic of a pattern (patterns.Traffic)
+    def closed_loop(self, slots: int) -> None:
+        """Start ``slots`` closed-loop tasks, one call or stream each."""
+        if self.cfg.rpc == "stream":
+            self._traffic = [asyncio.create_task(self._closed_stream(self._open_stream)) for _ in range(slots)]
+        else:
+            self._traffic = [asyncio.create_task(self._closed_loop(self._infer)) for _ in range(slots)]
+
+    def open_loop(self, send_times: Iterator[float]) -> None:
+        """Start the open-loop task sending at ``send_times``."""
+        stream = self.cfg.rpc == "stream"
+        self._sender = _StreamSender(self, self._open_stream) if stream else _UnarySender(self, self._infer)
+        self._traffic = [asyncio.create_task(self._open_loop(self._sender, send_times))]
 
     # ----------------------------------------------------------------- control
     async def _sleep_until(self, t: float) -> None:
@@ -299,7 +308,7 @@ class LoadWorker:
     async def _ticker(self, t_start: float) -> None:
         """Cut the warm-up, then each window at its edge, and report them."""
         cfg = self.cfg
-        edge = t_start + cfg.warmup_s
+        edge = t_start + cfg.plan.warmup_s
         cpu0, wall0 = time.process_time(), time.monotonic()
         await self._sleep_until(edge)
         if self._stopping:
@@ -308,7 +317,7 @@ class LoadWorker:
         cpu1, wall1 = time.process_time(), time.monotonic()
         self.control.send(WarmupReport(ok=int(warm.lat_ms.size), errors=warm.errors, sent=warm.sent,
                                        late=warm.late, busy_pct=100.0 * (cpu1 - cpu0) / max(wall1 - wall0, 1e-9)))
-        for k, length in enumerate(cfg.window_lengths_s):
+        for k, length in enumerate(cfg.plan.lengths_s):
             end = edge + length
             await self._sleep_until(end)
             if self._stopping:
@@ -352,10 +361,10 @@ class LoadWorker:
                 if problem is not None:
                     self.control.send(WorkerError(problem))
                     return
-            infer = channel.unary_unary(INFER_METHOD, request_serializer=None,
-                                        response_deserializer=pb.ModelInferResponse.FromString)
-            open_stream = channel.stream_stream(STREAM_METHOD, request_serializer=None,
-                                                response_deserializer=pb.ModelStreamInferResponse.FromString)
+            self._infer = channel.unary_unary(INFER_METHOD, request_serializer=None,
+                                              response_deserializer=pb.ModelInferResponse.FromString)
+            self._open_stream = channel.stream_stream(
+                STREAM_METHOD, request_serializer=None, response_deserializer=pb.ModelStreamInferResponse.FromString)
             self.control.send(Ready())
             loop = asyncio.get_running_loop()
             t_start = await loop.run_in_executor(None, self.control.wait_go, 60.0)
@@ -363,25 +372,17 @@ class LoadWorker:
                 return
             await self._sleep_until(t_start)
             watcher = asyncio.create_task(self._watch_stop())
-            stream = cfg.rpc == "stream"
-            sender: _UnarySender | _StreamSender | None = None
-            if cfg.mode == "closed":
-                loop_fn = self._closed_stream if stream else self._closed_loop
-                traffic = [asyncio.create_task(loop_fn(open_stream if stream else infer))
-                           for _ in range(cfg.concurrency)]
-            else:
-                sender = _StreamSender(self, open_stream) if stream else _UnarySender(self, infer)
-                traffic = [asyncio.create_task(self._open_loop(sender, t_start))]
+            cfg.pattern.start(self, t_start, cfg.seed)
             try:
                 await self._ticker(t_start)
             finally:
                 self._stopping = True
                 self._stop_ev.set()
-                for task in [*traffic, watcher]:
+                for task in [*self._traffic, watcher]:
                     task.cancel()
-                if sender is not None:
-                    await sender.close()
-                await asyncio.gather(*traffic, watcher, return_exceptions=True)
+                if self._sender is not None:
+                    await self._sender.close()
+                await asyncio.gather(*self._traffic, watcher, return_exceptions=True)
         self.control.send(WorkerDone(self.first_error))
 
 

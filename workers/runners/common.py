@@ -6,6 +6,7 @@ import math
 import os
 
 from schemas import JobSpec
+from workers.loadgen.plan import fixed_measured_s
 
 MODEL_PLACEHOLDER = "{model}"  # in a user's command: replaced by the model's path where the run sees it
 
@@ -43,9 +44,9 @@ def edge_threads(spec: JobSpec) -> int:
 
 
 def edge_duration_s(spec: JobSpec) -> float:
-    """Measured time of the batch loop: ``duration_s`` if set, else ``window_s * min_windows``."""
-    m = spec.measurement
-    return m.duration_s if m.duration_s is not None else m.window_s * m.min_windows
+    """Measured time of the batch loop: ``duration_s`` if set, else ``min_windows`` of ``window_s`` (the
+    window plan of a client that cannot stop early)."""
+    return fixed_measured_s(spec.measurement)
 
 
 def bench_command(spec: JobSpec, model_inside: str) -> list[str]:

@@ -261,11 +261,13 @@ def test_load_process_runs_on_the_cpus_of_the_thread_that_started_it() -> None:
 
     from workers.cores import pinned
     from workers.loadgen.drivers import ProcessDriver, process_context
+    from workers.loadgen.patterns import ClosedLoop
+    from workers.loadgen.plan import WindowPlan
     from workers.loadgen.worker import WorkerConfig
 
     assert process_context().get_start_method() == "forkserver"
-    cfg = WorkerConfig(url="127.0.0.1:1", model_name="model", request=b"", mode="closed", concurrency=1,
-                       rate=None, phase_s=0.0, warmup_s=0.1, window_lengths_s=(0.1,), connect_timeout_s=5.0)
+    cfg = WorkerConfig(url="127.0.0.1:1", model_name="model", request=b"", pattern=ClosedLoop(1),
+                       plan=WindowPlan(0.1, (0.1,), 1, False), connect_timeout_s=5.0)
     target = {min(os.sched_getaffinity(0))}
     seen: list[int] = []
     for cpus in (target, os.sched_getaffinity(0) - target):

@@ -12,8 +12,12 @@ from tritonclient.grpc import service_pb2 as pb
 
 from schemas import MeasurementSettings, TensorSpec
 from schemas.metrics import BY_NAME
-from workers.loadgen import auto_process_cap, split_work, stats, window_lengths
+from workers.loadgen import stats
+from workers.loadgen.messages import WarmupReport
+from workers.loadgen.patterns import ClosedLoop, ConstantRate, PoissonRate, pattern_for
+from workers.loadgen.plan import WindowPlan
 from workers.loadgen.request import V2_NUMPY, build_request, random_tensor, serialized_request
+from workers.loadgen.run import auto_process_cap, escalation
 from workers.loadgen.worker import _stream_error_name, with_id
 
 QS = (0, 1, 25, 50, 90, 95, 99, 99.9, 100)
@@ -165,6 +169,10 @@ def test_stability_edge_cases() -> None:
 
 # ----------------------------------------------------------------------------- planning
 
+def window_lengths(settings: MeasurementSettings, extendable: bool = True) -> tuple[float, ...]:
+    return WindowPlan.of(settings, extendable=extendable).lengths_s
+
+
 def test_window_lengths() -> None:
     assert window_lengths(MeasurementSettings(window_s=2, max_windows=4)) == (2, 2, 2, 2)
     assert window_lengths(MeasurementSettings(window_s=1, duration_s=3)) == (1, 1, 1)
@@ -172,12 +180,42 @@ def test_window_lengths() -> None:
     assert window_lengths(MeasurementSettings(window_s=5, duration_s=2)) == (2,)
 
 
+def test_window_plan_for_a_client_that_cannot_stop_early() -> None:
+    """A fixed plan runs ``min_windows`` (or ``duration_s``) and its metrics use every window; one that runs
+    until stable uses the last ``min_windows``."""
+    fixed = WindowPlan.of(MeasurementSettings(warmup_s=0.5, window_s=1, min_windows=3, max_windows=9), extendable=False)
+    assert fixed.lengths_s == (1, 1, 1) and fixed.span_s == 3.5 and fixed.edges_s() == (0.5, 1.5, 2.5, 3.5)
+    assert fixed.metric_windows(3) == slice(0, 3)
+    extendable = WindowPlan.of(MeasurementSettings(window_s=1, min_windows=3, max_windows=9))
+    assert len(extendable.lengths_s) == 9 and extendable.metric_windows(5) == slice(2, 5)
+    assert window_lengths(MeasurementSettings(window_s=1, duration_s=2.5), extendable=False) == (1, 1, 0.5)
+
+
 def test_split_work() -> None:
-    assert split_work("closed", 5, None, 2) == [(3, None, 0.0), (2, None, 0.0)]
-    assert split_work("closed", 1, None, 4) == [(1, None, 0.0)]  # cannot split one outstanding request
-    plan = split_work("constant", 8, 300.0, 3)
-    assert [r for _, r, _ in plan] == pytest.approx([100.0] * 3)
-    assert [p for _, _, p in plan] == pytest.approx([0, 1 / 300, 2 / 300])  # interleaved schedules
+    assert ClosedLoop(5).split(2) == [ClosedLoop(3), ClosedLoop(2)]
+    assert ClosedLoop(1).split(4) == [ClosedLoop(1)]  # cannot split one outstanding request
+    plan = ConstantRate(300.0).split(3)
+    assert [p.rate for p in plan] == pytest.approx([100.0] * 3)
+    assert [p.phase_s for p in plan] == pytest.approx([0, 1 / 300, 2 / 300])  # type: ignore[attr-defined]
+    assert all(type(p) is PoissonRate for p in PoissonRate(300.0).split(2))
+
+
+def test_patterns_from_settings_and_for_perf_analyzer() -> None:
+    """One pattern per mode, each with its perf_analyzer options and its send schedule."""
+    closed = pattern_for(MeasurementSettings(), 4)
+    assert closed == ClosedLoop(4) and closed.rate is None and closed.late_pct(10, 1) is None
+    assert closed.outstanding(3) == 1 and closed.max_processes(8) == 4
+    assert closed.perf_analyzer_args() == ["--concurrency-range", "4"]
+    poisson = pattern_for(MeasurementSettings(mode="poisson", rate=200), 1)
+    assert poisson == PoissonRate(200) and poisson.late_pct(10, 1) == 10.0 and poisson.outstanding(1) is None
+    assert poisson.perf_analyzer_args() == ["--async", "--request-rate-range", "200", "--request-distribution",
+                                            "poisson"]
+    assert "--async" not in poisson.perf_analyzer_args(async_api=False)
+    times = ConstantRate(100.0, phase_s=0.005).send_times(10.0, seed=0)
+    assert [next(times) for _ in range(3)] == pytest.approx([10.005, 10.015, 10.025])
+    arrivals = PoissonRate(1000.0).send_times(0.0, seed=1)
+    gaps = np.diff([0.0, *(next(arrivals) for _ in range(5000))])
+    assert gaps.min() > 0 and gaps.mean() == pytest.approx(1e-3, rel=0.1)
 
 
 def test_auto_process_cap() -> None:
@@ -234,22 +272,19 @@ def test_stream_error_names(text: str, name: str) -> None:
 
 
 def test_escalation_rule() -> None:
-    from workers.loadgen.messages import WarmupReport
-    from workers.loadgen.run import escalation
-
     busy = WarmupReport(ok=1000, errors={}, busy_pct=95.0, late=0, sent=1000)
     calm = WarmupReport(ok=1000, errors={}, busy_pct=30.0, late=0, sent=1000)
     lagging = WarmupReport(ok=1000, errors={}, busy_pct=50.0, late=200, sent=1000)
     busier = dataclasses.replace(busy, busy_pct=190.0)
-    assert escalation([busy], "closed", 16, cap=8) == 2
-    assert escalation([busier], "closed", 16, cap=8) == 4
-    assert escalation([busier], "closed", 3, cap=8) == 3  # never above concurrency
-    assert escalation([busy], "closed", 1, cap=8) is None  # one outstanding request cannot be split
-    assert escalation([busy], "closed", 16, cap=1) is None  # not allowed to (e.g. a 2-core machine)
-    assert escalation([calm], "constant", 1, cap=8) is None
-    assert escalation([lagging], "poisson", 1, cap=8) == 2  # open loop: late sends trigger it too
-    assert escalation([lagging], "closed", 4, cap=8) is None
-    assert escalation([busy, busy], "closed", 16, cap=8) is None  # already spread
+    assert escalation([busy], ClosedLoop(16), cap=8) == 2
+    assert escalation([busier], ClosedLoop(16), cap=8) == 4
+    assert escalation([busier], ClosedLoop(3), cap=8) == 3  # never above concurrency
+    assert escalation([busy], ClosedLoop(1), cap=8) is None  # one outstanding request cannot be split
+    assert escalation([busy], ClosedLoop(16), cap=1) is None  # not allowed to (e.g. a 2-core machine)
+    assert escalation([calm], ConstantRate(100.0), cap=8) is None
+    assert escalation([lagging], PoissonRate(100.0), cap=8) == 2  # open loop: late sends trigger it too
+    assert escalation([lagging], ClosedLoop(4), cap=8) is None
+    assert escalation([busy, busy], ClosedLoop(16), cap=8) is None  # already spread
 
 
 def test_messages_survive_the_process_pipe() -> None:

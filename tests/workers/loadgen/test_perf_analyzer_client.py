@@ -18,10 +18,20 @@ from schemas.metrics import BY_NAME
 from tests.helpers import gather_model
 from tests.workers.loadgen.conftest import serve_subprocess
 from workers.loadgen import run_load, stats
-from workers.loadgen.perf_analyzer import BINARY_ENV, choose, data_file, missing, unfit
+from workers.loadgen.clients import AUTO, CLIENTS
+from workers.loadgen.contract import LoadJob
+from workers.loadgen.patterns import pattern_for
+from workers.loadgen.perf_analyzer import BINARY_ENV, missing, shape_args
+from workers.loadgen.perf_analyzer_client import PerfAnalyzerClient, data_file, job_command, unfit
+from workers.loadgen.plan import WindowPlan
 from workers.loadgen.request import input_tensor
 
 INPUTS = [TensorSpec(name="x", shape=(16,))]
+
+
+def _job(settings: MeasurementSettings, concurrency: int = 1, url: str = "127.0.0.1:1") -> LoadJob:
+    return LoadJob(url=url, model_name="m", inputs=tuple(INPUTS), batch_size=1, concurrency=concurrency,
+                   settings=settings, pattern=pattern_for(settings, concurrency))
 
 
 @pytest.fixture
@@ -68,8 +78,6 @@ def _counts(url: str) -> tuple[int, int]:
 def test_perf_analyzer_batch_goes_where_the_model_config_says() -> None:
     """A model declaring max_batch_size takes the batch as -b and shapes without it (perf_analyzer ignores
     --shape for dimensions the config fixes); one declaring none takes it as the first dimension."""
-    from workers.loadgen.perf_analyzer import shape_args
-
     x = [TensorSpec(name="x", shape=(128, 128))]
     assert shape_args(x, 8, 64) == ["-b", "8", "--shape", "x:128,128"]
     assert shape_args(x, 8, 0) == ["--shape", "x:8,128,128"]
@@ -117,7 +125,9 @@ def test_what_perf_analyzer_cannot_send() -> None:
     """Streams stay with farm's generator; any data farm sends, perf_analyzer sends too (``data_file``)."""
     assert unfit("unary") is None
     assert "streams" in (unfit("stream") or "")
-    assert choose("farm", "127.0.0.1:1", "m", "unary") == (None, "the job asks for farm's generator (--client farm)")
+    assert "unary calls only" in (PerfAnalyzerClient().why_not(_job(MeasurementSettings(rpc="stream"))) or "")
+    assert CLIENTS["farm"]().why_not(_job(MeasurementSettings(rpc="stream"))) is None  # farm's sends anything
+    assert AUTO == ("perf_analyzer", "farm")  # auto: perf_analyzer where it can, else farm's generator
 
 
 @pytest.mark.parametrize("max_batch", [8, 0])
@@ -197,30 +207,29 @@ def test_auto_falls_back_when_perf_analyzer_fails(farm_server_url: str, monkeypa
 
 def test_absent_perf_analyzer_leaves_auto_to_farm(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv(BINARY_ENV, str(tmp_path / "perf_analyzer"))
-    max_batch, why = choose("auto", "127.0.0.1:1", "m", "unary")
-    assert max_batch is None and why is not None and "--install" in why
+    client = PerfAnalyzerClient()
+    why = client.why_not(_job(MeasurementSettings()))
+    assert client.max_batch is None and why is not None and "--install" in why
 
 
 def test_client_cost_is_flagged_in_closed_loop() -> None:
     """A client busy for more than 5 % of each outstanding request's cycle is flagged with its share."""
-    note = stats.client_share_note(40.0, 1, "closed", "farm's generator")
+    note = stats.client_share_note(40.0, 1, "farm's generator")
     assert note is not None and "40 % busy at concurrency 1" in note and "up to about 40 %" in note
     assert "a lighter client (perf_analyzer" in note
-    pa_note = stats.client_share_note(40.0, 1, "closed", "perf_analyzer")
+    pa_note = stats.client_share_note(40.0, 1, "perf_analyzer")
     assert pa_note is not None and "lighter client" not in pa_note and "a higher concurrency" in pa_note
-    assert stats.client_share_note(40.0, 16, "closed", "farm's generator") is None  # 2.5 % each
-    assert stats.client_share_note(40.0, 1, "poisson", "farm's generator") is None  # late sends flag it
+    assert stats.client_share_note(40.0, 16, "farm's generator") is None  # 2.5 % each
+    assert stats.client_share_note(40.0, None, "farm's generator") is None  # open loop: late sends flag it
 
 
 def test_open_loop_uses_the_async_api_and_spans_warmup_and_windows(tmp_path: Path) -> None:
     """Open loop runs perf_analyzer's async API (its sync API delays sends in a burst, which hides the
     queueing); closed loop its sync API. Its three windows cover farm's warm-up and windows together."""
-    from workers.loadgen.perf_analyzer import command
-
     closed = MeasurementSettings(warmup_s=0.5, window_s=1.0, min_windows=3)
     opened = MeasurementSettings(mode="poisson", rate=200, warmup_s=0.5, window_s=1.0, duration_s=4.0)
-    c = command("h:1", "m", INPUTS, 1, 2, closed, tmp_path / "e", tmp_path / "t")
-    o = command("h:1", "m", INPUTS, 1, 1, opened, tmp_path / "e", tmp_path / "t")
+    c = job_command(_job(closed, 2), WindowPlan.of(closed, extendable=False), tmp_path / "e", tmp_path / "t")
+    o = job_command(_job(opened), WindowPlan.of(opened, extendable=False), tmp_path / "e", tmp_path / "t")
     assert "--async" not in c and c[-2:] == ["--concurrency-range", "2"]
     assert "--async" in o and o[-4:] == ["--request-rate-range", "200", "--request-distribution", "poisson"]
     assert c[c.index("--measurement-interval") + 1] == "1167"  # (0.5 + 3 x 1.0) / 3 s
