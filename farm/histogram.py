@@ -28,7 +28,7 @@ def bucket_index(value_ms: float) -> int:
 
 def bucket_bound(index: int) -> float:
     """Lower bound in ms of bucket ``index`` (the upper bound of ``index - 1``)."""
-    return 10.0 ** (index / HIST_PER_DECADE)
+    return float(10.0 ** (index / HIST_PER_DECADE))
 
 
 def histogram(values_ms: Sequence[float] | np.ndarray) -> dict[str, Any]:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from farm.compare import FASTER, SAME, SLOWER, judge, mann_whitney_hist, welch_p
+from farm.histogram import histogram
 from tests.farm.results_data import measurement, seed_request
 from tests.helpers import farm
-from workers.loadgen.stats import histogram
 
 TRIALS = 10
 CONFIGS = [(800.0, 1, 1), (2500.0, 4, 2), (9000.0, 16, 4)]  # (throughput infer/s, batch, concurrency)
