@@ -125,8 +125,9 @@ def matmul_chain_model(path: Path, layers: int, dim: int) -> Path:
 @contextmanager
 def farm_server(model: Path, threads: int = 1, instances: int = 1,
                 cpu_set: set[int] | None = None, extra: tuple[str, ...] = ()) -> Iterator[str]:
-    """farm's built-in server for ``model`` (name ``model``), pinned to ``cpu_set``, with ``extra`` server
-    options (e.g. ``--max-queue-delay-us 500``); yields ``host:port`` once ready and always stops it."""
+    """farm's built-in server for ``model`` (served as ``schemas.engines.SERVED_MODEL_NAME``), pinned to
+    ``cpu_set``, with ``extra`` server options (e.g. ``--max-queue-delay-us 500``); yields ``host:port`` once
+    ready and always stops it."""
     with farm_server_pid(model, threads, instances, cpu_set, extra) as (url, _):
         yield url
 
@@ -135,17 +136,18 @@ def farm_server(model: Path, threads: int = 1, instances: int = 1,
 def farm_server_pid(model: Path, threads: int = 1, instances: int = 1, cpu_set: set[int] | None = None,
                     extra: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
     """:func:`farm_server`, yielding ``(host:port, server pid)`` (for samplers watching it)."""
+    from schemas.engines import FORMAT_ENGINE, SERVED_MODEL_NAME
     from workers.engines.ready import wait_ready
     from workers.runners.process import ServerProcess
+    from workers.serving.builtin import LISTEN_LINE, server_argv
 
-    cmd = [sys.executable, "-m", "workers.engines.server", str(model), "--format", "onnx", "--engine",
-           "onnxruntime", "--host", "127.0.0.1", "--port", "0", "--threads", str(threads),
-           "--instances", str(instances), "--model-name", "model", *extra]
+    cmd = server_argv(str(model), model_format="onnx", engine=FORMAT_ENGINE["onnx"], threads=threads,
+                      instances=instances, extra=extra)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS=str(max(threads, 1)))
 
-    with ServerProcess(cmd, env=env, cpu_set=cpu_set) as server:
+    with ServerProcess(cmd, env=env, listen_prefix=LISTEN_LINE, cpu_set=cpu_set) as server:
         server.wait_port(START_TIMEOUT_S)
         url = f"127.0.0.1:{server.port}"
-        wait_ready(url, "model", 30.0, alive=server.alive)
+        wait_ready(url, SERVED_MODEL_NAME, 30.0, alive=server.alive)
         yield url, server.pid

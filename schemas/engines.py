@@ -7,17 +7,20 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EngineRule:
-    """An engine's formats and device classes (``cpu``, ``gpu``)."""
+    """An engine's formats and device classes (``cpu``, ``gpu``); ``in_process``: it loads models in farm's own
+    processes (the built-in server, edge runs), through a backend of ``workers.engines.backends``."""
 
     formats: frozenset[str]
     devices: frozenset[str]
+    in_process: bool = False
 
 
 RULES: dict[str, EngineRule] = {
-    "onnxruntime": EngineRule(frozenset({"onnx"}), frozenset({"cpu", "gpu"})),
-    "torchscript": EngineRule(frozenset({"torchscript"}), frozenset({"cpu", "gpu"})),
+    "onnxruntime": EngineRule(frozenset({"onnx"}), frozenset({"cpu", "gpu"}), in_process=True),
+    "torchscript": EngineRule(frozenset({"torchscript"}), frozenset({"cpu", "gpu"}), in_process=True),
     "triton": EngineRule(frozenset({"onnx", "torchscript"}), frozenset({"cpu", "gpu"})),
-    "openvino": EngineRule(frozenset({"onnx"}), frozenset({"cpu"})),  # x86 CPUs: edge boxes and servers
+    # x86 CPUs: edge boxes and servers
+    "openvino": EngineRule(frozenset({"onnx"}), frozenset({"cpu"}), in_process=True),
     # a running KServe v2 server farm only drives: its "model" is the endpoint's descriptor, and the
     # job's device is where the load generator runs
     "endpoint": EngineRule(frozenset({"endpoint"}), frozenset({"cpu"})),
@@ -30,7 +33,9 @@ ENDPOINT_ENGINE = "endpoint"
 #: ``farm serve``
 FORMAT_ENGINE: dict[str, str] = {"onnx": "onnxruntime", "torchscript": "torchscript"}
 #: the engines that run in-process (farm's built-in server and edge runs), each for its RULES formats
-IN_PROCESS: tuple[str, ...] = ("onnxruntime", "torchscript", "openvino")
+IN_PROCESS: tuple[str, ...] = tuple(e for e, rule in RULES.items() if rule.in_process)
+#: the name under which every server farm starts (the built-in one, Triton) serves the job's model
+SERVED_MODEL_NAME = "model"
 
 MODEL_FORMATS: tuple[str, ...] = tuple(FORMAT_ENGINE)
 #: the engines a request may name with --engine

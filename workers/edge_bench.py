@@ -69,7 +69,7 @@ def run(model: Path, model_format: str, engine: str | None, batch_size: int, war
         duration_s: float, threads: int, inputs: list[dict[str, Any]] | None = None,
         device: str = "cpu") -> dict[str, Any]:
     """Load ``model`` and time ``backend.infer`` in a loop; returns the JSON-able report."""
-    from workers.engines.base import make_backend
+    from workers.engines.backends import make_backend
 
     t0 = time.perf_counter()
     backend = make_backend(engine or FORMAT_ENGINE.get(model_format, "onnxruntime"))

@@ -4,8 +4,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from pathlib import Path
+from contextlib import nullcontext
 from typing import Any
 
 from farm.artifacts import ensure_in_store, fetch_model
@@ -13,13 +12,12 @@ from farm.errors import FarmError
 from farm.lifecycle import failure_result
 from farm.settings import get_settings
 from schemas import JobResult, JobSpec, Placement
-from schemas.engines import ENDPOINT_ENGINE
 from schemas.job import JobStatus
 from schemas.result import SHARED_NOTE, shared_unisolated
 from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
 from workers.measure import Measurement, Served, lease_for
-from workers.runners.base import Runner, ServingTarget
+from workers.runners.base import Runner
 from workers.samplers.host import steal_note
 from workers.spool import Spool, SpooledResult, is_transient, retry_db
 
@@ -30,8 +28,9 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     """Measure one serving job (or run one edge job) and return its result; raises FarmError on failure.
 
     The job's cores on this host (``workers.cores``) are the lease ``run_job`` already holds for it, else
-    one waited for here (``slots``: the worker's slots, which share the host's cores); the server runs on
-    the lease's server cores, the load generator on its own.
+    one waited for here (``slots``: the worker's slots, which share the host's cores); the server (started
+    by the runner, or the running one the job's engine attaches to: ``workers.serving``) runs on the lease's
+    server cores, the load generator on its own.
     The GPU's idle baseline is read before the server starts, so the server's own memory is what remains.
     """
     from workers.loadgen import run_load
@@ -41,7 +40,7 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     if spec.is_edge:
         return runner.run_edge(spec, model_path)
     started = time.monotonic()
-    with Measurement(spec, gpu_uuids or [], slots) as m, _serving(spec, runner, model_path, m) as target:
+    with Measurement(spec, gpu_uuids or [], slots) as m, runner.serve(spec, model_path, m.server_cpus) as target:
         with m.watch(Served(pid=target.pid, cgroup=target.cgroup_path, reused=target.reused)):
             load = run_load(target.url, target.model_name, spec.inputs, spec.batch_size, spec.concurrency,
                             spec.measurement, data=spec.input_data)
@@ -55,16 +54,6 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
         if note is not None:
             details["notes"].append(note)
     return JobResult(job_id=spec.job_id, metrics=metrics, details=details, placement=m.placement)
-
-
-def _serving(spec: JobSpec, runner: Runner, model_path: Path, m: Measurement) -> AbstractContextManager[ServingTarget]:
-    """The job's server: started by the runner on the lease's server cores, or the running endpoint named
-    by the job's descriptor (engine ``endpoint``)."""
-    if spec.engine == ENDPOINT_ENGINE:
-        from workers.runners.endpoint import endpoint_target
-
-        return endpoint_target(spec, model_path)
-    return runner.serve(spec, model_path, m.server_cpus)
 
 
 def placed(result: JobResult, slot: int, gpu_uuid: str | None) -> JobResult:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from farm.errors import ContainerError
+from workers.engines.backends import BACKENDS
 from workers.runners.hardening import client as docker_client
 
 DEFAULT_TAG = "farm-runtime:local"
@@ -49,22 +50,29 @@ FARM_PACKAGES: tuple[str, ...] = ("schemas", "farm", "workers")
 IMAGE_PREFIX = "/usr/local"
 IMAGE_CODE_DIR = "/opt/farm"
 
+# The backends whose package is part of farm's base install go into the base image; the others' packages
+# (declared by each backend: ``Backend.package``) only into its variant (``<tag>-<extra>``, extra_distributions).
+_PACKAGES = [(b.__module__, b.package) for b in BACKENDS.values() if b.package is not None]
+_BASE_PACKAGES = [(module, package) for module, package in _PACKAGES if package.extra is None]
+_VARIANT_DISTRIBUTIONS = [d for _, package in _PACKAGES if package.extra is not None for d in package.distributions]
 # Distributions always copied (plus their imports found by the probe below). onnx is not needed to
-# *run* a model (onnxruntime reads it), so it stays out to keep the image lean.
+# *run* a model (its engine's package reads it), so it stays out to keep the image lean.
 BASE_DISTRIBUTIONS: tuple[str, ...] = (
-    "numpy", "onnxruntime", "grpcio", "protobuf", "tritonclient", "psutil",
+    "numpy", "grpcio", "protobuf", "tritonclient", "psutil",
     "pydantic", "pydantic-core", "pydantic-settings", "python-dotenv", "typing-extensions",
     "annotated-types", "typing-inspection", "packaging", "flatbuffers", "python-rapidjson",
+    *(d for _, package in _BASE_PACKAGES for d in package.distributions),
 )
 # Modules imported in a probe process to discover what else the worker code pulls in at import time.
 PROBE_MODULES: tuple[str, ...] = (
-    "numpy", "onnxruntime", "grpc", "tritonclient.grpc", "psutil", "pydantic", "schemas",
-    "farm.errors", "schemas.metrics", "workers.engines.server", "workers.engines.ready",
-    "workers.engines.onnxruntime_backend", "workers.edge_bench",
+    "numpy", "grpc", "tritonclient.grpc", "psutil", "pydantic", "schemas",
+    "farm.errors", "schemas.metrics", "workers.engines.server", "workers.engines.ready", "workers.edge_bench",
+    *(m for backend, package in _BASE_PACKAGES for m in (package.module, backend)),
 )
-# Never copied unless asked for by name in ``extra_distributions`` (size, or host tooling only).
+# Never copied unless asked for by name in ``extra_distributions`` (size, or host tooling only). "triton"
+# is the GPU compiler PyTorch depends on.
 EXCLUDED_DISTRIBUTIONS: frozenset[str] = frozenset({
-    "torch", "torchvision", "triton", "setuptools", "pip", "wheel", "sympy", "mpmath", "docker",
+    *_VARIANT_DISTRIBUTIONS, "torchvision", "triton", "setuptools", "pip", "wheel", "sympy", "mpmath", "docker",
     "celery", "sqlalchemy", "alembic", "psycopg2-binary", "redis", "kombu",
     "farm",  # farm's own code is copied from repo_root, never from an (editable) install
 })
@@ -392,7 +400,7 @@ def build_local_image(
 
     Returns the image id. Reuses the existing image when its ``farm.content_hash`` label matches the
     planned content (unless ``force``). ``extra_distributions`` adds host site-packages distributions
-    by name (e.g. ``["torch"]`` for TorchScript jobs). Raises ContainerError when Docker is missing or
+    by name (e.g. ``["torch"]``, a backend's ``package.distributions``). Raises ContainerError when Docker is missing or
     the import fails.
     """
     repo_root = Path(repo_root) if repo_root is not None else Path(__file__).resolve().parents[1]

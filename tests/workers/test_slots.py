@@ -23,8 +23,8 @@ from tests.helpers import farm, farm_env
 from tests.workers.samplers.conftest import fake_nvml_dir, run_py, write_state  # noqa: F401  (fake NVML fixture)
 from tests.workers.samplers.test_hardware import TWO_PRODUCTS
 from workers.hardware import queues_for
-from workers.runners import process as process_runner
 from workers.runners.process import ProcessRunner, server_env
+from workers.serving import builtin as builtin_server
 from workers.slots import build_slots, select_gpus, slot_worker_id
 
 UUIDS = [f"GPU-{d * 8}-aaaa-bbbb-cccc-000000000000" for d in "123"]
@@ -135,7 +135,7 @@ def test_the_process_runner_starts_a_gpu_jobs_server_on_its_slots_gpu_only(tmp_p
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     script, seen = tmp_path / "fake_server.py", tmp_path / "env.txt"
     script.write_text(FAKE_SERVER)
-    monkeypatch.setattr(process_runner, "server_argv", lambda spec, path: [sys.executable, str(script), str(seen)])
+    monkeypatch.setattr(builtin_server, "job_argv", lambda spec, model, site: [sys.executable, str(script), str(seen)])
     slot = build_slots(_hardware(GPUS))[1]
     with pytest.raises(ServerError), ProcessRunner(gpus=slot.gpus).serve(_spec(f"gpu:{A100}"), tmp_path):
         pass  # the fake server exits once it has written its environment

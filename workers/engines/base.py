@@ -4,6 +4,7 @@ Datatypes are KServe v2 names (``FP32``, ``INT64``, ...); shapes use -1 for a dy
 """
 from __future__ import annotations
 
+import importlib.util
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +17,6 @@ from schemas.dtypes import V2_NUMPY_NAME
 # int64 parameters of every response of farm's built-in server (read by the load generator), ns
 QUEUE_PARAM = "farm_queue_ns"  # waiting for a free model instance
 COMPUTE_PARAM = "farm_compute_ns"  # the engine call
-
-BACKEND_ENGINES: tuple[str, ...] = ("onnxruntime", "torchscript", "openvino")
 
 # KServe v2 datatype -> numpy dtype (BYTES/BF16 have no fixed-width numpy twin and are not served).
 V2_TO_NP: dict[str, np.dtype] = {name: np.dtype(np_name) for name, np_name in V2_NUMPY_NAME.items()}
@@ -33,6 +32,25 @@ def np_to_v2(dtype: np.dtype) -> str:
             f"numpy dtype {np.dtype(dtype)} has no KServe v2 fixed-width datatype; "
             "make the model output a numeric or bool tensor"
         ) from None
+
+
+@dataclass(frozen=True)
+class Package:
+    """The Python package an engine's backend imports, as farm's runtime image takes it from the host's
+    Python (``workers.images``): ``module`` (checked on the host), its ``distributions``, and farm's pip
+    ``extra`` that installs it (None: part of farm's base install and base image)."""
+
+    module: str
+    distributions: tuple[str, ...]
+    extra: str | None = None
+
+    def missing(self, job_id: str, engine: str) -> str | None:
+        """Why farm's image cannot carry this package for ``job_id`` (the host has none), else None."""
+        if importlib.util.find_spec(self.module) is not None:
+            return None
+        return (f"job {job_id} runs on the {engine} engine, and farm's image takes {self.module} from this "
+                f"worker's Python, which has none; pip install 'farm[{self.extra}]' here, or run it with the "
+                "onnxruntime engine")
 
 
 @dataclass(frozen=True)
@@ -63,6 +81,7 @@ class Backend(ABC):
 
     engine: str = "base"
     platform: str = "unknown"  # Triton-style platform name reported in ModelMetadata
+    package: Package | None = None  # the Python package it imports (None: farm's own dependencies only)
 
     def __init__(self) -> None:
         self._inputs: list[IOSpec] = []
@@ -110,26 +129,3 @@ def parse_device(device: str) -> tuple[str, str | None]:
     if d == "gpu" or d.startswith("gpu:"):
         return "gpu", (d[4:] or None)
     raise ServerError(f"device {device!r} is unknown; use cpu, gpu or gpu:<product>")
-
-
-def make_backend(engine: str) -> Backend:
-    """A fresh, unloaded backend for ``engine`` (one of :data:`BACKEND_ENGINES`)."""
-    e = engine.strip().lower()
-    if e == "onnxruntime":
-        from workers.engines.onnxruntime_backend import OnnxRuntimeBackend
-
-        return OnnxRuntimeBackend()
-    if e == "torchscript":
-        from workers.engines.torchscript_backend import TorchScriptBackend
-
-        return TorchScriptBackend()
-    if e == "openvino":
-        from workers.engines.openvino_backend import OpenVinoBackend
-
-        return OpenVinoBackend()
-    if e == "triton":
-        raise ServerError(
-            "engine 'triton' is served by the official Triton server, not the built-in one; "
-            "use workers.engines.triton to build its model repository"
-        )
-    raise ServerError(f"engine {engine!r} is unknown; the built-in server runs {', '.join(BACKEND_ENGINES)}")

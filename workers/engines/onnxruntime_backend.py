@@ -7,7 +7,7 @@ import numpy as np
 
 from farm.errors import ModelError, ServerError
 from schemas.dtypes import ORT_TO_V2
-from workers.engines.base import Backend, InputError, IOSpec, parse_device
+from workers.engines.base import Backend, InputError, IOSpec, Package, parse_device
 
 
 def _spec(arg: object) -> IOSpec:
@@ -21,6 +21,7 @@ class OnnxRuntimeBackend(Backend):
 
     engine = "onnxruntime"
     platform = "onnxruntime_onnx"
+    package = Package("onnxruntime", ("onnxruntime",))
 
     def __init__(self) -> None:
         super().__init__()

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from farm.errors import ModelError, ServerError
-from workers.engines.base import V2_TO_NP, Backend, InputError, IOSpec, parse_device
+from workers.engines.base import V2_TO_NP, Backend, InputError, IOSpec, Package, parse_device
 
 #: OpenVINO element type name -> KServe v2 datatype
 OV_TO_V2: dict[str, str] = {
@@ -31,6 +31,7 @@ class OpenVinoBackend(Backend):
 
     engine = "openvino"
     platform = "openvino"
+    package = Package("openvino", ("openvino", "openvino-telemetry"), extra="openvino")
 
     def __init__(self) -> None:
         super().__init__()

@@ -32,18 +32,19 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from farm.errors import FarmError, NotFoundError, ServerError
 from schemas.dtypes import parse_input_spec
-from schemas.engines import FORMAT_ENGINE, IN_PROCESS, incompatibility
+from schemas.engines import FORMAT_ENGINE, IN_PROCESS, MODEL_FORMATS, SERVED_MODEL_NAME, incompatibility
+from workers.engines.backends import make_backend
 from workers.engines.base import (
     COMPUTE_PARAM,
     QUEUE_PARAM,
     Backend,
     InputError,
     IOSpec,
-    make_backend,
     np_to_v2,
 )
 from workers.engines.batcher import DynamicBatcher, batcher_for
 from workers.engines.decode import decode_inputs
+from workers.engines.repository import repository_index, served_config
 
 SERVER_NAME = "farm"
 SERVER_VERSION = "0.1.0"
@@ -66,7 +67,7 @@ class ServerConfig:
     device: str = "cpu"
     threads: int = 0
     instances: int = 1
-    model_name: str = "model"
+    model_name: str = SERVED_MODEL_NAME
     inputs: list[IOSpec] | None = None  # declared input specs, for TorchScript (ONNX reads its own)
     max_queue_delay_us: int | None = None  # dynamic batching (workers.engines.batcher), µs; None = off
     preferred_batch_size: int | None = None  # rows; the largest merged batch is batcher.MAX_BATCH
@@ -125,8 +126,6 @@ class _Model:
 
     def config(self) -> object:
         """A Triton-style ModelConfig of what is served (see workers.engines.repository.served_config)."""
-        from workers.engines.repository import served_config
-
         c = self.cfg
         return served_config(c.model_name, c.model_format, c.engine, self.inputs, self.outputs,
                              instances=c.instances, device=c.device, threads=c.threads)
@@ -249,8 +248,6 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelConfigResponse(config=self.model.config())
 
     async def RepositoryIndex(self, request, context):  # noqa: N802
-        from workers.engines.repository import repository_index
-
         return repository_index(self.name, MODEL_VERSION, ready=True)
 
     async def ModelStatistics(self, request, context):  # noqa: N802
@@ -450,14 +447,14 @@ def run_server(cfg: ServerConfig) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m workers.engines.server", description=__doc__.splitlines()[0])
     p.add_argument("model", type=Path, help="model file")
-    p.add_argument("--format", dest="model_format", default="onnx", choices=["onnx", "torchscript"])
+    p.add_argument("--format", dest="model_format", default="onnx", choices=list(MODEL_FORMATS))
     p.add_argument("--engine", default="onnxruntime", choices=list(IN_PROCESS))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
     p.add_argument("--device", default="cpu", help="cpu or gpu:<slug>")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per instance, 0 = engine default")
     p.add_argument("--instances", type=int, default=1, help="parallel model instances")
-    p.add_argument("--model-name", default="model")
+    p.add_argument("--model-name", default=SERVED_MODEL_NAME)
     p.add_argument("--max-queue-delay-us", type=int, default=None, help="dynamic batching delay, µs (default off)")
     p.add_argument("--preferred-batch-size", type=int, default=None, help="dynamic batching: send at this many rows")
     p.add_argument(

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from farm.errors import ModelError, ServerError
-from workers.engines.base import V2_TO_NP, Backend, InputError, IOSpec, np_to_v2, parse_device
+from workers.engines.base import V2_TO_NP, Backend, InputError, IOSpec, Package, np_to_v2, parse_device
 
 
 def _torch() -> Any:
@@ -34,6 +34,7 @@ class TorchScriptBackend(Backend):
 
     engine = "torchscript"
     platform = "pytorch_libtorch"
+    package = Package("torch", ("torch",), extra="torch")
 
     def __init__(self) -> None:
         super().__init__()

@@ -21,8 +21,10 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from farm.errors import ModelError, ServerError
 from schemas.dtypes import ONNX_TO_V2
+from schemas.engines import SERVED_MODEL_NAME
 from workers.engines.base import IOSpec, parse_device
 from workers.engines.ready import wait_ready
+from workers.engines.torchscript_backend import TorchScriptBackend
 
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"  # default image; pass image= to pin another
 TRITON_GRPC_PORT = 8001  # inside the container
@@ -63,8 +65,6 @@ def onnx_io(model_path: Path) -> tuple[list[IOSpec], list[IOSpec]]:
 
 def torchscript_outputs(model_path: Path, inputs: list[IOSpec]) -> list[IOSpec]:
     """Discover a TorchScript model's outputs by one warm-up run with the declared inputs (needs torch)."""
-    from workers.engines.torchscript_backend import TorchScriptBackend
-
     b = TorchScriptBackend()
     b.declare_inputs(inputs)
     b.load(model_path, "cpu", threads=1)
@@ -155,7 +155,7 @@ def build_repository(
     repo_dir: Path,
     model_path: Path,
     model_format: str,
-    model_name: str = "model",
+    model_name: str = SERVED_MODEL_NAME,
     *,
     inputs: list[IOSpec] | None = None,
     outputs: list[IOSpec] | None = None,
@@ -262,7 +262,7 @@ class AttachedServer:
         return int(self.url.rsplit(":", 1)[1])
 
 
-def attach(url: str, model_name: str = "model", timeout_s: float = 60.0) -> AttachedServer:
+def attach(url: str, model_name: str = SERVED_MODEL_NAME, timeout_s: float = 60.0) -> AttachedServer:
     """Wait until ``url`` serves ``model_name``, then read its server and model metadata."""
     wait_ready(url, model_name, timeout_s)
     with grpc.insecure_channel(url) as ch:

@@ -1,50 +1,43 @@
-"""The runner interface: every external resource a job uses sits behind a context manager."""
+"""The runner interface: every external resource a job uses sits behind a context manager. A runner places
+the launch its job's engine declares (``workers.serving``) on its ``site``; it never names an engine."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from schemas import JobResult, JobSpec
+from workers.serving.base import Launch, ServingTarget, Site
+from workers.serving.registry import serving_engine
 
-
-@dataclass
-class ServingTarget:
-    """A ready model server: where to send KServe v2 gRPC requests, and what to sample.
-
-    ``pid`` is the server's root process (process runner); ``container_id`` the container (Docker runner).
-    ``notes`` carry facts the result must state (e.g. a limit that could not be enforced); ``reused`` says
-    the server was already running for an earlier job (samplers reset peak counters).
-    """
-
-    host: str
-    port: int
-    model_name: str
-    pid: int | None = None
-    container_id: str | None = None
-    cgroup_path: Path | None = None
-    gpu_uuids: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    reused: bool = False  # a kept container: its cgroup's peak counters cover earlier jobs
-    server: dict[str, str] | None = None  # a server farm did not start: its name, version, url (endpoint)
-
-    @property
-    def url(self) -> str:
-        return f"{self.host}:{self.port}"
+__all__ = ["Runner", "ServingTarget"]
 
 
 class Runner(ABC):
     """Starts serving engines and edge runs for jobs. Implementations: process, docker."""
 
     name: str = "base"
+    site: Site  # where this runner's servers run, as engines must know it
+
+    @contextmanager
+    def serve(self, spec: JobSpec, model_path: Path, cpus: set[int] | None = None) -> Iterator[ServingTarget]:
+        """Serve ``model_path`` for ``spec``: the running server its engine attaches to, else the engine's
+        launch placed on cores ``cpus`` (None: anywhere), waited for until ServerReady/ModelReady. Yields the
+        target, and stops a server it started (freeing its port) on exit, also when the body raised."""
+        engine = serving_engine(spec.engine)
+        attached = engine.attach(spec, model_path)
+        if attached is not None:
+            with attached as target:
+                yield target
+            return
+        with self.place(spec, engine.launch(spec, model_path, self.site), cpus) as target:
+            yield target
 
     @abstractmethod
-    def serve(self, spec: JobSpec, model_path: Path,
-              cpus: set[int] | None = None) -> AbstractContextManager[ServingTarget]:
-        """Start the job's engine serving ``model_path`` on cores ``cpus`` (None: anywhere), wait until
-        ServerReady/ModelReady, yield the target, and stop the server (freeing its port) on exit, also
-        when the body raised."""
+    def place(self, spec: JobSpec, launch: Launch, cpus: set[int] | None) -> AbstractContextManager[ServingTarget]:
+        """Start ``launch`` for ``spec`` on cores ``cpus``, wait until it is ready, yield its target, and stop
+        it on exit (also when the body raised)."""
 
     @abstractmethod
     def run_edge(self, spec: JobSpec, model_path: Path) -> JobResult:

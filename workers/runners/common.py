@@ -1,4 +1,4 @@
-"""Helpers every runner shares: the built-in edge bench's command line and the server's input flags."""
+"""Helpers every runner shares: the built-in edge bench's command line, its threads and duration."""
 from __future__ import annotations
 
 import json
@@ -9,25 +9,6 @@ from schemas import JobSpec
 from workers.loadgen.plan import fixed_measured_s
 
 MODEL_PLACEHOLDER = "{model}"  # in a user's command: replaced by the model's path where the run sees it
-
-
-def input_args(spec: JobSpec) -> list[str]:
-    """``--input name:DTYPE:-1xDIMS`` per input: TorchScript carries no shapes, so the server is told them."""
-    if spec.model_format != "torchscript":
-        return []
-    out: list[str] = []
-    for t in spec.inputs:
-        out += ["--input", f"{t.name}:{t.dtype}:" + "x".join(str(d) for d in (-1, *t.shape))]
-    return out
-
-
-def batching_args(spec: JobSpec) -> list[str]:
-    """The built-in server's dynamic batching options for the job (none when batching is off)."""
-    m = spec.measurement
-    if m.max_queue_delay_us is None:
-        return []
-    pref = [] if m.preferred_batch_size is None else ["--preferred-batch-size", str(m.preferred_batch_size)]
-    return ["--max-queue-delay-us", str(m.max_queue_delay_us), *pref]
 
 
 def edge_threads(spec: JobSpec) -> int:

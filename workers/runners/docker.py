@@ -1,12 +1,13 @@
 """The Docker runner: serve each job's model from a hardened container, and run edge jobs in
 containers limited like the edge box (``workers.runners.docker_edge``).
 
-Serving: one container per job runs ``python -m workers.engines.server`` with the model bind-mounted
-read-only; its gRPC port 8001 is published on 127.0.0.1 at a free host port chosen by Docker, and
-farm talks to it only there. Consecutive jobs with the same model sha, format, engine, device, threads
-and instances reuse the running container (the server is stateless between jobs); a reused container
-is removed after ``idle_timeout_s`` seconds without a job (a timer), at ``close()``, or when the next
-job needs other settings.
+Serving: one container per job runs the launch its engine declares (``workers.serving``: farm's built-in
+server in farm's image, or the engine's own image) with the model (or model repository) bind-mounted
+read-only; its gRPC port 8001 is published on 127.0.0.1 at a free host port chosen by Docker, and farm
+talks to it only there. Consecutive jobs with the same launch (image, command, mounts), model sha and
+device reuse the running container (the server is stateless between jobs); a reused container is removed
+after ``idle_timeout_s`` seconds without a job (a timer), at ``close()``, or when the next job needs other
+settings.
 
 Every container carries ``farm.owner=farm``, ``farm.worker_id`` and ``farm.job_id`` labels; the
 constructor removes the worker's own leftovers from a previous crash (``cleanup_orphans``).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import json
 import threading
 import time
 import weakref
@@ -24,18 +26,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker
 from farm.errors import ContainerError, ServerError
 from farm.settings import get_settings
 from schemas import GpuInfo, JobResult, JobSpec
 from workers.cores import cpu_list
 from workers.hardware import gpu_uuids_for
+from workers.images import DEFAULT_TAG, build_local_image, image_exists
 from workers.runners import hardening as hd
-from workers.runners.base import Runner, ServingTarget
-from workers.runners.common import batching_args, input_args
+from workers.runners.base import Runner
+from workers.runners.common import MODEL_PLACEHOLDER
+from workers.runners.docker_edge import run_edge
+from workers.serving.base import Launch, ReadyCheck, ServingTarget, Site
+from workers.serving.registry import serving_engine
 
 SERVER_PORT = 8001
-MODEL_NAME = "model"
 DEFAULT_IDLE_TIMEOUT_S = 120.0
+#: a container: farm's own servers run under the image's ``python``, bind every interface on SERVER_PORT
+#: (published on 127.0.0.1 only), and see a model file under ``/model``
+SITE = Site(container=True, python="python", host="0.0.0.0", port=SERVER_PORT, model_dir=hd.MODEL_DIR)
 
 
 @dataclass
@@ -46,24 +55,7 @@ class _Kept:
     container: Any
     target: ServingTarget
     last_used: float
-
-
-def _server_command(spec: JobSpec, model_inside: str, device: str) -> list[str]:
-    return [
-        "python", "-m", "workers.engines.server", model_inside,
-        "--format", spec.model_format, "--engine", spec.engine,
-        "--host", "0.0.0.0", "--port", str(SERVER_PORT), "--device", device,
-        "--threads", str(spec.measurement.threads), "--instances", str(spec.measurement.instances),
-        "--model-name", MODEL_NAME,
-        *batching_args(spec), *input_args(spec),  # TorchScript carries no shapes: the job's inputs
-    ]
-
-
-#: engine -> (module, farm extra, host distributions its image variant adds)
-_ENGINE_DISTRIBUTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "torchscript": ("torch", "torch", ("torch",)),
-    "openvino": ("openvino", "openvino", ("openvino", "openvino-telemetry")),
-}
+    ready: ReadyCheck
 
 
 class DockerRunner(Runner):
@@ -74,13 +66,15 @@ class DockerRunner(Runner):
     ``FARM_SERVER_READY_TIMEOUT_S`` setting; ``reuse`` keeps a serving container for the next job with
     identical settings for up to ``idle_timeout_s`` seconds; ``build_image`` builds the local runtime
     image (``workers.images``, a no-op when its content hash is unchanged) so containers run this
-    checkout's code, and, at the first TorchScript job, its variant with the host's PyTorch
-    (``<image>-torch``, e.g. ``farm-runtime:local-torch``); an image given by name is used as it is for
-    every engine but Triton. ``server_command`` replaces the built-in server's
-    argv (``{model}`` = the model's path inside the container; it must serve KServe v2 gRPC on port 8001).
+    checkout's code, and, at the first job of an engine whose backend needs a package of its own, its
+    variant with the host's copy (``<image>-<extra>``, e.g. ``farm-runtime:local-torch``); an image given by
+    name is used as it is for every launch in farm's image. ``server_command`` replaces the argv of a
+    launch in farm's image (``{model}`` = the model's path inside the container; it must serve KServe v2
+    gRPC on port 8001).
     """
 
     name = "docker"
+    site = SITE
 
     def __init__(
         self,
@@ -97,12 +91,10 @@ class DockerRunner(Runner):
         server_command: Sequence[str] | None = None,
         docker_client: Any | None = None,
     ) -> None:
-        from workers.images import DEFAULT_TAG, build_local_image, image_exists
-
         self.worker_id = worker_id
         self.image = image or DEFAULT_TAG
         self._builds_images = build_image and self.image == DEFAULT_TAG
-        self._variant_images: dict[str, str] = {}  # engine -> local image with its Python package
+        self._variant_images: dict[str, str] = {}  # farm extra -> local image with its Python package
         self.gpus = list(gpus)
         if ready_timeout_s is None:
             ready_timeout_s = get_settings().server_ready_timeout_s
@@ -143,82 +135,75 @@ class DockerRunner(Runner):
             f"(has: {', '.join(g.slug for g in self.gpus) or 'none'}); it was routed to the wrong queue")
 
     @staticmethod
-    def reuse_key(spec: JobSpec, model_path: Path, image: str, cpus: set[int] | None = None) -> str:
-        """What must match for a job to reuse a serving container (its cores too: ``cpus``)."""
-        m = spec.measurement
-        parts = [image, spec.model_sha256, spec.model_format, spec.engine, spec.device,
-                 str(m.threads), str(m.instances), str(Path(model_path).resolve()), cpu_list(cpus or ()),
-                 *batching_args(spec)]
+    def reuse_key(spec: JobSpec, launch: Launch, image: str, cpus: set[int] | None = None) -> str:
+        """What must match for a job to reuse a serving container: its image, launch, model, device and
+        cores (``cpus``)."""
+        parts = [image, spec.model_sha256, spec.device, cpu_list(cpus or ()), str(launch.shm_size),
+                 json.dumps([launch.argv, launch.mounts, launch.env], sort_keys=True)]
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
-    def _require_image(self, image: str) -> None:
-        """ContainerError unless ``image`` is on this Docker host (farm never pulls)."""
-        import docker
-
-        try:
-            self.client.images.get(image)
-        except docker.errors.ImageNotFound:
-            raise ContainerError(f"image {image!r} is not on this Docker host and farm never pulls; load it "
-                                 "(docker load) or set FARM_TRITON_IMAGE / FARM_TRITON_URL") from None
+    def _require_image(self, launch: Launch) -> str:
+        """The launch's own image; ContainerError unless it is on this Docker host (farm never pulls)."""
+        assert launch.image is not None
+        if not image_exists(launch.image, client=self.client):
+            raise ContainerError(f"image {launch.image!r} is not on this Docker host and farm never pulls; "
+                                 f"{launch.image_help}")
+        return launch.image
 
     def image_for(self, spec: JobSpec) -> str:
-        """The image a (non-Triton) job runs in: this runner's, or for a TorchScript or OpenVINO job on
-        farm's own local image its variant with the engine's package, built from the host's copy on first
-        use (cached like the base image). ContainerError when the host has no such package to put in it."""
-        variant = _ENGINE_DISTRIBUTIONS.get(spec.engine)
-        if variant is None or not self._builds_images:
+        """The image farm's own servers and edge runs of ``spec`` run in: this runner's, or on farm's own
+        local image its variant with the Python package the job's engine needs, built from the host's copy
+        on first use (cached like the base image). ContainerError when the host has no such package."""
+        package = serving_engine(spec.engine).package
+        if package is None or package.extra is None or not self._builds_images:
             return self.image
-        module, extra, dists = variant
         with self._lock:
-            if spec.engine not in self._variant_images:
-                import importlib.util
+            if package.extra not in self._variant_images:
+                why = package.missing(spec.job_id, spec.engine)
+                if why is not None:
+                    raise ContainerError(why)
+                tag = f"{self.image}-{package.extra}"
+                build_local_image(tag, client=self.client, extra_distributions=list(package.distributions))
+                self._variant_images[package.extra] = tag
+            return self._variant_images[package.extra]
 
-                from workers.images import build_local_image
+    def _command(self, launch: Launch) -> tuple[list[str], dict[str, Any]]:
+        """The container's command and entrypoint arguments: the launch's, or this runner's ``server_command``
+        for a launch in farm's image."""
+        if launch.image is not None:
+            return launch.argv, {}
+        if self.server_command:
+            return [a.replace(MODEL_PLACEHOLDER, launch.model) for a in self.server_command], {}
+        return launch.argv, dict(hd.NO_ENTRYPOINT)
 
-                if importlib.util.find_spec(module) is None:
-                    raise ContainerError(
-                        f"job {spec.job_id} runs on the {spec.engine} engine, and farm's image takes {module} "
-                        f"from this worker's Python, which has none; pip install 'farm[{extra}]' here, or run "
-                        "it with the onnxruntime engine")
-                tag = f"{self.image}-{extra}"
-                build_local_image(tag, client=self.client, extra_distributions=list(dists))
-                self._variant_images[spec.engine] = tag
-            return self._variant_images[spec.engine]
-
-    def _start_server(self, spec: JobSpec, model_path: Path, key: str,
+    def _start_server(self, spec: JobSpec, launch: Launch, image: str, key: str,
                       cpus: set[int] | None) -> tuple[Any, ServingTarget]:
         uuids = self._gpu_uuids(spec.device)
-        image, port_inside = self.image_for(spec), SERVER_PORT
-        extra: dict[str, Any] = {}
-        if spec.engine == "triton":
-            from workers.runners.triton_serving import container_args, prepare_repository
-
-            triton = container_args(prepare_repository(spec, model_path))
-            image, port_inside, volumes = triton.image, triton.port, triton.volumes
-            command = triton.command
-            extra["shm_size"] = triton.shm_size
-            self._require_image(image)
-        else:
-            volumes, inside = hd.model_mount(model_path)
-            command = ([a.replace("{model}", inside) for a in self.server_command] if self.server_command
-                       else _server_command(spec, inside, spec.device))
-            if not self.server_command:
-                extra.update(hd.NO_ENTRYPOINT)
+        if launch.prepare is not None:
+            launch.prepare()
+        if launch.image is not None:
+            self._require_image(launch)
+        command, extra = self._command(launch)
+        volumes: dict[str, dict[str, str]] = {}
+        for host_path, inside in launch.mounts.items():
+            volumes.update(hd.mount(Path(host_path), inside))
+        if launch.shm_size:
+            extra["shm_size"] = launch.shm_size
+        if launch.env:
+            extra["environment"] = dict(launch.env)
         kwargs: dict[str, Any] = dict(
             image=image,
             command=command,
             name=hd.container_name("serve", self.worker_id, spec.job_id),
             labels=hd.labels(self.worker_id, spec.job_id, "serve", **{hd.KEY_LABEL: key}),
             volumes=volumes,
-            ports={f"{port_inside}/tcp": ("127.0.0.1", None)},
+            ports={f"{launch.port}/tcp": ("127.0.0.1", None)},
             **hd.hardening(self.pids_limit),
             **extra,
         )
         if cpus:
             kwargs["cpuset_cpus"] = cpu_list(cpus)
         if uuids:
-            import docker
-
             kwargs["device_requests"] = [docker.types.DeviceRequest(device_ids=uuids, capabilities=[["gpu"]])]
         try:
             container = self.client.containers.create(**kwargs)
@@ -233,19 +218,18 @@ class DockerRunner(Runner):
                 raise ContainerError(
                     f"could not start the serving container for job {spec.job_id} from {image}: {exc}; "
                     "check dockerd's log, and for GPU jobs the NVIDIA container toolkit") from exc
-            port = hd.host_port(container, f"{port_inside}/tcp")
-            target = ServingTarget(host="127.0.0.1", port=port, model_name=MODEL_NAME,
+            port = hd.host_port(container, f"{launch.port}/tcp")
+            target = ServingTarget(host="127.0.0.1", port=port, model_name=launch.model_name,
                                    container_id=container.id, cgroup_path=hd.cgroup_path(container.id),
                                    gpu_uuids=uuids)
-            self._wait_ready(container, target, self.ready_timeout_s)
+            self._wait_ready(container, target, self.ready_timeout_s, launch.ready)
         except BaseException:
             hd.remove(container, stop_timeout_s=1)
             raise
         return container, target
 
-    def _wait_ready(self, container: Any, target: ServingTarget, timeout_s: float) -> None:
-        from workers.engines.ready import wait_ready
-
+    @staticmethod
+    def _wait_ready(container: Any, target: ServingTarget, timeout_s: float, ready: ReadyCheck) -> None:
         def alive() -> bool:
             try:
                 container.reload()
@@ -254,7 +238,7 @@ class DockerRunner(Runner):
             return container.status in ("created", "running")
 
         try:
-            wait_ready(target.url, target.model_name, timeout_s, alive=alive)
+            ready(target.url, target.model_name, timeout_s, alive=alive)
         except ServerError as exc:
             container.reload()
             state = container.attrs.get("State", {})
@@ -281,7 +265,7 @@ class DockerRunner(Runner):
             hd.remove(kept.container)
             return None
         try:
-            self._wait_ready(kept.container, kept.target, min(5.0, self.ready_timeout_s))
+            self._wait_ready(kept.container, kept.target, min(5.0, self.ready_timeout_s), kept.ready)
         except ContainerError:
             hd.remove(kept.container, stop_timeout_s=1)
             return None
@@ -307,33 +291,28 @@ class DockerRunner(Runner):
         hd.remove(kept.container)
 
     @contextmanager
-    def serve(self, spec: JobSpec, model_path: Path, cpus: set[int] | None = None) -> Iterator[ServingTarget]:
-        """Serve ``model_path`` for ``spec`` from a container (new or reused) limited to cores ``cpus``
+    def place(self, spec: JobSpec, launch: Launch, cpus: set[int] | None) -> Iterator[ServingTarget]:
+        """Run ``launch`` for ``spec`` in a container (new or reused) limited to cores ``cpus``
         (``cpuset_cpus``); yields the ready target on 127.0.0.1. The container is removed on exit unless
         kept for reuse; after an error in the body it is always removed."""
         if spec.is_edge:
             raise ContainerError(f"job {spec.job_id} is an edge job; call run_edge(), not serve()")
-        if spec.engine == "triton" and get_settings().triton_url:
-            from workers.runners.triton_serving import attached
-
-            with attached(spec) as target:
-                yield target
-            return
-        key = self.reuse_key(spec, model_path, self.image_for(spec), cpus)
+        image = launch.image or self.image_for(spec)
+        key = self.reuse_key(spec, launch, image, cpus)
         kept = self._take_kept(key) if self.reuse else None
         if kept is not None:
             container, target = kept.container, kept.target
             target.reused = True
             target.notes = ["served by a reused container (model already loaded); memory peak reset for this job"]
         else:
-            container, target = self._start_server(spec, model_path, key, cpus)
+            container, target = self._start_server(spec, launch, image, key, cpus)
         ok = False
         try:
             yield target
             ok = True
         finally:
             if ok and self.reuse:
-                self._keep(_Kept(key, container, target, time.monotonic()))
+                self._keep(_Kept(key, container, target, time.monotonic(), launch.ready))
             else:
                 hd.remove(container)
 
@@ -342,8 +321,6 @@ class DockerRunner(Runner):
     def run_edge(self, spec: JobSpec, model_path: Path, **kwargs: Any) -> JobResult:
         """Run ``spec`` as an edge job; see ``workers.runners.docker_edge.run_edge`` for ``kwargs``
         (``image``, ``command``, ``edge_command``)."""
-        from workers.runners.docker_edge import run_edge
-
         return run_edge(self.client, spec, model_path, image=kwargs.pop("image", None) or self.image_for(spec),
                         worker_id=self.worker_id, pids_limit=self.pids_limit, **kwargs)
 

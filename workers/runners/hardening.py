@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import ContainerError
+from workers.samplers.cgroup import find_container_cgroup
 
 OWNER_LABEL = "farm.owner"
 OWNER = "farm"
@@ -59,17 +60,27 @@ def container_name(role: str, worker_id: str, job_id: str) -> str:
     return f"farm-{role}-{clean(worker_id)}-{clean(job_id)}-{os.urandom(3).hex()}"
 
 
+def mount(path: Path, inside: str) -> dict[str, dict[str, str]]:
+    """Bind-mount the file or directory ``path`` read-only at ``inside``; ContainerError when it is missing
+    or the containers' user cannot read it."""
+    p = Path(path).resolve()
+    what = "model repository" if p.is_dir() else "model file"
+    if not p.exists():
+        raise ContainerError(f"{what} {p} does not exist; fetch the artifact before starting the job")
+    if not os.stat(p).st_mode & 0o004:
+        raise ContainerError(
+            f"{what} {p} is not readable by others (mode {os.stat(p).st_mode & 0o777:o}); containers run "
+            f"as user nobody (65534): chmod o+r it, or keep the artifact cache at umask 022")
+    return {str(p): {"bind": inside, "mode": "ro"}}
+
+
 def model_mount(model_path: Path) -> tuple[dict[str, dict[str, str]], str]:
     """Bind-mount one model file read-only at ``/model/<name>``; returns (volumes, path in container)."""
     p = Path(model_path).resolve()
     if not p.is_file():
         raise ContainerError(f"model file {p} does not exist; fetch the artifact before starting the job")
-    if not os.stat(p).st_mode & 0o004:
-        raise ContainerError(
-            f"model file {p} is not readable by others (mode {os.stat(p).st_mode & 0o777:o}); containers run "
-            f"as user nobody (65534): chmod o+r it, or keep the artifact cache at umask 022")
     inside = f"{MODEL_DIR}/{p.name}"
-    return {str(p): {"bind": inside, "mode": "ro"}}, inside
+    return mount(p, inside), inside
 
 
 def client(docker_client: Any | None = None) -> Any:
@@ -136,8 +147,6 @@ def cleanup_orphans(docker_client: Any, worker_id: str) -> list[str]:
 def cgroup_path(container_id: str) -> Path | None:
     """The container's cgroup directory: the v2 unified directory, or on v1 the ``memory`` controller's
     directory (``cpuacct``/``blkio`` sit beside it under the same relative path). None when not found."""
-    from workers.samplers.cgroup import find_container_cgroup
-
     try:
         return find_container_cgroup(container_id)
     except OSError:

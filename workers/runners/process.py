@@ -1,4 +1,4 @@
-"""The process runner: the built-in model server as a local subprocess (hosts without Docker, pods)."""
+"""The process runner: a job's launch (``workers.serving``) as a local subprocess (hosts without Docker, pods)."""
 from __future__ import annotations
 
 import os
@@ -11,14 +11,16 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from farm.errors import ServerError, UnsupportedError
+from farm.errors import ServerError
 from farm.settings import get_settings
 from schemas import GpuInfo, JobResult, JobSpec
 from workers.hardware import gpu_uuids_for
-from workers.runners.base import Runner, ServingTarget
-from workers.runners.common import batching_args, input_args
+from workers.runners.base import Runner
+from workers.runners.process_edge import run_edge_process
+from workers.serving.base import Launch, ServingTarget, Site
 
-LISTEN_PREFIX = "farm-serve listening "
+#: a local process on the loopback interface: it picks a free port and prints it
+SITE = Site(container=False, python=sys.executable, host="127.0.0.1", port=0)
 
 
 def _die_with_parent() -> None:
@@ -43,14 +45,14 @@ def _child_setup(cpu_set: set[int] | None) -> Callable[[], None]:
 
 
 class ServerProcess:
-    """A ``python -m workers.engines.server`` subprocess; a context manager that always stops it.
+    """A model server subprocess; a context manager that always stops it.
 
-    Reads the bound port from the server's ``farm-serve listening HOST:PORT`` line (the server binds
-    port 0, so there is no race for a free port) and keeps the last stderr lines for error messages.
-    ``listen_prefix`` names another server's line of the same form; ``cpu_set`` pins the server's CPUs.
+    Reads the bound port from the server's ``<listen_prefix>HOST:PORT`` line on stdout (e.g. the built-in
+    server's ``farm-serve listening HOST:PORT``: it binds port 0, so there is no race for a free port; None:
+    no such line) and keeps the last stderr lines for error messages. ``cpu_set`` pins the server's CPUs.
     """
 
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None, listen_prefix: str = LISTEN_PREFIX,
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, listen_prefix: str | None = None,
                  cpu_set: set[int] | None = None) -> None:
         self.argv = argv
         self.env = env
@@ -69,7 +71,7 @@ class ServerProcess:
     def _read_stdout(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
-            if line.startswith(self.listen_prefix) and self.port is None:
+            if self.listen_prefix is not None and line.startswith(self.listen_prefix) and self.port is None:
                 self.address = line.split()[-1]
                 self.port = int(self.address.rsplit(":", 1)[1])
                 self._port_ready.set()
@@ -124,15 +126,6 @@ class ServerProcess:
             self.proc.wait(timeout=5)
 
 
-def server_argv(spec: JobSpec, model_path: Path, host: str = "127.0.0.1", port: int = 0) -> list[str]:
-    """The command line of the built-in server for ``spec``."""
-    m = spec.measurement
-    argv = [sys.executable, "-m", "workers.engines.server", str(model_path), "--format", spec.model_format,
-            "--engine", spec.engine, "--host", host, "--port", str(port), "--device", spec.device,
-            "--threads", str(m.threads), "--instances", str(m.instances), "--model-name", "model"]
-    return argv + batching_args(spec) + input_args(spec)
-
-
 def server_env(spec: JobSpec, gpus: Sequence[GpuInfo] | None) -> dict[str, str] | None:
     """The server's environment: this one, with ``CUDA_VISIBLE_DEVICES`` set to the UUID of the GPU among
     ``gpus`` (the worker's or its slot's) that serves a GPU job; None (inherit) when ``gpus`` is None."""
@@ -146,40 +139,33 @@ def server_env(spec: JobSpec, gpus: Sequence[GpuInfo] | None) -> dict[str, str] 
 
 
 class ProcessRunner(Runner):
-    """Runs the built-in server as a subprocess on 127.0.0.1, and edge runs in a limited cgroup where permitted.
+    """Runs each job's launch as a subprocess on 127.0.0.1, and edge runs in a limited cgroup where permitted.
 
     ``gpus``: the GPUs a GPU job may use (a slot's one GPU), bound by ``CUDA_VISIBLE_DEVICES``; None leaves
     the environment as it is."""
 
     name = "process"
+    site = SITE
 
     def __init__(self, gpus: Sequence[GpuInfo] | None = None) -> None:
         self.gpus = list(gpus) if gpus is not None else None
 
     @contextmanager
-    def serve(self, spec: JobSpec, model_path: Path, cpus: set[int] | None = None) -> Iterator[ServingTarget]:
-        if spec.engine == "triton":
-            if not get_settings().triton_url:
-                raise UnsupportedError("the triton engine needs the Docker runner (farm worker --runner docker) "
-                                       "or a running Triton server (FARM_TRITON_URL=host:port)")
-            from workers.runners.triton_serving import attached
-
-            with attached(spec) as target:
-                yield target
-            return
-        from workers.engines.ready import wait_ready
-
+    def place(self, spec: JobSpec, launch: Launch, cpus: set[int] | None) -> Iterator[ServingTarget]:
         timeout = get_settings().server_ready_timeout_s
-        with ServerProcess(server_argv(spec, model_path), env=server_env(spec, self.gpus), cpu_set=cpus) as server:
-            port = server.wait_port(timeout)
-            url = f"127.0.0.1:{port}"
+        env = server_env(spec, self.gpus)
+        if launch.env:
+            env = {**(env or os.environ), **launch.env}
+        if launch.prepare is not None:
+            launch.prepare()
+        with ServerProcess(launch.argv, env=env, listen_prefix=launch.listen_prefix, cpu_set=cpus) as server:
+            port = server.wait_port(timeout) if launch.listen_prefix is not None else launch.port
+            url = f"{SITE.host}:{port}"
             try:
-                wait_ready(url, "model", timeout, alive=server.alive)
+                launch.ready(url, launch.model_name, timeout, alive=server.alive)
             except ServerError as exc:
                 raise ServerError(f"{exc}; server output: {server.tail() or 'none'}") from None
-            yield ServingTarget(host="127.0.0.1", port=port, model_name="model", pid=server.pid)
+            yield ServingTarget(host=SITE.host, port=port, model_name=launch.model_name, pid=server.pid)
 
     def run_edge(self, spec: JobSpec, model_path: Path) -> JobResult:
-        from workers.runners.process_edge import run_edge_process
-
         return run_edge_process(spec, model_path)

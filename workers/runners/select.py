@@ -4,6 +4,7 @@ from __future__ import annotations
 from farm.errors import ConfigError, ContainerError
 from schemas import GpuInfo
 from workers.runners.base import Runner
+from workers.runners.process import ProcessRunner
 
 RUNNERS = ("auto", "docker", "process")
 
@@ -34,11 +35,9 @@ def make_runner(name: str, worker_id: str, gpus: list[GpuInfo] | None = None) ->
     else:
         reason = f"runner {name}: chosen explicitly"
     if name == "docker":
-        try:
+        try:  # the docker SDK is optional: a worker without it still runs the process runner
             from workers.runners.docker import DockerRunner
         except ImportError as exc:
             raise ContainerError(f"the Docker runner is not available ({exc})") from None
         return DockerRunner(worker_id=worker_id, gpus=gpus or []), reason
-    from workers.runners.process import ProcessRunner
-
     return ProcessRunner(gpus=gpus), reason

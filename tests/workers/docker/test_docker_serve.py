@@ -294,7 +294,7 @@ def test_openvino_job_runs_in_the_images_openvino_variant(make_runner: Any, dock
     import tritonclient.grpc as grpcclient
 
     from schemas import TensorSpec
-    from workers.engines.base import make_backend
+    from workers.engines.backends import make_backend
     from workers.images import DEFAULT_TAG
 
     spec = make_spec(models["mlp"], inputs=[TensorSpec(name="input", shape=(256,))]).model_copy(

@@ -13,9 +13,11 @@ import tritonclient.grpc as tc
 from tritonclient.utils import InferenceServerException
 
 from farm.errors import ServerError
+from schemas import JobSpec
 from tests.helpers import gather_model
-from workers.engines.base import make_backend
+from workers.engines.backends import make_backend
 from workers.engines.batcher import DynamicBatcher, Outputs
+from workers.serving.base import Launch, Site
 
 
 def build_gather(path: Path) -> Path:
@@ -157,15 +159,21 @@ def test_runners_pass_a_jobs_dynamic_batching_to_the_server(mlp_onnx: Path) -> N
     container is reused only by jobs of the same batching settings."""
     from scheduler.expand import ModelRef, expand
     from schemas import ProfileRequest, TensorSpec
-    from workers.runners.docker import DockerRunner
-    from workers.runners.process import server_argv
+    from workers.runners import docker as docker_runner
+    from workers.runners import process as process_runner
+    from workers.serving.registry import serving_engine
 
     ref = ModelRef(sha256="e" * 64, format="onnx", filename="mlp.onnx", inputs=(TensorSpec(name="x", shape=(16,)),))
     req = ProfileRequest(model="mlp.onnx", max_queue_delay_us=[0, 500], measurement={"preferred_batch_size": 4})
     plain, *batched = expand(ProfileRequest(model="mlp.onnx"), "r", ref).jobs + expand(req, "r", ref).jobs
-    assert "--max-queue-delay-us" not in server_argv(plain, mlp_onnx)
-    argvs = [server_argv(j, mlp_onnx) for j in batched]
-    assert [a[a.index("--max-queue-delay-us") + 1] for a in argvs] == ["0", "500"]
-    assert all(a[a.index("--preferred-batch-size") + 1] == "4" for a in argvs)
-    keys = {DockerRunner.reuse_key(j, mlp_onnx, "img") for j in (plain, *batched)}
+
+    def launch(job: JobSpec, site: Site) -> Launch:
+        return serving_engine(job.engine).launch(job, mlp_onnx, site)
+
+    for site in (process_runner.SITE, docker_runner.SITE):
+        assert "--max-queue-delay-us" not in launch(plain, site).argv
+        argvs = [launch(j, site).argv for j in batched]
+        assert [a[a.index("--max-queue-delay-us") + 1] for a in argvs] == ["0", "500"]
+        assert all(a[a.index("--preferred-batch-size") + 1] == "4" for a in argvs)
+    keys = {docker_runner.DockerRunner.reuse_key(j, launch(j, docker_runner.SITE), "img") for j in (plain, *batched)}
     assert len(keys) == 3

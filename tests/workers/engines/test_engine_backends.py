@@ -8,7 +8,8 @@ import pytest
 
 from farm.errors import ModelError, ServerError
 from schemas.dtypes import parse_input_spec
-from workers.engines.base import InputError, IOSpec, make_backend
+from workers.engines.backends import make_backend
+from workers.engines.base import InputError, IOSpec
 
 
 def test_onnxruntime_specs_and_infer(mlp_onnx: Path, identity_onnx: Path) -> None:
@@ -57,7 +58,7 @@ def test_onnxruntime_bad_file_is_model_error(tmp_path: Path) -> None:
 
 
 def test_make_backend_unknown_engines() -> None:
-    with pytest.raises(ServerError, match="Triton"):
+    with pytest.raises(ServerError, match="'triton' is served by its own server"):
         make_backend("triton")
     with pytest.raises(ServerError, match="unknown"):
         make_backend("tensorrt")

@@ -12,7 +12,7 @@ import tritonclient.grpc as tc
 
 from farm.errors import ServerError
 from tests.helpers import FAST, farm
-from workers.engines.base import make_backend
+from workers.engines.backends import make_backend
 
 pytest.importorskip("openvino", reason="openvino is not installed (pip install '.[openvino]')")
 

@@ -45,7 +45,7 @@ def test_job_serving_dimensions_reach_config_pbtxt(tmp_path: Path, mlp_onnx: Pat
     """A job's instances, threads and dynamic batching land in the Triton repository's config.pbtxt."""
     from scheduler.expand import ModelRef, expand
     from schemas import ProfileRequest, TensorSpec
-    from workers.runners.triton_serving import prepare_repository
+    from workers.serving.triton import prepare_repository
 
     ref = ModelRef(sha256="d" * 64, format="onnx", filename="mlp.onnx", inputs=(TensorSpec(name="x", shape=(16,)),))
     req = ProfileRequest(model="mlp.onnx", engines=["triton"], instances=[2], threads=[1],

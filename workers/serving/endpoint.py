@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from farm.errors import ServerError
+from farm.errors import ServerError, UnsupportedError
 from farm.settings import get_settings
 from schemas import JobSpec
+from schemas.engines import ENDPOINT_ENGINE
 from workers.engines.triton import attach
-from workers.runners.base import ServingTarget
+from workers.serving.base import Launch, ServingEngine, ServingTarget, Site
 
 
 @contextmanager
@@ -32,3 +33,15 @@ def endpoint_target(spec: JobSpec, descriptor_path: Path) -> Iterator[ServingTar
     if (was.get("name"), was.get("version")) != (server.server_name, server.server_version):
         notes.append(f"the endpoint was {was.get('name')} {was.get('version')} at submission")
     yield ServingTarget(host=server.host, port=server.port, model_name=model_name, notes=notes, server=facts)
+
+
+class Endpoint(ServingEngine):
+    """Always attached: the job's "model" is the endpoint's descriptor."""
+
+    name = ENDPOINT_ENGINE
+
+    def attach(self, spec: JobSpec, model_path: Path) -> AbstractContextManager[ServingTarget] | None:
+        return endpoint_target(spec, model_path)
+
+    def launch(self, spec: JobSpec, model_path: Path, site: Site) -> Launch:
+        raise UnsupportedError(f"job {spec.job_id}: an endpoint is driven where it runs; farm starts no server for it")
