@@ -58,6 +58,11 @@ class ServerError(WorkerError):
     """The model server did not start or did not become ready in time."""
 
 
+class LeaseError(WorkerError):
+    """A thread of the model server may run on cores outside its job's lease, so its figures would count
+    cores the job did not lease: farm refuses to measure it."""
+
+
 class LoadGenError(WorkerError):
     """The load generator could not drive the server (connection refused, all requests failed)."""
 

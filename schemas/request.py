@@ -164,7 +164,8 @@ class MeasurementSettings(_Strict):
     duration_s: float | None = Field(default=None, gt=0, le=3600,
                                      description="fixed measurement time; disables stability windows")
     timeout_s: float = Field(default=600.0, gt=0, le=86400, description="per-job time limit")
-    threads: int = Field(default=0, ge=0, le=256, description="server intra-op threads, 0 = engine default")
+    threads: int = Field(default=0, ge=0, le=256, description="server intra-op threads, 0 = engine default "
+                         "(farm's built-in server: one per leased core)")
     instances: int = Field(default=1, ge=1, le=64, description="server model instances")
     max_queue_delay_us: int | None = Field(
         default=None, ge=0, le=10_000_000,

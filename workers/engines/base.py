@@ -5,6 +5,7 @@ Datatypes are KServe v2 names (``FP32``, ``INT64``, ...); shapes use -1 for a dy
 from __future__ import annotations
 
 import importlib.util
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +95,8 @@ class Backend(ABC):
     @abstractmethod
     def load(self, model_path: Path, device: str, threads: int) -> None:
         """Load ``model_path`` on ``device`` ("cpu" or "gpu:<slug>") with ``threads`` intra-op threads
-        (0 = engine default). Raises ServerError (or ModelError) saying what to fix."""
+        (0: one per core of this process's affinity, ``lease_threads``) and one inter-op thread. Raises
+        ServerError (or ModelError) saying what to fix."""
 
     def inputs(self) -> list[IOSpec]:
         """The model's inputs, in the order the model declares them."""
@@ -119,6 +121,14 @@ class Backend(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def lease_threads(threads: int) -> int:
+    """Intra-op threads of one session: ``threads`` when set (> 0: the job's knob, kept as asked), else the
+    number of cores this process may run on (its CPU affinity: the job's core lease, as the runner placed the
+    server). An engine left to its own default sizes its pool by the host's cores and may pin threads to cores
+    outside the lease (ONNX Runtime does), so farm never leaves it to the default."""
+    return threads if threads > 0 else len(os.sched_getaffinity(0))
 
 
 def parse_device(device: str) -> tuple[str, str | None]:

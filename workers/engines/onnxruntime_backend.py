@@ -7,7 +7,7 @@ import numpy as np
 
 from farm.errors import ModelError, ServerError
 from schemas.dtypes import ORT_TO_V2
-from workers.engines.base import Backend, InputError, IOSpec, Package, parse_device
+from workers.engines.base import Backend, InputError, IOSpec, Package, lease_threads, parse_device
 
 
 def _spec(arg: object) -> IOSpec:
@@ -17,7 +17,8 @@ def _spec(arg: object) -> IOSpec:
 
 
 class OnnxRuntimeBackend(Backend):
-    """ONNX Runtime session; intra-op threads from ``threads`` (0 = ORT default), sequential execution."""
+    """ONNX Runtime session; intra-op threads from ``threads`` (0: the process's cores, ``lease_threads``),
+    one inter-op thread, sequential execution."""
 
     engine = "onnxruntime"
     platform = "onnxruntime_onnx"
@@ -42,8 +43,10 @@ class OnnxRuntimeBackend(Backend):
                 )
             providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
         opts = ort.SessionOptions()
-        if threads > 0:
-            opts.intra_op_num_threads = threads
+        # an explicit count: left at 0, ORT sizes its pool by the host's physical cores and pins each pool thread
+        # to one of them, also to cores outside this process's affinity (issue 31: a thread of a 1-core lease
+        # ran on the other core). With a count set, ORT pins nothing: its threads inherit the lease
+        opts.intra_op_num_threads = lease_threads(threads)
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from farm.errors import ModelError, ServerError
-from workers.engines.base import V2_TO_NP, Backend, InputError, IOSpec, Package, parse_device
+from workers.engines.base import V2_TO_NP, Backend, InputError, IOSpec, Package, lease_threads, parse_device
 
 #: OpenVINO element type name -> KServe v2 datatype
 OV_TO_V2: dict[str, str] = {
@@ -26,8 +26,8 @@ def _spec(port: Any) -> IOSpec:
 
 
 class OpenVinoBackend(Backend):
-    """An OpenVINO compiled model on the CPU plugin; ``threads`` sets INFERENCE_NUM_THREADS (0 = OpenVINO's
-    default), one stream per instance (latency hint)."""
+    """An OpenVINO compiled model on the CPU plugin; ``threads`` sets INFERENCE_NUM_THREADS (0: the process's
+    cores, ``lease_threads``), one stream per instance (latency hint), no CPU pinning of its own."""
 
     engine = "openvino"
     platform = "openvino"
@@ -51,9 +51,10 @@ class OpenVinoBackend(Backend):
         # f32: the model's own precision, as ONNX Runtime computes it. OpenVINO's CPU plugin otherwise drops to
         # bf16 on CPUs with bf16 instructions (avx512_bf16, AMX): outputs 3-4 % off ONNX Runtime's on an AMD
         # EPYC here, and a speed that depends on which host the job landed on
-        config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32"}
-        if threads > 0:
-            config["INFERENCE_NUM_THREADS"] = threads
+        # threads from the lease; ENABLE_CPU_PINNING off: its threads inherit the process's affinity (the lease)
+        # and the kernel schedules them there, instead of the plugin pinning them itself by its own CPU map
+        config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32",
+                                  "INFERENCE_NUM_THREADS": lease_threads(threads), "ENABLE_CPU_PINNING": False}
         try:
             core = ov.Core()
             compiled = core.compile_model(core.read_model(str(path)), "CPU", config)

@@ -40,6 +40,7 @@ from workers.engines.base import (
     Backend,
     InputError,
     IOSpec,
+    lease_threads,
     np_to_v2,
 )
 from workers.engines.batcher import DynamicBatcher, batcher_for
@@ -56,7 +57,7 @@ LISTEN_PREFIX = "farm-serve listening"
 
 @dataclass
 class ServerConfig:
-    """How to serve one model. ``threads``: intra-op threads per instance (0 = engine default);
+    """How to serve one model. ``threads``: intra-op threads per instance (0: the cores it may run on);
     ``instances``: parallel backend sessions; ``port`` 0 picks a free port."""
 
     model_path: Path
@@ -94,13 +95,14 @@ class _Model:
         if why is not None:
             raise ServerError(f"{why}; pass --engine {FORMAT_ENGINE.get(cfg.model_format, 'onnxruntime')}")
         self.cfg = cfg
+        self.threads = lease_threads(cfg.threads)  # intra-op threads per instance: the knob, else the lease's cores
         self.backends: list[Backend] = []
         try:
             for _ in range(cfg.instances):
                 b = make_backend(cfg.engine)
                 if cfg.inputs:
                     b.declare_inputs(list(cfg.inputs))
-                b.load(Path(cfg.model_path), cfg.device, cfg.threads)
+                b.load(Path(cfg.model_path), cfg.device, self.threads)
                 self.backends.append(b)
         except BaseException:
             self.close()
@@ -128,7 +130,7 @@ class _Model:
         """A Triton-style ModelConfig of what is served (see workers.engines.repository.served_config)."""
         c = self.cfg
         return served_config(c.model_name, c.model_format, c.engine, self.inputs, self.outputs,
-                             instances=c.instances, device=c.device, threads=c.threads)
+                             instances=c.instances, device=c.device, threads=self.threads)
 
     def _work(self, backend: Backend) -> None:
         """One instance's thread: take the next request, run it on this thread's own backend, hand the
@@ -452,7 +454,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
     p.add_argument("--device", default="cpu", help="cpu or gpu:<slug>")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads per instance, 0 = engine default")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads per instance, 0 = its CPU affinity's cores")
     p.add_argument("--instances", type=int, default=1, help="parallel model instances")
     p.add_argument("--model-name", default=SERVED_MODEL_NAME)
     p.add_argument("--max-queue-delay-us", type=int, default=None, help="dynamic batching delay, µs (default off)")

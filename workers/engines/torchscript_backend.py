@@ -14,7 +14,16 @@ from typing import Any
 import numpy as np
 
 from farm.errors import ModelError, ServerError
-from workers.engines.base import V2_TO_NP, Backend, InputError, IOSpec, Package, np_to_v2, parse_device
+from workers.engines.base import (
+    V2_TO_NP,
+    Backend,
+    InputError,
+    IOSpec,
+    Package,
+    lease_threads,
+    np_to_v2,
+    parse_device,
+)
 
 
 def _torch() -> Any:
@@ -30,7 +39,8 @@ def _torch() -> Any:
 
 
 class TorchScriptBackend(Backend):
-    """A TorchScript module in eval/inference mode; ``threads`` sets torch's intra-op threads."""
+    """A TorchScript module in eval/inference mode; ``threads`` sets torch's intra-op threads (0: the process's
+    cores, ``lease_threads``), one inter-op thread."""
 
     engine = "torchscript"
     platform = "pytorch_libtorch"
@@ -60,8 +70,11 @@ class TorchScriptBackend(Backend):
             self._device = torch.device("cuda", 0)
         else:
             self._device = torch.device("cpu")
-        if threads > 0:
-            torch.set_num_threads(threads)
+        torch.set_num_threads(lease_threads(threads))
+        try:
+            torch.set_num_interop_threads(1)  # before any parallel work; once per process
+        except RuntimeError:  # set already (a second instance in this process) or parallel work began
+            pass
         path = Path(model_path)
         if not path.is_file():
             raise ModelError(f"model file {path} does not exist; check the path the job was given")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from schemas import JobResult, JobSpec
 from workers.serving.base import Launch, ServingTarget, Site
+from workers.serving.confine import check_threads
 from workers.serving.registry import serving_engine
 
 __all__ = ["Runner", "ServingTarget"]
@@ -23,7 +24,8 @@ class Runner(ABC):
     @contextmanager
     def serve(self, spec: JobSpec, model_path: Path, cpus: set[int] | None = None) -> Iterator[ServingTarget]:
         """Serve ``model_path`` for ``spec``: the running server its engine attaches to, else the engine's
-        launch placed on cores ``cpus`` (None: anywhere), waited for until ServerReady/ModelReady. Yields the
+        launch placed on cores ``cpus`` (None: anywhere), waited for until ServerReady/ModelReady, then every
+        thread of it checked to be on ``cpus`` (``workers.serving.confine``: LeaseError otherwise). Yields the
         target, and stops a server it started (freeing its port) on exit, also when the body raised."""
         engine = serving_engine(spec.engine)
         attached = engine.attach(spec, model_path)
@@ -32,6 +34,8 @@ class Runner(ABC):
                 yield target
             return
         with self.place(spec, engine.launch(spec, model_path, self.site), cpus) as target:
+            if cpus:
+                check_threads(target, cpus)
             yield target
 
     @abstractmethod

@@ -8,13 +8,15 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from farm.errors import ServerError
 from farm.settings import get_settings
 from schemas import GpuInfo, JobResult, JobSpec
+from schemas.cpus import cpu_list
 from workers.hardware import gpu_uuids_for
+from workers.limits import LimitedCgroup
 from workers.runners.base import Runner
 from workers.runners.process_edge import run_edge_process
 from workers.serving.base import Launch, ServingTarget, Site
@@ -138,8 +140,23 @@ def server_env(spec: JobSpec, gpus: Sequence[GpuInfo] | None) -> dict[str, str] 
     return {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(uuids)}
 
 
+def confine(stack: ExitStack, argv: list[str], cpus: set[int] | None) -> tuple[list[str], list[str]]:
+    """``argv`` wrapped to start in a cgroup whose cpuset is ``cpus`` (entered on ``stack``): no thread of the
+    server can then run elsewhere, whatever affinity it sets itself. Where the cgroup cannot be made (not root,
+    no delegated cpuset controller), ``argv`` as it is and a note saying the server is pinned by
+    sched_setaffinity only (``ServerProcess`` pins it either way)."""
+    if not cpus:
+        return argv, []
+    cg = stack.enter_context(LimitedCgroup(cpuset_cpus=cpu_list(cpus)))
+    if cg.enforced:
+        return cg.command(argv), []
+    return argv, [f"server confined to cpus {cpu_list(cpus)} by sched_setaffinity only, not by a cgroup cpuset "
+                  f"({cg.reason}): its threads could set their own affinity, so farm checks each one's"]
+
+
 class ProcessRunner(Runner):
-    """Runs each job's launch as a subprocess on 127.0.0.1, and edge runs in a limited cgroup where permitted.
+    """Runs each job's launch as a subprocess on 127.0.0.1, held in a cgroup cpuset of its leased cores where the
+    kernel allows (``confine``), and edge runs in a limited cgroup where permitted.
 
     ``gpus``: the GPUs a GPU job may use (a slot's one GPU), bound by ``CUDA_VISIBLE_DEVICES``; None leaves
     the environment as it is."""
@@ -158,14 +175,17 @@ class ProcessRunner(Runner):
             env = {**(env or os.environ), **launch.env}
         if launch.prepare is not None:
             launch.prepare()
-        with ServerProcess(launch.argv, env=env, listen_prefix=launch.listen_prefix, cpu_set=cpus) as server:
+        with ExitStack() as stack:
+            argv, notes = confine(stack, launch.argv, cpus)
+            server = stack.enter_context(ServerProcess(argv, env=env, listen_prefix=launch.listen_prefix,
+                                                       cpu_set=cpus))
             port = server.wait_port(timeout) if launch.listen_prefix is not None else launch.port
             url = f"{SITE.host}:{port}"
             try:
                 launch.ready(url, launch.model_name, timeout, alive=server.alive)
             except ServerError as exc:
                 raise ServerError(f"{exc}; server output: {server.tail() or 'none'}") from None
-            yield ServingTarget(host=SITE.host, port=port, model_name=launch.model_name, pid=server.pid)
+            yield ServingTarget(host=SITE.host, port=port, model_name=launch.model_name, pid=server.pid, notes=notes)
 
     def run_edge(self, spec: JobSpec, model_path: Path) -> JobResult:
         return run_edge_process(spec, model_path)
