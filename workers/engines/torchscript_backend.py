@@ -19,7 +19,7 @@ from workers.engines.base import V2_TO_NP, Backend, InputError, IOSpec, Package,
 
 def _torch() -> Any:
     try:
-        import torch
+        import torch  # noqa: PLC0415 - optional heavy engine (farm[torch])
     except ImportError as exc:
         raise ServerError(
             "the torchscript engine needs PyTorch, which is not installed here; install farm[torch] on "
