@@ -3,7 +3,7 @@ dynamic batching.
 
 1. For a compute-bound model (farm's ``compute`` example, a MatMul chain) and a transport-bound one (an
    Identity over [1, 16]), every (instances x concurrency) cell is measured (brute force), and, interleaved
-   with it cell by cell on the same server, farm's quick search (``scheduler.search.decide``, the very
+   with it cell by cell on the same server, farm's quick search (``scheduler.search_rules.decide``, the very
    function the scheduler runs) bisects concurrency under a p99 budget per serving configuration. Printed:
    the configuration each picks, the share of the cells quick measured (target <= 1/3), quick's pick as
    brute force measured that same cell over brute's best (target >= 0.95), and the two picks measured
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from _serve import Steal, farm_server, identity_model, pin, split_cpus, steal_flag  # noqa: I001
 
-from scheduler.search import Step, decide
+from scheduler.search_rules import Step, decide
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
 

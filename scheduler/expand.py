@@ -15,7 +15,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.search import first_level
+from scheduler.search_rules import first_level
 from schemas import JobSpec, ProfileRequest, TensorSpec
 from schemas.engines import FORMAT_ENGINE, IN_PROCESS, incompatibility
 from schemas.queues import EDGE_QUEUE, queue_for
@@ -84,9 +84,8 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
     """Expand ``request`` into jobs; incompatible combinations go to ``excluded`` with their reason."""
     devices, excluded = resolve_devices(request.devices, gpu_products)
     result = Expansion(excluded=excluded)
-    inputs = list(model.inputs)
     common: dict[str, Any] = dict(request_id=request_id, model_sha256=model.sha256, model_format=model.format,
-                  model_filename=model.filename, inputs=inputs, input_data=request.input_data)
+                  model_filename=model.filename, inputs=list(model.inputs), input_data=request.input_data)
     batches = [b for b in request.batch_sizes if model.static_batch in (None, b)]
     for b in request.batch_sizes:
         if b not in batches:
@@ -98,27 +97,43 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
             if reason:
                 result.excluded.append({"device": device, "engine": engine, "reason": reason})
                 continue
-            for b in batches:
-                for serving in request.serving_configs():
-                    for c, rate in _levels(request):
-                        m = request.measurement.model_copy(update={**serving, "rate": rate})
-                        result.jobs.append(JobSpec(
-                            job_id=job_id_for(request_id, device, engine, b, c, None, {**serving, "rate": rate}),
-                            device=device, engine=engine, batch_size=b, concurrency=c, queue=queue_for(device),
-                            measurement=m, **common))
-    engines = edge_engines(request.engines, model.format)
+            result.jobs.extend(_serving_jobs(request, device, engine, batches, common))
+    _add_edge_jobs(result, request, model.format, batches, common)
+    return result
+
+
+def _serving_jobs(request: ProfileRequest, device: str, engine: str, batches: list[int],
+                  common: dict[str, Any]) -> list[JobSpec]:
+    """The serving jobs of one (device, engine): one per batch size x serving configuration x load level."""
+    request_id = common["request_id"]
+    jobs: list[JobSpec] = []
+    for b in batches:
+        for serving in request.serving_configs():
+            for c, rate in _levels(request):
+                m = request.measurement.model_copy(update={**serving, "rate": rate})
+                jobs.append(JobSpec(
+                    job_id=job_id_for(request_id, device, engine, b, c, None, {**serving, "rate": rate}),
+                    device=device, engine=engine, batch_size=b, concurrency=c, queue=queue_for(device),
+                    measurement=m, **common))
+    return jobs
+
+
+def _add_edge_jobs(result: Expansion, request: ProfileRequest, model_format: str, batches: list[int],
+                   common: dict[str, Any]) -> None:
+    """One edge job per (edge profile x in-process engine x batch size); a profile without an engine for the
+    model's format is excluded."""
+    engines = edge_engines(request.engines, model_format)
     for profile in request.edge:
         if not engines:
             result.excluded.append({"edge_profile": profile.name,
-                                    "reason": f"no in-process engine for {model.format} models"})
+                                    "reason": f"no in-process engine for {model_format} models"})
             continue
         for edge_engine in engines:
             for b in batches:
                 result.jobs.append(JobSpec(
-                    job_id=job_id_for(request_id, "cpu", edge_engine, b, 1, profile.name), device="cpu",
+                    job_id=job_id_for(common["request_id"], "cpu", edge_engine, b, 1, profile.name), device="cpu",
                     engine=edge_engine, batch_size=b, concurrency=1, edge_profile=profile, queue=EDGE_QUEUE,
                     measurement=request.measurement, **common))
-    return result
 
 
 def _levels(request: ProfileRequest) -> list[tuple[int, float | None]]:

@@ -23,9 +23,13 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from farm import lifecycle
+from farm.broker import Broker
 from farm.db.models import Job, Worker, heartbeat_cutoff, live_worker, utcnow
 from farm.db.session import session_scope
+from farm.results import find_request
 from farm.settings import Settings, get_settings
+from scheduler.enqueue import enqueue_jobs
+from scheduler.search import advance_recent
 from schemas.job import ACTIVE, JobStatus
 from schemas.worker import WorkerStatus
 
@@ -128,8 +132,6 @@ def fail_overdue(settings: Settings, now: datetime, report: ReconcileReport) -> 
 def resend_missing(settings: Settings, now: datetime, report: ReconcileReport) -> list[tuple[str, str]]:
     """(job id, queue) of jobs queued in the database, sent over ``requeue_after_s`` ago (or never), and
     absent from the broker's queues."""
-    from farm.broker import Broker
-
     cutoff = now - timedelta(seconds=settings.requeue_after_s)
     with session_scope() as s:
         stale = s.execute(select(Job.id, Job.queue).where(
@@ -157,9 +159,6 @@ def reconcile(settings: Settings | None = None, now: datetime | None = None, dea
 
     ``judge_workers=False`` skips the dead-worker step (right after a database outage, when heartbeats
     could not be written)."""
-    from scheduler.enqueue import enqueue_jobs
-    from scheduler.search import advance_recent
-
     settings = settings or get_settings()
     now = now or utcnow()
     report = ReconcileReport()
@@ -176,8 +175,6 @@ def reconcile(settings: Settings | None = None, now: datetime | None = None, dea
 def cancel_request(request_id: str) -> dict[str, Any]:
     """Cancel every job of a request not final yet: queued ones never run, claimed/running ones are
     stopped by their worker (its job watch sees the status). Returns counts and the ids still running."""
-    from farm.results import find_request
-
     req = find_request(request_id)
     now = utcnow()
     with session_scope() as s:

@@ -1,18 +1,11 @@
 """Quick search over the load level (concurrency, or the request rate in open loop), per serving
-configuration: pure decisions, plus the one step that turns them into jobs (``advance``).
+configuration: reading a request's measured steps and turning the next decisions (``scheduler.search_rules``,
+pure) into jobs (``advance``).
 
 A serving configuration is a job's coordinates less its load (``schemas.LOAD_KEYS``), i.e. its device,
 engine, batch size and the ``SERVING_KEYS`` of its measurement. Its search space is the request's
 concurrency list, or in open loop (``--mode constant|poisson``) its rates, ascending
-(``ProfileRequest.search_load``).
-
-* Without a latency budget (Model Analyzer's early exit): the level rises through the list until the
-  throughput of the newest step gains less than ``GAIN`` over the step two before it, a step fails, or the
-  list ends (once the server saturates, neither more concurrency nor a higher offered rate adds throughput).
-* With ``p99_ms`` (perf_analyzer's latency threshold): a binary search for the highest level whose p99
-  stays within the budget, assuming p99 grows with the level; a failed step, or one without a p99 (a
-  client-limited open-loop run), counts as over it; the pick is the highest throughput among the steps
-  within the budget.
+(``ProfileRequest.search_load``); ``scheduler.search_rules`` decides the next level.
 
 The next step of a search is enqueued when the previous result lands: ``advance`` is called after every
 result write of a search job (``workers.ledger.finish``) and on every reconciliation pass, so a worker
@@ -20,107 +13,29 @@ dying mid-step only delays the search (its job is requeued like any other).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
-GAIN = 0.05  # smallest throughput gain over two steps that keeps the early-exit climb going (5 %)
+from sqlalchemy import select
 
-
-@dataclass(frozen=True)
-class Step:
-    """One measured step: its level (concurrency, or open-loop rate in requests/s), throughput (inferences/s;
-    None: the job failed) and p99 (ms)."""
-
-    level: int | float
-    throughput: float | None
-    p99_ms: float | None = None
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What a search does next: measure ``next`` (None: done), its best step so far and why."""
-
-    next: int | float | None
-    best: Step | None
-    reason: str
-
-    @property
-    def done(self) -> bool:
-        return self.next is None
-
-
-def _within(step: Step, budget: float | None) -> bool:
-    if step.throughput is None:
-        return False
-    return budget is None or (step.p99_ms is not None and step.p99_ms <= budget)
-
-
-def _best(steps: Sequence[Step], budget: float | None) -> Step | None:
-    ok = [s for s in steps if _within(s, budget)]
-    return max(ok, key=lambda s: (s.throughput or 0.0, -s.level)) if ok else None
-
-
-def label(level: int | float, load: str = "concurrency") -> str:
-    """A search level for humans: ``c=4`` (concurrency) or ``rate=100/s`` (open-loop rate)."""
-    return f"rate={level:g}/s" if load == "rate" else f"c={level}"
-
-
-def decide(levels: Sequence[int | float], steps: Sequence[Step], p99_ms: float | None = None,
-           load: str = "concurrency") -> Decision:
-    """The next level to measure given the measured ``steps`` (levels sorted ascending; ``load``: what they
-    are, ``concurrency`` or ``rate``, for the reason's words)."""
-    if p99_ms is not None:
-        return _bisect(levels, steps, p99_ms, load)
-    measured = {s.level: s for s in steps}
-    seq: list[Step] = []
-    for level in levels:
-        step = measured.get(level)
-        if step is None:
-            return Decision(level, _best(seq, None), f"climbing: {label(level, load)} next")
-        seq.append(step)
-        if step.throughput is None:
-            return Decision(None, _best(seq, None), f"stopped: {label(level, load)} failed")
-        if len(seq) >= 3 and step.throughput < (1 + GAIN) * (seq[-3].throughput or 0.0):
-            return Decision(None, _best(seq, None), f"stopped at {label(level, load)}: throughput gained under "
-                            f"{GAIN:.0%} over the last two steps")
-    return Decision(None, _best(seq, None), f"stopped: end of the {load} list")
-
-
-def _bisect(levels: Sequence[int | float], steps: Sequence[Step], budget: float, load: str) -> Decision:
-    index = {lv: i for i, lv in enumerate(levels)}
-    bad = [index[s.level] for s in steps if s.level in index and not _within(s, budget)]
-    hi = min(bad, default=len(levels))
-    lo = max((index[s.level] for s in steps if s.level in index and _within(s, budget) and index[s.level] < hi),
-             default=-1)
-    best = _best([s for s in steps if s.level in index and index[s.level] <= lo], budget)
-    if hi - lo > 1:
-        nxt = levels[(lo + hi) // 2]
-        return Decision(nxt, best, f"bisecting {load} {levels[lo] if lo >= 0 else 0:g}..{levels[hi - 1]:g}: "
-                                   f"{label(nxt, load)} next")
-    if best is None:
-        return Decision(None, None, f"stopped: {label(levels[0], load)} already exceeds p99 {budget:g} ms")
-    return Decision(None, best, f"stopped: the highest {load} within p99 {budget:g} ms is "
-                    f"{label(levels[lo], load)}; best throughput at {label(best.level, load)}")
-
-
-def first_level(levels: Sequence[int | float], p99_ms: float | None) -> int | float:
-    """The level (concurrency or rate) a quick search measures first."""
-    nxt = decide(levels, [], p99_ms).next
-    assert nxt is not None  # an empty search always has a first step
-    return nxt
+from farm.db.models import Job, Request, Result, utcnow
+from farm.db.session import dialect_insert, session_scope
+from farm.report import SERVING_GROUP
+from farm.results import find_request
+from farm.settings import get_settings
+from scheduler.enqueue import enqueue_jobs, job_rows
+from scheduler.expand import job_id_for
+from scheduler.search_rules import Decision, Step, decide, label
+from schemas import SERVING_KEYS, JobSpec, ProfileRequest
+from schemas.job import FINAL, JobStatus
 
 
 def serving_key(spec: dict[str, Any]) -> tuple[Any, ...]:
     """A job spec's (JSON) serving configuration: its coordinates less its load (concurrency and rate)."""
-    from farm.report import SERVING_GROUP
-    from schemas import SERVING_KEYS
-
     m = spec.get("measurement") or {}
     return tuple(m.get(k) if k in SERVING_KEYS else spec[k] for k in SERVING_GROUP)
 
-
-# ---- the scheduler's side: read a request's steps, enqueue the next ones ---------------------------------
 
 SEARCH_LOOKBACK_S = 3600.0  # reconciliation advances the searches of requests with a job finished this recently
 
@@ -153,12 +68,6 @@ class SearchState:
 
 def search_states(bind: Any, request_id: str) -> list[SearchState]:
     """The quick searches of a request, one per serving configuration (empty for a brute-force request)."""
-    from sqlalchemy import select
-
-    from farm.db.models import Job, Request, Result
-    from schemas import ProfileRequest
-    from schemas.job import FINAL, JobStatus
-
     spec = bind.execute(select(Request.spec).where(Request.id == request_id)).scalar_one_or_none()
     if spec is None:
         return []
@@ -196,12 +105,6 @@ def next_steps(bind: Any, request_id: str) -> list[tuple[str, str]]:
     """Insert the next step (a queued job) of every search of the request that is waiting for one; returns
     the (job id, queue) pairs inserted. Idempotent: a step's job id is deterministic, and a job already
     there (another worker advanced the same search) is left alone."""
-    from farm.db.models import Job
-    from farm.db.session import dialect_insert
-    from scheduler.enqueue import job_rows
-    from scheduler.expand import job_id_for
-    from schemas import JobSpec
-
     new: list[JobSpec] = []
     for st in search_states(bind, request_id):
         if st.decision is None or st.decision.next is None:
@@ -224,10 +127,6 @@ def next_steps(bind: Any, request_id: str) -> list[tuple[str, str]]:
 def advance(request_id: str) -> list[tuple[str, str]]:
     """Enqueue the next steps of the request's searches (sent to the broker in cluster mode; the embedded
     loop picks queued jobs up itself); returns the (job id, queue) pairs added."""
-    from farm.db.session import session_scope
-    from farm.settings import get_settings
-    from scheduler.enqueue import enqueue_jobs
-
     with session_scope() as s:
         added = next_steps(s, request_id)
     if added and not get_settings().embedded:
@@ -238,13 +137,6 @@ def advance(request_id: str) -> list[tuple[str, str]]:
 def advance_recent(now: Any = None) -> list[tuple[str, str]]:
     """Reconciliation's catch-up: advance the searches of requests with a job finished in the last
     ``SEARCH_LOOKBACK_S`` (a worker may have died between writing a result and enqueuing the next step)."""
-    from datetime import timedelta
-
-    from sqlalchemy import select
-
-    from farm.db.models import Job, Request, utcnow
-    from farm.db.session import session_scope
-
     since = (now or utcnow()) - timedelta(seconds=SEARCH_LOOKBACK_S)
     quick = Request.spec["measurement"]["search"].as_string() == "quick"
     with session_scope() as s:
@@ -257,10 +149,6 @@ def search_report(request_id: str) -> list[dict[str, Any]]:
     """Where each quick search of the request stands, for ``farm status`` (empty for brute force): its
     serving configuration, what it walks (``load``: concurrency or rate), state line, whether it is done, the
     levels measured and its best step."""
-    from farm.db.session import session_scope
-    from farm.report import SERVING_GROUP
-    from farm.results import find_request
-
     rid = find_request(request_id).id
     with session_scope() as s:
         states = search_states(s, rid)

@@ -32,6 +32,7 @@ from schemas.dtypes import DTYPES
 from schemas.engines import FORMAT_ENGINE
 from schemas.input_data import InputData
 from schemas.request import MEASUREMENT_DEFAULTS
+from workers.engines.backends import make_backend
 from workers.loadgen.stats import latency_metrics
 
 MARKER = "edge_bench"
@@ -69,8 +70,6 @@ def run(model: Path, model_format: str, engine: str | None, batch_size: int, war
         duration_s: float, threads: int, inputs: list[dict[str, Any]] | None = None,
         device: str = "cpu") -> dict[str, Any]:
     """Load ``model`` and time ``backend.infer`` in a loop; returns the JSON-able report."""
-    from workers.engines.backends import make_backend
-
     t0 = time.perf_counter()
     backend = make_backend(engine or FORMAT_ENGINE.get(model_format, "onnxruntime"))
     backend.load(model, device, threads)

@@ -8,6 +8,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from farm.artifacts import ensure_in_store, fetch_model
+from farm.broker import Broker
 from farm.errors import FarmError
 from farm.lifecycle import failure_result
 from farm.settings import get_settings
@@ -16,6 +17,7 @@ from schemas.job import JobStatus
 from schemas.result import SHARED_NOTE, shared_unisolated
 from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
+from workers.loadgen.clients import run_load
 from workers.measure import Measurement, Served, lease_for
 from workers.runners.base import Runner
 from workers.samplers.host import steal_note
@@ -33,8 +35,6 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     server cores, the load generator on its own.
     The GPU's idle baseline is read before the server starts, so the server's own memory is what remains.
     """
-    from workers.loadgen import run_load
-
     # the worker opens only models from its artifact store (a symlink or path trick is refused)
     model_path = ensure_in_store(fetch_model(spec.model_sha256, spec.model_filename))
     if spec.is_edge:
@@ -165,8 +165,6 @@ def _interrupted(spec: JobSpec, worker_id: str, reason: str, spool: Spool | None
     settings = get_settings()
     if retry_db(lambda: ledger.release(spec.job_id, worker_id, "handed back: its worker shut down"),
                 settings.db_retry_s, what=f"hand-back of job {spec.job_id}") and not settings.embedded:
-        from farm.broker import Broker
-
         try:
             Broker().send(spec.job_id, spec.queue)
         except Exception as exc:  # the reconciler re-enqueues queued jobs missing from the broker

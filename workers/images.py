@@ -29,6 +29,7 @@ import io
 import json
 import os
 import re
+import site
 import subprocess
 import sys
 import sysconfig
@@ -37,8 +38,10 @@ import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from importlib.metadata import distributions
 from pathlib import Path
 
+import docker
 from farm.errors import ContainerError
 from workers.engines.backends import BACKENDS
 from workers.runners.hardening import client as docker_client
@@ -194,8 +197,6 @@ def _is_elf(path: Path) -> bool:
 
 def _site_dirs() -> list[Path]:
     """The host's site-packages / dist-packages directories, in ``sys.path`` order."""
-    import site
-
     cands = [Path(sysconfig.get_paths()["purelib"]), Path(sysconfig.get_paths()["platlib"])]
     try:
         cands += [Path(p) for p in site.getsitepackages()]
@@ -248,8 +249,6 @@ def _add_stdlib(fs: RootFs, stdlib: Path, lib_arc: str) -> None:
 
 def _add_distributions(fs: RootFs, repo_root: Path, extra_distributions: Iterable[str], site_arc: str) -> None:
     """site-packages: base + probed imports - excluded, each distribution copied whole from its RECORD."""
-    from importlib.metadata import distributions
-
     probed, notes = _probe_distributions(repo_root, PROBE_MODULES)
     fs.notes.extend(notes)
     extra = {_norm(d) for d in extra_distributions}
@@ -367,8 +366,6 @@ def write_tar(fs: RootFs, out: Path) -> int:
 
 def image_label(tag: str, label: str = HASH_LABEL, client: object | None = None) -> str | None:
     """The value of ``label`` on image ``tag``; None when the image or label is absent."""
-    import docker
-
     try:
         img = docker_client(client).images.get(tag)
     except docker.errors.ImageNotFound:
@@ -378,8 +375,6 @@ def image_label(tag: str, label: str = HASH_LABEL, client: object | None = None)
 
 def image_exists(tag: str = DEFAULT_TAG, client: object | None = None) -> bool:
     """True when the local Docker daemon has an image called ``tag``."""
-    import docker
-
     try:
         docker_client(client).images.get(tag)
         return True

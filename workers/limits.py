@@ -250,6 +250,23 @@ class LimitedCgroup(AbstractContextManager["LimitedCgroup"]):
             return False
 
     def _create_v1(self, mounts: list[CgroupMount]) -> None:
+        dirs = self._v1_dirs(mounts)
+        if "memory" not in dirs:
+            self._fail("the v1 memory controller is not mounted; limits cannot be applied")
+            return
+        self.cgroups = CgroupSet(version=1, v1=dirs)
+        problems: list[str] = []
+        if self.cpus is not None:
+            self._limit_v1_cpu(dirs.get("cpu"), self.cpus, problems)
+        if self.memory_bytes is not None:
+            self._limit_v1_memory(dirs["memory"], self.memory_bytes, problems)
+        if self.cpuset_cpus:
+            self._limit_v1_cpuset(dirs.get("cpuset"), self.cpuset_cpus, problems)
+        self._finish(problems)
+
+    def _v1_dirs(self, mounts: list[CgroupMount]) -> dict[str, Path]:
+        """The run's v1 cgroup directory per controller, created under this process's own cgroups (memory and
+        cpuacct must be created; another controller that cannot be is noted and left out)."""
         wanted = ["memory", "cpuacct", "cpu", "blkio"] + (["cpuset"] if self.cpuset_cpus else [])
         own = pid_cgroups(os.getpid())
         dirs: dict[str, Path] = {}
@@ -267,37 +284,32 @@ class LimitedCgroup(AbstractContextManager["LimitedCgroup"]):
                     self.notes.append(f"v1 {c} cgroup could not be created")
                     continue
             dirs[c] = d
-        if "memory" not in dirs:
-            self._fail("the v1 memory controller is not mounted; limits cannot be applied")
+        return dirs
+
+    def _limit_v1_cpu(self, cpu: Path | None, cpus: float, problems: list[str]) -> None:
+        if cpu is None:
+            problems.append("no v1 cpu controller for the CPU limit")
+        elif self._set(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US), "cpus", problems):
+            self._set(cpu / "cpu.cfs_quota_us", str(_quota_us(cpus)), "cpus", problems)
+
+    def _limit_v1_memory(self, mem: Path, memory_bytes: int, problems: list[str]) -> None:
+        if self._set(mem / "memory.limit_in_bytes", str(memory_bytes), "memory", problems):
+            memsw = mem / "memory.memsw.limit_in_bytes"
+            if memsw.exists():
+                self._set(memsw, str(memory_bytes), "memory+swap", problems)
+            elif _swap_in_use():
+                self._set(mem / "memory.swappiness", "0", "swappiness", problems)
+                self.notes.append("swap accounting is off: swap discouraged (swappiness 0), not forbidden")
+
+    def _limit_v1_cpuset(self, cs: Path | None, cpuset_cpus: str, problems: list[str]) -> None:
+        if cs is None:
+            problems.append("no v1 cpuset controller for cpuset_cpus")
             return
-        self.cgroups = CgroupSet(version=1, v1=dirs)
-        problems: list[str] = []
-        if self.cpus is not None:
-            cpu = dirs.get("cpu")
-            if cpu is None:
-                problems.append("no v1 cpu controller for the CPU limit")
-            elif self._set(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US), "cpus", problems):
-                self._set(cpu / "cpu.cfs_quota_us", str(_quota_us(self.cpus)), "cpus", problems)
-        if self.memory_bytes is not None:
-            mem = dirs["memory"]
-            if self._set(mem / "memory.limit_in_bytes", str(self.memory_bytes), "memory", problems):
-                memsw = mem / "memory.memsw.limit_in_bytes"
-                if memsw.exists():
-                    self._set(memsw, str(self.memory_bytes), "memory+swap", problems)
-                elif _swap_in_use():
-                    self._set(mem / "memory.swappiness", "0", "swappiness", problems)
-                    self.notes.append("swap accounting is off: swap discouraged (swappiness 0), not forbidden")
-        if self.cpuset_cpus:
-            cs = dirs.get("cpuset")
-            if cs is None:
-                problems.append("no v1 cpuset controller for cpuset_cpus")
-            else:
-                parent = cs.parent
-                mems = (parent / "cpuset.mems").read_text().strip()
-                self._set(cs / "cpuset.mems", mems, "cpuset", problems)
-                if not self._set(cs / "cpuset.cpus", self.cpuset_cpus, "cpuset", problems):
-                    (cs / "cpuset.cpus").write_text((parent / "cpuset.cpus").read_text().strip())
-        self._finish(problems)
+        parent = cs.parent
+        mems = (parent / "cpuset.mems").read_text().strip()
+        self._set(cs / "cpuset.mems", mems, "cpuset", problems)
+        if not self._set(cs / "cpuset.cpus", cpuset_cpus, "cpuset", problems):
+            (cs / "cpuset.cpus").write_text((parent / "cpuset.cpus").read_text().strip())
 
     def _create_v2(self, mounts: list[CgroupMount]) -> None:
         m = v2_mount(mounts)
@@ -315,6 +327,23 @@ class LimitedCgroup(AbstractContextManager["LimitedCgroup"]):
         parent = m.mountpoint / "farm"  # shared by all runs; left in place
         if not parent.is_dir():
             parent.mkdir()
+        if not self._enable_v2(m, parent, need):
+            return
+        d = parent / self.name
+        self._mkdir(d)
+        self.cgroups = CgroupSet(version=2, unified=d)
+        problems: list[str] = []
+        if self.cpus is not None:
+            self._set(d / "cpu.max", f"{_quota_us(self.cpus)} {CFS_PERIOD_US}", "cpus", problems)
+        if self.memory_bytes is not None:
+            self._limit_v2_memory(d, self.memory_bytes, problems)
+        if self.cpuset_cpus:
+            self._set(d / "cpuset.cpus", self.cpuset_cpus, "cpuset", problems)
+        self._finish(problems)
+
+    def _enable_v2(self, m: CgroupMount, parent: Path, need: set[str]) -> bool:
+        """Enable the ``need``ed controllers (and io where there is one) for the children of the mount's root
+        and of ``parent``; False (the run failed, said why) when a needed one is refused."""
         optional = {"io"} & set(m.controllers)
         for d in (m.mountpoint, parent):
             for c in sorted(need | optional):
@@ -327,23 +356,16 @@ class LimitedCgroup(AbstractContextManager["LimitedCgroup"]):
                         f"cannot enable +{c} in {d}/cgroup.subtree_control ({exc.strerror}); processes in "
                         "that cgroup block delegation: run the worker in a leaf cgroup"
                     )
-                    return
-        d = parent / self.name
-        self._mkdir(d)
-        self.cgroups = CgroupSet(version=2, unified=d)
-        problems: list[str] = []
-        if self.cpus is not None:
-            self._set(d / "cpu.max", f"{_quota_us(self.cpus)} {CFS_PERIOD_US}", "cpus", problems)
-        if self.memory_bytes is not None:
-            if self._set(d / "memory.max", str(self.memory_bytes), "memory", problems):
-                swap = d / "memory.swap.max"
-                if swap.exists():
-                    self._set(swap, "0", "swap", problems)
-                elif _swap_in_use():
-                    self.notes.append("memory.swap.max is missing: swap is not limited")
-        if self.cpuset_cpus:
-            self._set(d / "cpuset.cpus", self.cpuset_cpus, "cpuset", problems)
-        self._finish(problems)
+                    return False
+        return True
+
+    def _limit_v2_memory(self, d: Path, memory_bytes: int, problems: list[str]) -> None:
+        if self._set(d / "memory.max", str(memory_bytes), "memory", problems):
+            swap = d / "memory.swap.max"
+            if swap.exists():
+                self._set(swap, "0", "swap", problems)
+            elif _swap_in_use():
+                self.notes.append("memory.swap.max is missing: swap is not limited")
 
     def _finish(self, problems: list[str]) -> None:
         self.enforced = not problems

@@ -23,15 +23,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from farm.settings import get_settings
 from schemas import JobSpec, Placement
 from workers.cores import CoreLease, cores_for, cpu_list, held_lease, host_cores, pinned
 from workers.limits import Limits
 from workers.samplers.base import Sampler
+from workers.samplers.cgroup import CgroupSampler
+from workers.samplers.docker_stats import DockerStatsSampler
+from workers.samplers.host import HostSampler
+from workers.samplers.nvml import NvmlSampler
+from workers.samplers.process import ProcessTreeSampler
 
 if TYPE_CHECKING:
     from workers.samplers.cgroupfs import CgroupSet
-    from workers.samplers.nvml import NvmlSampler
 
 SERIES_MAX_POINTS = 2000  # samples of one sampler kept in a result's details (20 Hz: 100 s at full rate)
 STATS_API_NOTE = "resources sampled via the Docker stats API (~1 Hz) because cgroup not found"
@@ -53,8 +59,6 @@ def tree_pids(pid: int | None) -> set[int]:
     """The process ``pid`` and its descendants (host pids, as NVML reports them); empty when gone."""
     if pid is None:
         return set()
-    import psutil
-
     try:
         root = psutil.Process(pid)
         return {pid, *(c.pid for c in root.children(recursive=True))}
@@ -71,21 +75,13 @@ def choose(spec: JobSpec, served: Served, gpu: NvmlSampler | None = None) -> tup
         gpu.pids = lambda: tree_pids(served.pid)
         samplers.append(gpu)
     if served.cgroup is not None:
-        from workers.samplers.cgroup import CgroupSampler
-
         samplers.append(CgroupSampler(served.cgroup, pid=served.pid, reset_peak=served.reused))
     elif served.container is not None:
-        from workers.samplers.docker_stats import DockerStatsSampler
-
         samplers.append(DockerStatsSampler(served.container))
         notes.append(STATS_API_NOTE)
     elif served.pid is not None:
-        from workers.samplers.process import ProcessTreeSampler
-
         samplers.append(ProcessTreeSampler(served.pid))
     if not spec.is_edge:
-        from workers.samplers.host import HostSampler
-
         samplers.append(HostSampler())
     return samplers, notes
 
@@ -161,8 +157,6 @@ class Measurement(AbstractContextManager["Measurement"]):
             if self.limits is not None and self.lease.isolation and not self.limits.cpuset:
                 self.limits = replace(self.limits, cpuset=cpu_list(self.lease.cores))
             if self.gpu_uuids and not self.spec.is_edge:
-                from workers.samplers.nvml import NvmlSampler
-
                 self.gpu = NvmlSampler(self.gpu_uuids)
                 try:
                     self.gpu.take_baseline()

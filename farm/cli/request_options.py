@@ -6,7 +6,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from farm.errors import RequestError
+from farm.models.info import tensor_spec
 from schemas.engines import ENGINES, IN_PROCESS, MODEL_FORMATS
 from schemas.request import MEASUREMENT_DEFAULTS
 
@@ -103,8 +106,6 @@ def load_request_file(path: Path) -> dict[str, Any]:
         if path.suffix == ".json":
             data = json.loads(text)
         else:
-            import yaml
-
             data = yaml.safe_load(text)
     except Exception as exc:
         raise RequestError(f"request file {path} is not valid YAML/JSON: {' '.join(str(exc).split())[:200]}") from None
@@ -133,6 +134,16 @@ def build_request_dict(base: dict[str, Any], model: str | None, engines: list[st
     if "model" not in data and "endpoint" not in data:
         raise RequestError("give a model file: farm submit MODEL, or -f request.yaml with a model: field, or a "
                            "running server: --endpoint HOST:PORT --model-name NAME")
+    _set_matrix(data, engines, devices, batch_sizes, concurrency, edges, inputs, fmt, name)
+    _set_measurement(data, measurement)
+    return data
+
+
+def _set_matrix(data: dict[str, Any], engines: list[str] | None, devices: list[str] | None,
+                batch_sizes: str | None, concurrency: str | None, edges: list[str] | None, inputs: list[str] | None,
+                fmt: str | None, name: str | None) -> None:
+    """Put the matrix options given on the command line (engines, devices, batch sizes, concurrency, edge
+    profiles, inputs, format, name) into ``data``."""
     if engines:
         data["engines"] = engines
     if devices:
@@ -144,13 +155,16 @@ def build_request_dict(base: dict[str, Any], model: str | None, engines: list[st
     if edges:
         data["edge"] = [parse_edge(e) for e in edges]
     if inputs:
-        from farm.models.info import tensor_spec
-
         data["inputs"] = [tensor_spec(t).model_dump() for t in inputs]
     if fmt:
         data["format"] = fmt
     if name:
         data["name"] = name
+
+
+def _set_measurement(data: dict[str, Any], measurement: dict[str, Any]) -> None:
+    """Put the serving lists and measurement options given on the command line into ``data`` (over the
+    file's ``measurement``)."""
     for key, flag in _SERVING_LIST_FLAGS.items():
         if measurement.get(key) is not None:
             data[key] = parse_int_list(str(measurement[key]), flag)
@@ -162,4 +176,3 @@ def build_request_dict(base: dict[str, Any], model: str | None, engines: list[st
         merged = dict(data.get("measurement") or {})
         merged.update(given)
         data["measurement"] = {k: v for k, v in merged.items() if not (k == "rate" and v is None)}
-    return data

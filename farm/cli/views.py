@@ -9,6 +9,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from farm.db.models import utcnow
+
 # farm.formatting: shared with the reports; to_csv and to_json are re-exported for the CLI's commands
 from farm.formatting import fmt_value, rate_text
 from farm.formatting import to_csv as to_csv
@@ -135,8 +137,6 @@ def workers_table(rows: list[dict[str, Any]]) -> Table:
 def age(ts: datetime | None) -> str:
     if ts is None:
         return "-"
-    from farm.db.models import utcnow  # timestamps come from the database, whose types are loaded
-
     secs = (utcnow() - ts).total_seconds()
     return f"{secs:.0f}s ago" if secs < 120 else f"{secs / 60:.0f}m ago"
 

@@ -10,7 +10,8 @@ import pytest
 from farm import lifecycle
 from farm.cli.hooks import register_hooks
 from farm.hooks import search_step_done
-from scheduler.search import GAIN, Decision, Step, advance, decide, first_level
+from scheduler.search import advance
+from scheduler.search_rules import GAIN, Decision, Step, decide, first_level
 
 LEVELS = [1, 2, 4, 8, 16, 32, 64, 128]
 

@@ -30,7 +30,7 @@ class OnnxRuntimeBackend(Backend):
         self._output_names: list[str] = []
 
     def load(self, model_path: Path, device: str, threads: int) -> None:
-        import onnxruntime as ort
+        import onnxruntime as ort  # noqa: PLC0415 - heavy engine (~20 MiB), loaded only when this engine serves
 
         kind, slug = parse_device(device)
         providers: list[object] = ["CPUExecutionProvider"]

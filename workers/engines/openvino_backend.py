@@ -40,7 +40,7 @@ class OpenVinoBackend(Backend):
 
     def load(self, model_path: Path, device: str, threads: int) -> None:
         try:
-            import openvino as ov
+            import openvino as ov  # noqa: PLC0415 - optional heavy engine (farm[openvino])
         except ImportError as exc:
             raise ServerError("engine openvino needs the openvino package: pip install 'farm[openvino]'") from exc
         if parse_device(device)[0] != "cpu":

@@ -33,6 +33,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from farm.errors import FarmError, NotFoundError, ServerError
 from schemas.dtypes import parse_input_spec
 from schemas.engines import FORMAT_ENGINE, IN_PROCESS, MODEL_FORMATS, SERVED_MODEL_NAME, incompatibility
+from workers import grpc_env
 from workers.engines.backends import make_backend
 from workers.engines.base import (
     COMPUTE_PARAM,
@@ -439,8 +440,6 @@ def _block(cfg: ServerConfig, model: _Model) -> None:
 def run_server(cfg: ServerConfig) -> None:
     """Load the model, serve it, print the listening line, and block until SIGTERM/SIGINT.
     Raises ServerError/ModelError when the model does not load, OSError when the port cannot be bound."""
-    from workers import grpc_env
-
     if not grpc_env.EFFECTIVE:
         print(f"farm server: warning: {grpc_env.LATE_NOTE}", file=sys.stderr, flush=True)
     _block(cfg, load_model(cfg))

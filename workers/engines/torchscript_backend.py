@@ -28,7 +28,7 @@ from workers.engines.base import (
 
 def _torch() -> Any:
     try:
-        import torch
+        import torch  # noqa: PLC0415 - optional heavy engine (farm[torch])
     except ImportError as exc:
         raise ServerError(
             "the torchscript engine needs PyTorch, which is not installed here; install farm[torch] on "

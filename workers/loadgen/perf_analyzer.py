@@ -50,8 +50,7 @@ def binary() -> Path:
 def cudart_dir() -> Path | None:
     """The directory holding ``libcudart.so.12`` from ``nvidia-cuda-runtime-cu12``; None when absent."""
     try:
-        # optional: installed by install(), absent until then
-        import nvidia.cuda_runtime as rt  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        import nvidia.cuda_runtime as rt  # type: ignore[import-untyped,import-not-found,unused-ignore]  # noqa: PLC0415 - optional, installed by install(), absent until then
     except ImportError:
         return None
     for base in rt.__path__:

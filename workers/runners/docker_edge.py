@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import docker
 from farm.errors import ContainerError, UnsupportedError
 from schemas import EdgeProfile, JobResult, JobSpec
 from workers.limits import Limits
@@ -101,8 +102,6 @@ def run_edge(
 
 def _require_image(client: Any, image: str) -> None:
     """ContainerError unless ``image`` is on this Docker host (farm never pulls)."""
-    import docker
-
     try:
         client.images.get(image)
     except docker.errors.ImageNotFound:
@@ -113,8 +112,6 @@ def _require_image(client: Any, image: str) -> None:
 
 def _create(client: Any, prof: EdgeProfile, limits: Limits, **kwargs: Any) -> Any:
     """The edge container (created, not started) with ``limits`` as its hard limits."""
-    import docker
-
     try:
         return client.containers.create(**kwargs, **limits.docker_kwargs())
     except docker.errors.APIError as exc:
@@ -124,8 +121,6 @@ def _create(client: Any, prof: EdgeProfile, limits: Limits, **kwargs: Any) -> An
 
 def _run(container: Any, spec: JobSpec, prof: EdgeProfile, m: Measurement) -> _Ended:
     """Start ``container``, check its limits, sample it until it exits (killed at the job's timeout)."""
-    import docker
-
     assert m.limits is not None
     t0 = time.monotonic()
     try:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import docker
 from farm.errors import ContainerError
 from workers.samplers.cgroup import find_container_cgroup
 
@@ -87,8 +88,6 @@ def client(docker_client: Any | None = None) -> Any:
     """A Docker client that answered a ping; ContainerError saying how to start Docker otherwise."""
     if docker_client is not None:
         return docker_client
-    import docker
-
     try:
         c = docker.from_env(timeout=120)
         c.ping()
@@ -110,8 +109,6 @@ def log_tail(container: Any, lines: int = 20) -> str:
 
 def remove(container: Any, stop_timeout_s: float = 5.0) -> None:
     """Stop (SIGTERM, then SIGKILL after ``stop_timeout_s``) and remove a container; never raises."""
-    import docker
-
     try:
         container.reload()
         if container.status == "running":

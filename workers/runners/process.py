@@ -1,6 +1,7 @@
 """The process runner: a job's launch (``workers.serving``) as a local subprocess (hosts without Docker, pods)."""
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -29,8 +30,6 @@ def _die_with_parent() -> None:
     """In the child before exec: SIGKILL it when the worker that started it dies (even by kill -9), so no
     server outlives its worker. Linux only; elsewhere a no-op."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
