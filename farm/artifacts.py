@@ -15,7 +15,9 @@ from sqlalchemy.orm import Session
 from farm.db.models import ModelArtifact
 from farm.db.session import session_scope
 from farm.errors import ArtifactError
+from farm.models.analysis import analyze
 from farm.settings import get_settings
+from schemas import TensorSpec
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -30,9 +32,6 @@ def safe_filename(name: str) -> str:
 def static_metrics(path: Path, model_format: str, inputs: list[dict[str, Any]]) -> dict[str, Any]:
     """``farm analyze`` of the model (params, size, MACs/FLOPs, activation memory), JSON-ready; a model
     the analyser cannot count gets ``{"error": ...}`` rather than blocking the submission."""
-    from farm.models.analysis import analyze
-    from schemas import TensorSpec
-
     if model_format == "endpoint":  # a running server's descriptor (farm.endpoint): no graph to count
         return {"error": "a running server's model: no model file to analyse"}
     try:

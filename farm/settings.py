@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 
 def default_home() -> Path:
@@ -101,12 +104,7 @@ def mask_url(url: str | None) -> str:
     """A URL with its password replaced by ``***``, for logs and CLI output."""
     if not url:
         return ""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
     try:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:
-        import re
-
         return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)

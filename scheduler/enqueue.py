@@ -11,6 +11,7 @@ from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
 from farm.artifacts import store_model
+from farm.broker import Broker
 from farm.db.models import Job, Request, utcnow
 from farm.db.session import session_scope
 from farm.endpoint import FORMAT, Attach, describe_endpoint
@@ -144,8 +145,6 @@ def job_rows(request_id: str, jobs: list[JobSpec]) -> list[dict[str, Any]]:
 def enqueue_jobs(jobs: list[tuple[str, str]], request_id: str | None = None) -> None:
     """Send (job id, queue) pairs to the broker in one batch and stamp ``enqueued_at`` (by request when
     ``request_id`` is given: one UPDATE)."""
-    from farm.broker import Broker
-
     try:
         Broker().send_many(jobs)
     except Exception as exc:  # kombu/redis raise many types; the jobs stay queued in the ledger

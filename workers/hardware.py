@@ -15,6 +15,11 @@ from schemas import CpuInfo, GpuInfo, WorkerHardware
 from schemas.queues import CPU_QUEUE, EDGE_QUEUE, gpu_queue
 from schemas.request import device_slug
 
+try:
+    import pynvml
+except ImportError:  # nvidia-ml-py is a dependency, but a stripped install should still start
+    pynvml = None
+
 log = logging.getLogger(__name__)
 
 
@@ -63,9 +68,7 @@ def detect_gpus() -> list[GpuInfo]:
 
 
 def _detect_gpus() -> list[GpuInfo]:
-    try:
-        import pynvml
-    except ImportError:  # nvidia-ml-py is a dependency, but a stripped install should still start
+    if pynvml is None:
         log.warning("nvidia-ml-py is not installed; reporting no GPUs")
         return []
     try:

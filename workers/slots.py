@@ -18,6 +18,7 @@ NVML samples that UUID only.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -122,8 +123,6 @@ def _term_with_parent() -> None:
     """In a slot child before exec: SIGTERM it when its supervisor dies (Linux; elsewhere a no-op), so it
     hands its job back instead of running on unsupervised."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass

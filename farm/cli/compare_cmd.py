@@ -7,10 +7,13 @@ import typer
 from rich import box
 from rich.table import Table
 
+from farm.cli.prepare import prepare_db
 from farm.cli.views import console, err_console, fmt_value, load_label
 from farm.compare import RATIOS, SLOWER, Comparison
+from farm.compare import as_json as comparison_json
+from farm.compare import compare as run_compare
 from farm.errors import RequestError
-from farm.results import CONFIG_COLUMNS
+from farm.results import CONFIG_COLUMNS, find_request, result_details, result_rows
 from schemas.measured import how_measured_short
 
 
@@ -28,18 +31,13 @@ def compare(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Compare two requests configuration by configuration: ratios B / A and a verdict that accounts for noise."""
-    from farm.cli.main import _prepare_db
-    from farm.compare import as_json as comparison_json
-    from farm.compare import compare as run_compare
-    from farm.results import find_request, result_details, result_rows
-
     ignored = tuple(ignore or [])
     unknown = [c for c in ignored if c not in CONFIG_COLUMNS]
     if unknown:
         raise RequestError(f"--ignore {unknown[0]!r} is not a coordinate; use one of {', '.join(CONFIG_COLUMNS)}")
     if fail_on_regression is not None and fail_on_regression < 0:
         raise RequestError("--fail-on-regression takes a percentage >= 0, e.g. 5")
-    _prepare_db()
+    prepare_db()
     a, b = find_request(request_a).id, find_request(request_b).id
     rows_a, rows_b = result_rows(a), result_rows(b)
     details = result_details([r["job_id"] for r in rows_a + rows_b if r["status"] == "succeeded"])

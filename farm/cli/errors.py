@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from farm.errors import FarmError, RequestError
 from farm.settings import get_settings, mask_url
@@ -91,8 +92,6 @@ def run_cli(fn: Callable[[], Any]) -> None:
         print("error: interrupted", file=sys.stderr)
         sys.exit(INTERRUPTED_EXIT)
     except Exception as exc:
-        from sqlalchemy.exc import OperationalError, ProgrammingError
-
         if isinstance(exc, (OperationalError, ProgrammingError)):
             url = mask_url(get_settings().db_url)
             detail = one_line(str(exc.orig) if getattr(exc, "orig", None) else str(exc))[:300]

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 from rich import box
 from rich.table import Table
 
+from farm.cli.prepare import prepare_db
 from farm.cli.views import (
     config_label,
     console,
@@ -20,11 +21,11 @@ from farm.cli.views import (
     serving_label,
     shared_lines,
 )
+from farm.models.analysis import headline
+from farm.report import Constraint, Report, build_report, parse_constraint
+from farm.results import find_request, model_static_metrics, result_rows
 from schemas import COORDINATE_KEYS
 from schemas.result import shared_unisolated
-
-if TYPE_CHECKING:
-    from farm.report import Constraint, Report
 
 
 def report(
@@ -41,14 +42,10 @@ def report(
                                        "summary, every job) to this file; it opens offline."),
 ) -> None:
     """Rank the request's configurations under constraints; say which edge profiles fit."""
-    from farm.cli.main import _prepare_db
-    from farm.report import build_report
-    from farm.results import find_request, model_static_metrics, result_rows
-
-    _prepare_db()
+    prepare_db()
     constraints = _constraints(constraint or [], p99)
     if output is not None:
-        from farm.report_html import render
+        from farm.report_html import render  # noqa: PLC0415 - matplotlib: +1.2 s on every CLI start, measured
 
         output.write_text(render(request_id, objective, constraints, stable), encoding="utf-8")
         console.print(f"wrote {output}", highlight=False)
@@ -64,16 +61,12 @@ def report(
     for line in measured_lines(rep.ranked[:top] + rep.edge):
         console.print(line, highlight=False)
     if static:
-        from farm.models.analysis import headline
-
         console.print("model: " + ", ".join(f"{k} {headline(static, k)}" for k in
                                             ("params", "macs_per_sample", "flops_per_sample") if k in static))
 
 
 def _constraints(texts: list[str], p99: float | None) -> list[Constraint]:
     """The ``--constraint`` options, then ``--p99`` as ``latency_p99_ms=MS``."""
-    from farm.report import parse_constraint
-
     constraints = [parse_constraint(c) for c in texts]
     if p99 is not None:
         constraints.append(parse_constraint(f"latency_p99_ms={p99}"))

@@ -34,6 +34,8 @@ from typing import Any
 
 from farm.errors import ModelError
 from farm.models.info import format_input_spec, inspect_model_full
+from farm.models.onnx_counter import analyze_onnx_model
+from farm.models.torch_counter import analyze_torchscript
 from schemas import TensorSpec
 
 __all__ = ["analyze", "headline"]
@@ -44,12 +46,8 @@ def analyze(path: Path, format: str | None = None, inputs: list[TensorSpec] | No
     path = Path(path)
     info, model = inspect_model_full(path, format, inputs)  # validates file and inputs, else ModelError
     if info.format == "onnx":
-        from farm.models.onnx_counter import analyze_onnx_model
-
         out = analyze_onnx_model(model, info.inputs, batch=info.static_batch or 1)
     elif info.format == "torchscript":
-        from farm.models.torch_counter import analyze_torchscript
-
         out = analyze_torchscript(path, info.inputs)
     else:  # pragma: no cover - inspect_model only returns known formats
         raise ModelError(f"cannot analyze format {info.format!r}")

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from farm.errors import RequestError
+from farm.models.spec import onnx_modules
 
 OPSET = 17
 IR_VERSION = 8
@@ -41,8 +42,7 @@ class _Graph:
         self._n = 0
 
     def const(self, name: str, arr: np.ndarray) -> str:
-        from onnx import numpy_helper
-
+        _, _, numpy_helper = onnx_modules()
         self.inits.append(numpy_helper.from_array(arr, name))
         return name
 
@@ -50,8 +50,7 @@ class _Graph:
         return self.const(name, (offset + self.rng.standard_normal(shape) * scale).astype(np.float32))
 
     def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
-        from onnx import helper
-
+        _, helper, _ = onnx_modules()
         if out is None:
             self._n += 1
             out = f"{op_type.lower()}_{self._n}"
@@ -69,9 +68,7 @@ class _Graph:
         return self.op("LayerNormalization", [x, w, b], axis=-1, epsilon=1e-12)
 
     def model(self, name: str, inputs: list[Any], outputs: list[Any]) -> Any:
-        import onnx
-        from onnx import helper
-
+        onnx, helper, _ = onnx_modules()
         graph = helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="farm")
         model.ir_version = IR_VERSION
@@ -110,8 +107,7 @@ def _encoder_layer(g: _Graph, x: str, p: str, hidden: int, heads: int, ffn: int)
 def bert_model(vocab: int = 30522, hidden: int = 256, layers: int = 6, heads: int = 4, ffn: int = 1024,
                max_positions: int = 512) -> Any:
     """BERT-style encoder (see module doc); sequences up to ``max_positions`` tokens."""
-    from onnx import TensorProto, helper
-
+    onnx, helper, _ = onnx_modules()
     _positive("bert", vocab=vocab, hidden=hidden, layers=layers, heads=heads, ffn=ffn, max_positions=max_positions)
     if hidden % heads:
         raise RequestError(f"bert needs hidden ({hidden}) divisible by heads ({heads})")
@@ -126,8 +122,8 @@ def bert_model(vocab: int = 30522, hidden: int = 256, layers: int = 6, heads: in
     for i in range(layers):
         x = _encoder_layer(g, x, f"layers.{i}", hidden, heads, ffn)
     g.op("ReduceMean", [x], out="output", axes=[1], keepdims=0)
-    return g.model("bert", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
-                   [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", hidden])])
+    return g.model("bert", [helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, ["batch", "seq"])],
+                   [helper.make_tensor_value_info("output", onnx.TensorProto.FLOAT, ["batch", hidden])])
 
 
 def _conv_bn(g: _Graph, x: str, p: str, bn: str, c_in: int, c_out: int, k: int, stride: int) -> str:
@@ -149,8 +145,7 @@ def _basic_block(g: _Graph, x: str, p: str, c_in: int, c_out: int, stride: int) 
 
 def resnet_model(width: int = 64, classes: int = 1000, image: int = 224) -> Any:
     """ResNet-18 (see module doc) on ``image`` x ``image`` RGB inputs (>= 32)."""
-    from onnx import TensorProto, helper
-
+    onnx, helper, _ = onnx_modules()
     _positive("resnet18", width=width, classes=classes, image=image)
     g = _Graph()
     x = g.op("Relu", [_conv_bn(g, "input", "conv1", "bn1", 3, width, 7, 2)])
@@ -164,5 +159,6 @@ def resnet_model(width: int = 64, classes: int = 1000, image: int = 224) -> Any:
     flat = g.op("Flatten", [g.op("GlobalAveragePool", [x])], axis=1)
     fc_w = g.randn("fc.weight", (classes, c_in), np.sqrt(1.0 / c_in))
     g.op("Gemm", [flat, fc_w, g.randn("fc.bias", (classes,), 0.01)], out="output", transB=1)
-    return g.model("resnet18", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, image, image])],
-                   [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", classes])])
+    return g.model("resnet18",
+                   [helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["batch", 3, image, image])],
+                   [helper.make_tensor_value_info("output", onnx.TensorProto.FLOAT, ["batch", classes])])

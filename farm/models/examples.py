@@ -38,6 +38,10 @@ from typing import Any
 import numpy as np
 
 from farm.errors import RequestError
+from farm.models.architectures import bert_model, resnet_model
+from farm.models.spec import onnx_modules
+from farm.models.torch_architectures import build_torchscript_architecture
+from farm.models.torchscript import build_torchscript
 
 OPSET = 17
 IR_VERSION = 8
@@ -53,15 +57,8 @@ EXAMPLE_KINDS: tuple[str, ...] = ONNX_KINDS + TORCHSCRIPT_KINDS
 ARCHITECTURE_KINDS: tuple[str, ...] = ("torchscript-bert-tiny", "torchscript-resnet18")
 
 
-def _onnx() -> tuple[Any, Any, Any]:
-    import onnx
-    from onnx import helper, numpy_helper
-
-    return onnx, helper, numpy_helper
-
-
 def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[Any], name: str) -> Any:
-    onnx, helper, _ = _onnx()
+    onnx, helper, _ = onnx_modules()
     graph = helper.make_graph(nodes, name, inputs, outputs, initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="farm")
     model.ir_version = IR_VERSION
@@ -70,24 +67,24 @@ def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[
 
 
 def _f32_io(name: str, dims: list[Any]) -> Any:
-    _, helper, _ = _onnx()
+    _, helper, _ = onnx_modules()
     return helper.make_tensor_value_info(name, 1, dims)  # 1 = FLOAT
 
 
 def _weight(rng: np.random.RandomState, name: str, shape: tuple[int, ...], fan_in: int) -> Any:
-    _, _, numpy_helper = _onnx()
+    _, _, numpy_helper = onnx_modules()
     arr = (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
     return numpy_helper.from_array(arr, name)
 
 
 def _bias(rng: np.random.RandomState, name: str, n: int) -> Any:
-    _, _, numpy_helper = _onnx()
+    _, _, numpy_helper = onnx_modules()
     return numpy_helper.from_array((rng.standard_normal(n) * 0.01).astype(np.float32), name)
 
 
 def mlp_model(sizes: tuple[int, ...] = (256, 512, 256, 10)) -> Any:
     """Gemm/Relu MLP; input ``input`` [batch, sizes[0]], output ``output`` [batch, sizes[-1]]."""
-    _, helper, _ = _onnx()
+    _, helper, _ = onnx_modules()
     rng = np.random.RandomState(SEED)
     nodes, inits, prev = [], [], "input"
     for i, (a, b) in enumerate(itertools.pairwise(sizes)):
@@ -104,7 +101,7 @@ def mlp_model(sizes: tuple[int, ...] = (256, 512, 256, 10)) -> Any:
 
 def convnet_model() -> Any:
     """Small conv net on [batch, 3, 32, 32]; output ``output`` [batch, 10]."""
-    _, helper, _ = _onnx()
+    _, helper, _ = onnx_modules()
     rng = np.random.RandomState(SEED)
     inits = [
         _weight(rng, "conv1.weight", (16, 3, 3, 3), 27), _bias(rng, "conv1.bias", 16),
@@ -128,7 +125,7 @@ def convnet_model() -> Any:
 
 def identity_model(shape: tuple[int, ...] = (4,)) -> Any:
     """One Identity op; input ``input`` and output ``output`` [batch, *shape]."""
-    _, helper, _ = _onnx()
+    _, helper, _ = onnx_modules()
     dims = ["batch", *[int(d) for d in shape]]
     return _model([helper.make_node("Identity", ["input"], ["output"])], [_f32_io("input", dims)],
                   [_f32_io("output", dims)], [], "identity")
@@ -140,7 +137,7 @@ def compute_layer_flops() -> int:
 
 
 def _compute_graph(layers: int) -> Any:
-    _, helper, numpy_helper = _onnx()
+    _, helper, numpy_helper = onnx_modules()
     rng = np.random.RandomState(SEED)
     q, _ = np.linalg.qr(rng.standard_normal((COMPUTE_DIM, COMPUTE_DIM)))
     w = numpy_helper.from_array(q.astype(np.float32), "w")  # orthogonal: values keep their scale
@@ -155,7 +152,7 @@ def _compute_graph(layers: int) -> Any:
 
 def calibrate_gflops(seconds: float = 0.3) -> float:
     """Single-threaded onnxruntime GFLOP/s of one ``compute`` layer chain, measured here."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # noqa: PLC0415 - onnxruntime: +0.04 s on every CLI start, measured; calibrate only
 
     model = _compute_graph(8)
     so = ort.SessionOptions()
@@ -186,7 +183,7 @@ def compute_model(ms: float = 5.0, calibrate: bool = False) -> Any:
 
 def memory_model(mb: float = 256.0, width: int = 16) -> Any:
     """Needs >= ``mb`` MiB per sample at run time: Expand [batch,16] -> [batch,16,N], Mul, ReduceSum."""
-    _, helper, numpy_helper = _onnx()
+    _, helper, numpy_helper = onnx_modules()
     if not mb > 0:
         raise RequestError(f"memory model needs mb > 0, got {mb}")
     n = max(1, int(np.ceil(mb * (1 << 20) / (4 * width))))
@@ -225,25 +222,19 @@ def build_example(kind: str, out: Path, **kw: Any) -> Path:
         raise RequestError(f"unknown example model {kind!r}; choose one of {', '.join(EXAMPLE_KINDS)}")
     path = _out_path(kind, out)
     if kind in TORCHSCRIPT_KINDS:
-        from farm.models.torchscript import build_torchscript
-
+        name = kind.split("-", 1)[1]
         if kind in ARCHITECTURE_KINDS:
-            from farm.models.torch_architectures import build_torchscript_architecture
-
-            return build_torchscript_architecture(kind.split("-", 1)[1], path, **kw)
+            return build_torchscript_architecture(name, path, **kw)
         if kw:
             raise RequestError(f"example model {kind!r} takes no options, got {', '.join(kw)}")
-        return build_torchscript(kind.split("-", 1)[1], path)
-    from farm.models.architectures import bert_model, resnet_model
-
+        return build_torchscript(name, path, mlp_model() if name == "mlp" else convnet_model())
     builders = {"mlp": mlp_model, "convnet": convnet_model, "identity": identity_model,
                 "compute": compute_model, "memory": memory_model, "bert-tiny": bert_model, "resnet18": resnet_model}
     try:
         model = builders[kind](**kw)
     except TypeError as exc:
         raise RequestError(f"bad option for example model {kind!r}: {exc}") from None
-    import onnx
-
+    onnx, _, _ = onnx_modules()
     onnx.save(model, str(path))
     return path
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.models.info import ONNX_TO_KSERVE, fix_input_shapes, infer_onnx_shapes, onnx_graph_inputs
+from farm.models.spec import onnx_modules
 from schemas import TensorSpec
 
 Shape = list[int]
@@ -87,8 +88,7 @@ class _Node:
         self.outs = [shapes.get(n) for n in node.output]
 
     def attr(self, name: str, default: Any = None) -> Any:
-        from onnx import helper
-
+        _, helper, _ = onnx_modules()
         for a in self.node.attribute:
             if a.name == name:
                 return helper.get_attribute_value(a)

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import RequestError
-from farm.models.info import FARM_INPUTS_EXTRA
+from farm.models.architectures import BERT_DEFAULTS, BERT_SEQ, RESNET_BLOCKS, RESNET_DEFAULTS, bert_model, resnet_model
+from farm.models.spec import FARM_INPUTS_EXTRA, onnx_modules
 from farm.models.torchscript import require_torch
 
 
@@ -106,8 +107,6 @@ def _resnet_class() -> type:
 
         def __init__(self, width: int, classes: int) -> None:
             super().__init__()
-            from farm.models.architectures import RESNET_BLOCKS
-
             self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
             self.bn1 = nn.BatchNorm2d(width)
             c_in, stages = width, []
@@ -132,8 +131,7 @@ def load_onnx_weights(module: Any, onnx_model: Any) -> Any:
     ``[in, out]``, are transposed to Linear's ``[out, in]``); returns ``module`` in eval mode. Every
     parameter and buffer must be found (BatchNorm's ``num_batches_tracked`` excepted)."""
     torch = require_torch()
-    from onnx import numpy_helper
-
+    _, _, numpy_helper = onnx_modules()
     arrays = {i.name: numpy_helper.to_array(i) for i in onnx_model.graph.initializer}
     matmul_weights = {n.input[1] for n in onnx_model.graph.node if n.op_type == "MatMul"}
     state = module.state_dict()
@@ -148,16 +146,12 @@ def load_onnx_weights(module: Any, onnx_model: Any) -> Any:
 
 def bert_module(**kw: int) -> Any:
     """The BERT-style encoder with ``bert_model(**kw)``'s weights (defaults: ``BERT_DEFAULTS``)."""
-    from farm.models.architectures import BERT_DEFAULTS, bert_model
-
     sizes = {**BERT_DEFAULTS, **kw}
     return load_onnx_weights(_bert_class()(**sizes), bert_model(**sizes))
 
 
 def resnet_module(**kw: int) -> Any:
     """ResNet-18 with ``resnet_model(**kw)``'s weights (defaults: ``RESNET_DEFAULTS``)."""
-    from farm.models.architectures import RESNET_DEFAULTS, resnet_model
-
     sizes = {**RESNET_DEFAULTS, **kw}
     module = _resnet_class()(width=sizes["width"], classes=sizes["classes"])
     return load_onnx_weights(module, resnet_model(**sizes))
@@ -166,8 +160,6 @@ def resnet_module(**kw: int) -> Any:
 def build_torchscript_architecture(kind: str, out: Path, **kw: int) -> Path:
     """Script ``bert-tiny`` or ``resnet18`` (sizes ``kw`` as the ONNX builders) and save it to ``out``
     with its per-sample inputs declared in ``extra/farm_inputs.json``; returns ``out``."""
-    from farm.models.architectures import BERT_DEFAULTS, BERT_SEQ, RESNET_DEFAULTS
-
     torch = require_torch()
     try:
         if kind == "bert-tiny":

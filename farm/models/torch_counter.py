@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import ModelError
-from farm.models.info import one_line
 from farm.models.onnx_counter import totals
+from farm.models.spec import one_line
 from farm.models.torchscript import load_torchscript, require_torch, torch_inputs
 from schemas import TensorSpec
+from schemas.dtypes import TORCH_TO_V2
 
 Cost = tuple[int, int]  # (MACs, FLOPs)
 
@@ -127,7 +128,7 @@ HANDLERS: dict[str, Callable[[tuple[Any, ...], Any], Cost]] = {
 
 def _counting_mode() -> Any:
     torch = require_torch()
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415 - torch is an optional extra (farm[torch])
 
     class Counter(TorchDispatchMode):
         """Applies HANDLERS to every aten op; sums MACs, FLOPs and new output bytes."""
@@ -179,8 +180,6 @@ def analyze_torchscript(path: Path, inputs: list[TensorSpec]) -> dict[str, Any]:
     for p in params:
         key = str(p.dtype).replace("torch.", "")
         by_dtype[key] = by_dtype.get(key, 0) + p.numel() * p.element_size()
-    from schemas.dtypes import TORCH_TO_V2
-
     dominant = max(by_dtype, key=lambda k: by_dtype[k]) if by_dtype else None
     dtype = TORCH_TO_V2.get(dominant or "") or (inputs[0].dtype if inputs else None)
     tensors = torch_inputs(inputs, batch=1)

@@ -12,14 +12,17 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from farm.errors import ModelError, RequestError
-from farm.models.info import (
+from farm.models.spec import (
     FARM_INPUTS_ATTR,
     FARM_INPUTS_EXTRA,
     INPUT_HINT,
     ModelInfo,
     format_input_spec,
     one_line,
+    onnx_modules,
     sha256_file,
     tensor_spec,
 )
@@ -32,7 +35,7 @@ _INPUTS: dict[str, list[str]] = {"mlp": ["input:FP32:256"], "convnet": ["input:F
 
 def _try_torch() -> Any:
     try:
-        import torch
+        import torch  # noqa: PLC0415 - torch is an optional extra (farm[torch])
     except ImportError:
         return None
     return torch
@@ -65,8 +68,6 @@ def forward_arg_names(module: Any) -> list[str]:
 
 def torch_inputs(inputs: list[TensorSpec], batch: int = 1, fill: float = 0.0) -> list[Any]:
     """CPU tensors of shape ``[batch, *spec.shape]`` filled with ``fill``, one per spec."""
-    import numpy as np
-
     torch = require_torch()
     return [torch.from_numpy(np.full((batch, *s.shape), fill, dtype=V2_NUMPY_NAME[s.dtype])) for s in inputs]
 
@@ -174,26 +175,24 @@ def _modules() -> dict[str, type]:
     return {"mlp": MLP, "convnet": ConvNet}
 
 
-def example_module(kind: str) -> Any:
-    """An eval-mode nn.Module for ``kind`` with the ONNX example's seeded weights."""
+def example_module(kind: str, onnx_model: Any) -> Any:
+    """An eval-mode nn.Module for ``kind`` with the seeded weights of ``onnx_model``, the ONNX example of the
+    same kind (``farm.models.examples``, which passes it in: it imports this module, not the reverse)."""
     if kind not in TORCHSCRIPT_EXAMPLES:
         raise RequestError(f"unknown TorchScript example {kind!r}; choose one of {', '.join(TORCHSCRIPT_EXAMPLES)}")
     torch = require_torch()
-    from onnx import numpy_helper
-
-    from farm.models.examples import convnet_model, mlp_model
-
+    _, _, numpy_helper = onnx_modules()
     module = _modules()[kind]()
-    onnx_model = mlp_model() if kind == "mlp" else convnet_model()
     state = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in onnx_model.graph.initializer}
     module.load_state_dict(state, strict=True)
     return module.eval()
 
 
-def build_torchscript(kind: str, out: Path) -> Path:
-    """Script example ``kind`` (``mlp`` or ``convnet``) and save it to ``out``; returns ``out``."""
+def build_torchscript(kind: str, out: Path, onnx_model: Any) -> Path:
+    """Script example ``kind`` (``mlp`` or ``convnet``) with ``onnx_model``'s weights (see ``example_module``)
+    and save it to ``out``; returns ``out``."""
     torch = require_torch()
-    module = example_module(kind)
+    module = example_module(kind, onnx_model)
     scripted = torch.jit.script(module)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,12 +16,15 @@ from typing import Any
 from farm.errors import SamplerError
 from workers.samplers.base import Sampler
 
+try:
+    import pynvml
+except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency; NvmlSampler says so when used
+    pynvml = None
+
 
 def _pynvml() -> Any:
-    try:
-        import pynvml
-    except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
-        raise SamplerError("nvidia-ml-py is not installed; pip install nvidia-ml-py") from exc
+    if pynvml is None:  # pragma: no cover
+        raise SamplerError("nvidia-ml-py is not installed; pip install nvidia-ml-py")
     return pynvml
 
 
