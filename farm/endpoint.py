@@ -4,7 +4,7 @@
 At submission the server's ServerMetadata (name, version) and ModelMetadata (inputs) are read, dynamic
 dimensions are filled from ``--input``, and a small JSON descriptor of the endpoint becomes the request's
 artifact (format ``endpoint``), so that jobs, results and the artifact store work as for a model file.
-The worker reads the descriptor back and drives the endpoint (``workers.runners.endpoint``). Reading the
+The worker reads the descriptor back and drives the endpoint (``workers.serving.endpoint``). Reading the
 metadata is the KServe client's (``workers.engines.triton.attach``), which the CLI passes in: the core does
 not import workers.
 """

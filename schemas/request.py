@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
@@ -144,6 +144,12 @@ class EdgeProfile(_Strict):
         return self
 
 
+#: the load clients a request may name: ``auto`` (chosen per job by workers.loadgen.clients) and each client
+#: registered in ``workers.loadgen.clients.CLIENTS`` (a test keeps the two in step)
+LoadClientName = Literal["auto", "farm", "perf_analyzer"]
+LOAD_CLIENTS: tuple[str, ...] = get_args(LoadClientName)
+
+
 class MeasurementSettings(_Strict):
     """How each job is measured. Times in seconds; percentages in %."""
 
@@ -181,7 +187,7 @@ class MeasurementSettings(_Strict):
         default="unary",
         description="how the load generator calls the server: unary ModelInfer calls (what most clients "
                     "do) or ModelStreamInfer streams (cheaper per request on both ends)")
-    client: Literal["auto", "farm", "perf_analyzer"] = Field(
+    client: LoadClientName = Field(
         default="auto",
         description="which client sends the load: NVIDIA perf_analyzer (its C++ hot loop sends the tensors "
                     "farm's generator would, over unary calls, to a server answering ModelConfig; farm reads its "

@@ -5,6 +5,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -36,6 +37,7 @@ from scheduler.reconcile import ReconcileReport, requeue_orphans
 from scheduler.search import search_report, searches_done
 from schemas import ProfileRequest
 from schemas.job import FINAL, JobStatus
+from schemas.request import LOAD_CLIENTS
 
 app = typer.Typer(name="farm", help="A distributed profiling farm for ML model serving.",
                   no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False)
@@ -80,8 +82,8 @@ def submit(
                                       "list, per serving configuration)."),
     p99: float | None = typer.Option(None, "--p99", help="Quick search latency budget, ms: the highest "
                                      "throughput with p99 within it (the highest concurrency or rate)."),
-    client: str | None = typer.Option(None, "--client", help="auto (default) | perf_analyzer | farm: the load "
-                                      "generator. auto: perf_analyzer where installed and able (unary calls, a "
+    client: str | None = typer.Option(None, "--client", help=f"{' | '.join(LOAD_CLIENTS)} (default auto): the "
+                                      "load generator. auto: perf_analyzer where installed and able (unary calls, a "
                                       "server answering ModelConfig), else farm's own."),
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
     input_data: str | None = typer.Option(None, "--input-data", help="random (default) | zeros | FILE (.npz or "
@@ -193,25 +195,30 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: 
     elif fmt == "csv":
         sys.stdout.write(views.to_csv(rows))
     else:
-        title = f"request {find_request(request_id).id}"
-        if merge_with:
-            title += f" merged with {', '.join(find_request(rid).id for rid in merge_with)}"
-        if rows and rows[0]["rpc"] == "stream":
-            title += " (load over ModelStreamInfer streams)"
-        clients = sorted({r.get("client") or "farm" for r in rows} - {"auto"})  # auto: not measured yet
-        if clients and clients != ["farm"]:
-            title += f" (load sent by {' and '.join(clients)})"
-        if rows and rows[0].get("server"):
-            title += f"; server {rows[0]['server']}"
-        if rows and rows[0].get("input_data", "random") != "random":
-            title += f"; input data {rows[0]['input_data']}"
-        console.print(views.results_table(rows, title=title))
+        console.print(views.results_table(rows, title=_results_title(request_id, rows, merge_with)))
         for line in views.measured_lines(rows):
             console.print(line, highlight=False)
         for line in views.error_lines(rows):
             console.print(f"[red]{line}[/]", highlight=False)
         for line in views.steal_lines(rows) + views.shared_lines(rows) + views.client_limited_lines(rows):
             console.print(f"[yellow]{line}[/]", highlight=False)
+
+
+def _results_title(request_id: str, rows: list[dict[str, Any]], merge_with: list[str] | None) -> str:
+    """The results table's title: the request, what it was merged with, and what all its rows share."""
+    title = f"request {find_request(request_id).id}"
+    if merge_with:
+        title += f" merged with {', '.join(find_request(rid).id for rid in merge_with)}"
+    if rows and rows[0]["rpc"] == "stream":
+        title += " (load over ModelStreamInfer streams)"
+    clients = sorted({r.get("client") or "farm" for r in rows} - {"auto"})  # auto: not measured yet
+    if clients and clients != ["farm"]:
+        title += f" (load sent by {' and '.join(clients)})"
+    if rows and rows[0].get("server"):
+        title += f"; server {rows[0]['server']}"
+    if rows and rows[0].get("input_data", "random") != "random":
+        title += f"; input data {rows[0]['input_data']}"
+    return title
 
 
 @app.command()

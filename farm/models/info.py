@@ -219,6 +219,34 @@ def _fmt_dims(dims: list[int | str | None]) -> str:
 
 
 def _inspect_onnx(path: Path, model: onnx.ModelProto, given: list[TensorSpec] | None) -> ModelInfo:
+    _check_onnx(path, model)
+    graph_inputs = onnx_graph_inputs(model)
+    if not graph_inputs:
+        raise ModelError(f"{path} has no inputs (only initializers); farm needs a model that takes input")
+    batch_dims, inferred, need = _read_graph_inputs(path, graph_inputs)
+    if given:
+        inputs = _check_given(path, graph_inputs, given)
+    elif need:
+        raise ModelError(f"cannot infer the input shape of {path.name}: {'; '.join(need)}; give it with "
+                         f"{INPUT_HINT}")
+    else:
+        inputs = inferred
+    dynamic_batch = all(not isinstance(d, int) for d in batch_dims)
+    fixed = sorted({d for d in batch_dims if isinstance(d, int)})
+    notes: list[str] = []
+    if len(fixed) > 1:
+        notes.append(f"inputs disagree on the batch dimension ({', '.join(map(str, fixed))})")
+    static_batch = None if dynamic_batch or len(fixed) != 1 else fixed[0]
+    if static_batch is not None:
+        notes.append(f"the model's batch dimension is fixed at {static_batch}; only batch size {static_batch} "
+                     "can be profiled (re-export with a dynamic batch axis for others)")
+    outputs = _onnx_outputs(model, inputs, notes, batch=static_batch or 1)
+    return ModelInfo(format="onnx", sha256=sha256_file(path), size_bytes=path.stat().st_size, inputs=inputs,
+                     outputs=outputs, dynamic_batch=dynamic_batch, static_batch=static_batch, notes=notes)
+
+
+def _check_onnx(path: Path, model: onnx.ModelProto) -> None:
+    """ModelError unless the model is one self-contained file that passes the ONNX checker."""
     import onnx  # noqa: PLC0415 - onnx: +0.05-0.09 s on every CLI start, measured
 
     for init in model.graph.initializer:
@@ -231,9 +259,11 @@ def _inspect_onnx(path: Path, model: onnx.ModelProto, given: list[TensorSpec] | 
         raise ModelError(f"{path} fails the ONNX checker: {one_line(exc, 200)}; re-export the model") from None
     except Exception as exc:  # onnx raises a few other types for malformed graphs
         raise ModelError(f"{path} fails the ONNX checker: {one_line(exc, 200)}; re-export the model") from None
-    graph_inputs = onnx_graph_inputs(model)
-    if not graph_inputs:
-        raise ModelError(f"{path} has no inputs (only initializers); farm needs a model that takes input")
+
+
+def _read_graph_inputs(path: Path, graph_inputs: list[onnx.ValueInfoProto]
+                       ) -> tuple[list[int | str | None], list[TensorSpec], list[str]]:
+    """(each input's batch dimension, the inputs whose shapes are fully known, what is missing for the rest)."""
     batch_dims: list[int | str | None] = []
     inferred: list[TensorSpec] = []
     need: list[str] = []
@@ -257,25 +287,7 @@ def _inspect_onnx(path: Path, model: onnx.ModelProto, given: list[TensorSpec] | 
             need.append(f"{gi.name!r} has dynamic dimension {names} in shape {_fmt_dims(dims)}")
             continue
         inferred.append(TensorSpec(name=gi.name, dtype=dtype, shape=tuple(d for d in per_sample if isinstance(d, int))))
-    if given:
-        inputs = _check_given(path, graph_inputs, given)
-    elif need:
-        raise ModelError(f"cannot infer the input shape of {path.name}: {'; '.join(need)}; give it with "
-                         f"{INPUT_HINT}")
-    else:
-        inputs = inferred
-    dynamic_batch = all(not isinstance(d, int) for d in batch_dims)
-    fixed = sorted({d for d in batch_dims if isinstance(d, int)})
-    notes: list[str] = []
-    if len(fixed) > 1:
-        notes.append(f"inputs disagree on the batch dimension ({', '.join(map(str, fixed))})")
-    static_batch = None if dynamic_batch or len(fixed) != 1 else fixed[0]
-    if static_batch is not None:
-        notes.append(f"the model's batch dimension is fixed at {static_batch}; only batch size {static_batch} "
-                     "can be profiled (re-export with a dynamic batch axis for others)")
-    outputs = _onnx_outputs(model, inputs, notes, batch=static_batch or 1)
-    return ModelInfo(format="onnx", sha256=sha256_file(path), size_bytes=path.stat().st_size, inputs=inputs,
-                     outputs=outputs, dynamic_batch=dynamic_batch, static_batch=static_batch, notes=notes)
+    return batch_dims, inferred, need
 
 
 def fix_input_shapes(model: onnx.ModelProto, inputs: list[TensorSpec], batch: int = 1) -> onnx.ModelProto:

@@ -136,46 +136,11 @@ class CgroupSampler(Sampler):
         return read_int(d / "memory.peak")
 
     def _read(self, cg: CgroupSet) -> dict[str, float] | None:
-        s: dict[str, float] = {}
-        if cg.version == 2:
-            d = cg.unified
-            assert d is not None
-            usage = read_kv(d / "cpu.stat").get("usage_usec")
-            mem = read_int(d / "memory.current")
-            if usage is None and mem is None:
-                return None
-            if usage is not None:
-                s["cpu_s"] = usage / 1e6
-            if mem is not None:
-                s["mem"] = float(mem)
-            peak = self._peak_v2(d)
-            if peak is not None:
-                s["mem_peak_k"] = float(peak)
-            ev = read_kv(d / "memory.events")
-            if "oom_kill" in ev:
-                s["oom_kill"] = float(ev["oom_kill"])
-            io = io_v2(d / "io.stat")
-        else:
-            acct, memd = cg.dir("cpuacct"), cg.dir("memory")
-            usage_ns = read_int(acct / "cpuacct.usage") if acct else None
-            mem = read_int(memd / "memory.usage_in_bytes") if memd else None
-            if usage_ns is None and mem is None:
-                return None
-            if usage_ns is not None:
-                s["cpu_s"] = usage_ns / 1e9
-            if mem is not None and memd is not None:
-                s["mem"] = float(mem)
-                peak = read_int(memd / "memory.max_usage_in_bytes")
-                if peak is not None:
-                    s["mem_peak_k"] = float(peak)
-                oc = read_kv(memd / "memory.oom_control")
-                if "oom_kill" in oc:
-                    s["oom_kill"] = float(oc["oom_kill"])
-                fc = read_int(memd / "memory.failcnt")
-                if fc is not None:
-                    s["failcnt"] = float(fc)
-            blk = cg.dir("blkio")
-            io = io_v1(blk) if blk else None
+        """One sample of the cgroup's counters (None: neither CPU nor memory is readable)."""
+        got = self._read_v2(cg) if cg.version == 2 else self._read_v1(cg)
+        if got is None:
+            return None
+        s, io = got
         if io is not None:
             s["io_r"], s["io_w"] = float(io[0]), float(io[1])
         if self.net:
@@ -183,6 +148,41 @@ class CgroupSampler(Sampler):
             if nb is not None:
                 s["net_rx"], s["net_tx"] = float(nb[0]), float(nb[1])
         return s
+
+    def _read_v2(self, cg: CgroupSet) -> tuple[dict[str, float], tuple[int, int] | None] | None:
+        d = cg.unified
+        assert d is not None
+        usage = read_kv(d / "cpu.stat").get("usage_usec")
+        mem = read_int(d / "memory.current")
+        if usage is None and mem is None:
+            return None
+        s: dict[str, float] = {}
+        if usage is not None:
+            s["cpu_s"] = usage / 1e6
+        if mem is not None:
+            s["mem"] = float(mem)
+        peak = self._peak_v2(d)
+        if peak is not None:
+            s["mem_peak_k"] = float(peak)
+        ev = read_kv(d / "memory.events")
+        if "oom_kill" in ev:
+            s["oom_kill"] = float(ev["oom_kill"])
+        return s, io_v2(d / "io.stat")
+
+    def _read_v1(self, cg: CgroupSet) -> tuple[dict[str, float], tuple[int, int] | None] | None:
+        acct, memd = cg.dir("cpuacct"), cg.dir("memory")
+        usage_ns = read_int(acct / "cpuacct.usage") if acct else None
+        mem = read_int(memd / "memory.usage_in_bytes") if memd else None
+        if usage_ns is None and mem is None:
+            return None
+        s: dict[str, float] = {}
+        if usage_ns is not None:
+            s["cpu_s"] = usage_ns / 1e9
+        if mem is not None and memd is not None:
+            s["mem"] = float(mem)
+            s.update(_memory_v1(memd))
+        blk = cg.dir("blkio")
+        return s, (io_v1(blk) if blk else None)
 
     def _net(self, cg: CgroupSet) -> tuple[int, int] | None:
         if self._net_pid is not None:
@@ -269,3 +269,17 @@ class CgroupSampler(Sampler):
             "error": self.error,
         }
 
+
+def _memory_v1(memd: Path) -> dict[str, float]:
+    """cgroup v1 memory controller extras: peak (bytes), OOM kills and limit hits, where the kernel has them."""
+    out: dict[str, float] = {}
+    peak = read_int(memd / "memory.max_usage_in_bytes")
+    if peak is not None:
+        out["mem_peak_k"] = float(peak)
+    oc = read_kv(memd / "memory.oom_control")
+    if "oom_kill" in oc:
+        out["oom_kill"] = float(oc["oom_kill"])
+    fc = read_int(memd / "memory.failcnt")
+    if fc is not None:
+        out["failcnt"] = float(fc)
+    return out

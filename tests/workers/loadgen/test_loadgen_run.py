@@ -279,3 +279,12 @@ def test_load_process_runs_on_the_cpus_of_the_thread_that_started_it() -> None:
             assert set(proc.cpu_affinity()) == cpus
             seen.append(proc.pid)
     assert seen[0] != seen[1]
+
+
+def test_the_schema_names_every_registered_client_and_auto() -> None:
+    """A request may name exactly the registered clients and ``auto``: schemas and the registry agree."""
+    from schemas.request import LOAD_CLIENTS
+    from workers.loadgen.clients import AUTO, CLIENTS
+
+    assert set(LOAD_CLIENTS) == set(CLIENTS) | {"auto"}
+    assert set(AUTO) <= set(CLIENTS)
