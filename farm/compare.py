@@ -22,7 +22,9 @@ from typing import Any
 
 from farm.histogram import bucket_counts, histogram_quantile, merge_histograms
 from farm.results import CONFIG_COLUMNS, METRIC_NAMES, load_details, merge_repeats
+from farm.settings import get_settings
 from schemas.job import JobStatus
+from schemas.result import host_flags
 
 SAME, FASTER, SLOWER = "no significant difference", "faster", "slower"
 UNDECIDED = "undecided (no stored windows or histogram)"
@@ -54,6 +56,7 @@ class Match:
     tests: list[Test]
     verdict: str
     regression_pct: float  # the largest significant worsening beyond the threshold, in % (0 when none)
+    flags: list[str] = field(default_factory=list)  # runs whose host drifted or was busy (``host_marks``)
 
 
 @dataclass
@@ -177,19 +180,28 @@ def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], details:
     return out
 
 
+def host_marks(group_a: list[dict[str, Any]], group_b: list[dict[str, Any]]) -> list[str]:
+    """The runs of a match whose host drifted or was busy beyond the bounds (``FARM_HOST_DRIFT_PCT``,
+    ``FARM_HOST_BUSY_PCT``), each repeat judged on its own: ``A 1a2b3c drift -14%``, ``B 4d5e6f busy 38%``."""
+    s = get_settings()
+    return [f"{side} {r['job_id'][:6]} {flag}" for side, group in (("A", group_a), ("B", group_b)) for r in group
+            for flag in host_flags(r, s.host_drift_pct, s.host_busy_pct)]
+
+
 def _match(key: dict[str, Any], group_a: list[dict[str, Any]], group_b: list[dict[str, Any]],
            details: dict[str, dict[str, Any]], min_effect_pct: float, alpha: float) -> Match:
-    """One matched configuration: merged metrics of each side, ratios B / A, tests and verdict."""
+    """One matched configuration: merged metrics of each side, ratios B / A, tests, verdict and host flags."""
+    flags = host_marks(group_a, group_b)
     ok_a = [r for r in group_a if r["status"] == JobStatus.succeeded]
     ok_b = [r for r in group_b if r["status"] == JobStatus.succeeded]
     a, b = merge_repeats(group_a)[0], merge_repeats(group_b)[0]
     ratios = {label: (None if a.get(m) in (None, 0) or b.get(m) is None else b[m] / a[m]) for m, label in RATIOS}
     if not ok_a or not ok_b:
-        return Match(key, a, b, ratios, [], FAILED, 0.0)
+        return Match(key, a, b, ratios, [], FAILED, 0.0, flags)
     tests, verdict = judge(a, b, [load_details(details.get(r["job_id"], {})) for r in ok_a],
                            [load_details(details.get(r["job_id"], {})) for r in ok_b], min_effect_pct, alpha)
     regression = max((abs(t.change_pct) for t in tests if t.worse), default=0.0)
-    return Match(key, a, b, ratios, tests, verdict, regression)
+    return Match(key, a, b, ratios, tests, verdict, regression, flags)
 
 
 def as_json(c: Comparison, request_a: str, request_b: str) -> dict[str, Any]:
@@ -201,7 +213,7 @@ def as_json(c: Comparison, request_a: str, request_b: str) -> dict[str, Any]:
         "a": request_a, "b": request_b, "ignore": list(c.ignore), "min_effect_pct": c.min_effect_pct,
         "alpha": c.alpha,
         "matches": [{"key": m.key, "measured": m.a.get("measured"), "a_job": m.a["job_id"], "b_job": m.b["job_id"],
-                     "ratios": m.ratios, "verdict": m.verdict, "regression_pct": m.regression_pct,
+                     "ratios": m.ratios, "verdict": m.verdict, "regression_pct": m.regression_pct, "flags": m.flags,
                      "tests": [t.__dict__ for t in m.tests],
                      "a": {n: m.a.get(n) for n in METRIC_NAMES}, "b": {n: m.b.get(n) for n in METRIC_NAMES}}
                     for m in c.matches],

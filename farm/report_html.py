@@ -25,9 +25,10 @@ from farm.results import (
     result_details,
     result_rows,
 )
+from farm.settings import get_settings
 from farm.steal import steal_note
 from schemas.metrics import BY_NAME, MODEL_METRICS
-from schemas.result import shared_unisolated
+from schemas.result import host_notes, shared_unisolated
 
 #: after loading, each plot's figure gets its rendered size and mark count (a reader sees a blank plot flagged;
 #: the browser test reads them back)
@@ -143,12 +144,14 @@ def _static(static: dict[str, Any]) -> str:
 def _jobs(rows: list[dict[str, Any]]) -> str:
     """Every job: coordinates, how measured, flags, error and every metric, with exact stored values."""
     coords = JOB_COLUMNS[:6] + ("rpc",) + MEASUREMENT_COLUMNS + ("status",)
-    heads = [*coords, "measured", "steal", "shared", "error",
+    heads = [*coords, "measured", "steal", "host", "shared", "error",
              *(f"{m} ({BY_NAME[m].unit})" for m in METRIC_NAMES)]
     out = ['<h2>Every job</h2><div class="wide"><table id="jobs"><tr>'
            + "".join(f"<th>{_e(h)}</th>" for h in heads) + "</tr>"]
+    s = get_settings()  # the bounds of the host notes (drift, busy)
     for r in rows:
-        flags = [steal_note(r.get("cpu_steal_pct")) or "", "shared, not isolated" if shared_unisolated(r) else ""]
+        flags = [steal_note(r.get("cpu_steal_pct")) or "", "; ".join(host_notes(r, s.host_drift_pct, s.host_busy_pct)),
+                 "shared, not isolated" if shared_unisolated(r) else ""]
         cells = [f"<td class=l>{_e(r.get(c))}</td>" for c in coords]
         cells += [f"<td class=l>{_e(v)}</td>" for v in (r.get("measured"), *flags, r.get("error"))]
         cells += [f'<td data-metric="{m}" data-value="{_e(r.get(m))}">{_e(fmt_value(m, r.get(m)))}</td>'

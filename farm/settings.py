@@ -53,6 +53,11 @@ class Settings(BaseSettings):
     isolation: bool = True
     #: cores per serving job (0: all the cores allowed to the worker, divided among its slots, at least 2)
     job_cores: int = Field(default=0, ge=0)
+    #: a result whose host yardstick changed by more than this between before and after measuring is noted
+    #: "host drift" (results, report, compare), %
+    host_drift_pct: float = Field(default=10.0, gt=0)
+    #: a result whose leased cores were used more than this by processes outside the job is noted "host busy", %
+    host_busy_pct: float = Field(default=10.0, gt=0)
     #: Prometheus endpoint port of `farm worker` (slot I: port + I) and `farm scheduler`; unset: no endpoint,
     #: 0: any free port (printed at start)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

@@ -9,12 +9,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-Aggregation = Literal["mean", "max", "min", "sum", "last", "all"]
+Aggregation = Literal["mean", "max", "min", "sum", "last", "all", "extreme"]
 
 
 @dataclass(frozen=True)
 class Metric:
-    """One metric. ``aggregation`` says how repeated runs of a job combine (``all``: true only if all are)."""
+    """One metric. ``aggregation`` says how repeated runs of a job combine (``all``: true only if all are;
+    ``extreme``: the value farthest from 0, so a signed change of +15 and one of -15 do not cancel)."""
 
     name: str
     unit: str
@@ -50,6 +51,12 @@ METRICS: tuple[Metric, ...] = (
     _M("gpu_power_avg_w", "W", False, "mean", description="GPU power draw, average while measuring"),
     _M("cpu_steal_pct", "%", False, "mean",
        description="share of the machine's CPU time the hypervisor took while measuring (steal)"),
+    _M("host_speed_index", "pass/s", True, "mean",
+       description="host yardstick: calibration passes per second on the job's cores before measuring"),
+    _M("host_speed_change_pct", "%", False, "extreme",
+       description="host yardstick after measuring vs before (+: the host got faster)"),
+    _M("foreign_cpu_pct", "%", False, "max",
+       description="share of the job's leased cores used by processes outside the job while measuring"),
     _M("cpu_pct_avg", "%", False, "mean", description="server/container CPU, average (100 = one core)"),
     _M("cpu_pct_peak", "%", False, "max", description="server/container CPU, peak (100 = one core)"),
     _M("mem_avg_bytes", "B", False, "mean", "int", "server/container memory, average"),
@@ -108,6 +115,8 @@ def aggregate(name: str, values: Iterable[MetricValue]) -> MetricValue:
         return min(present)
     if m.aggregation == "sum":
         return sum(present)
+    if m.aggregation == "extreme":
+        return max(present, key=lambda v: abs(float(v)))
     return sum(float(v) for v in present) / len(present)
 
 

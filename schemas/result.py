@@ -48,6 +48,41 @@ def client_limited(row: Mapping[str, Any]) -> bool:
     return late is not None and float(late) > CLIENT_LIMITED_PCT
 
 
+def host_drift(row: Mapping[str, Any], bound_pct: float) -> float | None:
+    """The host yardstick's change (``host_speed_change_pct``, after vs before measuring, %) of a results row
+    (or metrics) when it exceeds ``bound_pct`` either way; None when within it or not measured."""
+    change = row.get("host_speed_change_pct")
+    return float(change) if change is not None and abs(float(change)) > bound_pct else None
+
+
+def host_busy(row: Mapping[str, Any], bound_pct: float) -> float | None:
+    """The share of a row's leased cores that processes outside the job used while it was measured
+    (``foreign_cpu_pct``, %) when it exceeds ``bound_pct``; None when within it or not measured."""
+    foreign = row.get("foreign_cpu_pct")
+    return float(foreign) if foreign is not None and float(foreign) > bound_pct else None
+
+
+def host_notes(row: Mapping[str, Any], drift_pct: float, busy_pct: float) -> list[str]:
+    """The notes a row gets when its host drifted (beyond ``drift_pct``) or was busy on its cores (beyond
+    ``busy_pct``, the settings ``FARM_HOST_DRIFT_PCT`` and ``FARM_HOST_BUSY_PCT``)."""
+    notes = []
+    drift = host_drift(row, drift_pct)
+    if drift is not None:
+        notes.append(f"host drift: the host's speed on the job's cores changed by {drift:+.1f} % from before to "
+                     f"after measuring (bound {drift_pct:g} %): rerun it before comparing")
+    busy = host_busy(row, busy_pct)
+    if busy is not None:
+        notes.append(f"host busy: processes outside the job used {busy:.1f} % of its leased cores while it was "
+                     f"measured (bound {busy_pct:g} %): rerun it on a quiet host before comparing")
+    return notes
+
+
+def host_flags(row: Mapping[str, Any], drift_pct: float, busy_pct: float) -> list[str]:
+    """The short form of ``host_notes``: ``drift +14%``, ``busy 38%`` (empty when the host was steady and quiet)."""
+    drift, busy = host_drift(row, drift_pct), host_busy(row, busy_pct)
+    return ([f"drift {drift:+.0f}%"] if drift is not None else []) + ([f"busy {busy:.0f}%"] if busy is not None else [])
+
+
 def shared_unisolated(row: dict[str, Any]) -> bool:
     """True for a results row (or Placement fields) measured beside another farm job without isolation."""
     return bool(row.get("host_shared")) and row.get("isolated") is False

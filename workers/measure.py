@@ -6,7 +6,10 @@ where it was measured (``placement``).
 Serving jobs: NVML on the job's GPUs (idle baseline read before the server starts), the server's cgroup
 (a container) or else its process tree, and the host's CPU (steal). Edge jobs: the run's cgroup, else its
 container through the Docker stats API (~1 Hz, noted), else its process tree; limits are the edge
-profile's (``workers.limits.Limits``). Use::
+profile's (``workers.limits.Limits``). Both: the foreign load on the leased cores (``samplers.foreign``) and
+the host yardstick (``samplers.calibrate``) on the server cores, before the run starts (entering) and after it
+ended (leaving, for a serving job once its server stopped; at the end of ``watch`` for an edge run, which its
+runner reads inside the block). Use::
 
     with Measurement(spec, gpu_uuids) as m:      # cores leased, GPU baseline now; apply m.limits (edge) or
         ... start the server, container or process ...  # m.server_cpus (serving) when starting the run
@@ -20,6 +23,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,11 +31,14 @@ import psutil
 
 from farm.settings import get_settings
 from schemas import JobSpec, Placement
+from schemas.result import host_notes
 from workers.cores import CoreLease, cores_for, cpu_list, held_lease, host_cores, pinned
 from workers.limits import Limits
 from workers.samplers.base import Sampler
+from workers.samplers.calibrate import Calibration, calibrate, speed_change_pct
 from workers.samplers.cgroup import CgroupSampler
 from workers.samplers.docker_stats import DockerStatsSampler
+from workers.samplers.foreign import ForeignLoadSampler, measuring_cpu_s
 from workers.samplers.host import HostSampler
 from workers.samplers.nvml import NvmlSampler
 from workers.samplers.process import ProcessTreeSampler
@@ -41,6 +48,8 @@ if TYPE_CHECKING:
 
 SERIES_MAX_POINTS = 2000  # samples of one sampler kept in a result's details (20 Hz: 100 s at full rate)
 STATS_API_NOTE = "resources sampled via the Docker stats API (~1 Hz) because cgroup not found"
+#: the metrics of the job's host that every job reports, edge runs included (``metrics``)
+HOST_METRICS = ("host_speed_index", "host_speed_change_pct", "foreign_cpu_pct")
 
 
 @dataclass(frozen=True)
@@ -66,23 +75,30 @@ def tree_pids(pid: int | None) -> set[int]:
         return set()
 
 
-def choose(spec: JobSpec, served: Served, gpu: NvmlSampler | None = None) -> tuple[list[Sampler], list[str]]:
+def choose(spec: JobSpec, served: Served, gpu: NvmlSampler | None = None,
+           cores: Sequence[int] = ()) -> tuple[list[Sampler], list[str]]:
     """The samplers for job ``spec`` running as ``served`` (``gpu``: NVML on its GPUs, baseline taken), and
-    notes for the result (e.g. a coarse fallback). The only place samplers are picked."""
+    notes for the result (e.g. a coarse fallback). With its leased ``cores``, also the foreign load on them
+    (where farm runs the server or the run: an attached server is not the job's, so it would count as
+    foreign). The only place samplers are picked."""
     samplers: list[Sampler] = []
     notes: list[str] = []
     if gpu is not None:
         gpu.pids = lambda: tree_pids(served.pid)
         samplers.append(gpu)
+    run: Sampler | None = None
     if served.cgroup is not None:
-        samplers.append(CgroupSampler(served.cgroup, pid=served.pid, reset_peak=served.reused))
+        run = CgroupSampler(served.cgroup, pid=served.pid, reset_peak=served.reused)
     elif served.container is not None:
-        samplers.append(DockerStatsSampler(served.container))
+        run = DockerStatsSampler(served.container)
         notes.append(STATS_API_NOTE)
     elif served.pid is not None:
-        samplers.append(ProcessTreeSampler(served.pid))
+        run = ProcessTreeSampler(served.pid)
+    samplers += [run] if run is not None else []
     if not spec.is_edge:
         samplers.append(HostSampler())
+    if cores and run is not None:  # an edge run is the worker's child: its time is the run sampler's already
+        samplers.append(ForeignLoadSampler(cores, run, own=partial(measuring_cpu_s, not spec.is_edge)))
     return samplers, notes
 
 
@@ -136,6 +152,7 @@ class Measurement(AbstractContextManager["Measurement"]):
         self.gpu: NvmlSampler | None = None
         self.samplers: list[Sampler] = []
         self.notes: list[str] = []
+        self.calibration: dict[str, Calibration] = {}  # the host yardstick "before" and "after" the run
         self._placement: Placement | None = None
 
     @property
@@ -154,6 +171,7 @@ class Measurement(AbstractContextManager["Measurement"]):
             if self.lease.waited_s >= 1.0:
                 self.notes.append(f"waited {self.lease.waited_s:.0f} s for cores {cpu_list(self.lease.cores)} "
                                   "(another farm job on this host held them)")
+            self.calibration["before"] = calibrate(self.server_cpus)
             if self.limits is not None and self.lease.isolation and not self.limits.cpuset:
                 self.limits = replace(self.limits, cpuset=cpu_list(self.lease.cores))
             if self.gpu_uuids and not self.spec.is_edge:
@@ -172,6 +190,8 @@ class Measurement(AbstractContextManager["Measurement"]):
         try:
             if self.gpu is not None:
                 self.gpu.close()
+            if exc[0] is None and not self.spec.is_edge:  # the server has stopped (its runner left first)
+                self._after()
         finally:
             self.lease.__exit__(*exc)
             self._placement = self._where()
@@ -190,12 +210,14 @@ class Measurement(AbstractContextManager["Measurement"]):
     def watch(self, served: Served) -> Iterator[Measurement]:
         """Sample ``served`` (samplers from ``choose``) for the body's duration; every sampler is stopped
         on exit. An edge run's sampler that cannot start (the run already exited) becomes a note."""
-        samplers, notes = choose(self.spec, served, self.gpu)
+        samplers, notes = choose(self.spec, served, self.gpu, self.lease.cores)
         self.notes += notes
         with ExitStack() as stack:
             if not self.spec.is_edge:  # the load generator: this thread and what it starts
                 stack.enter_context(pinned(self.loadgen_cpus))
             for sampler in samplers:
+                if isinstance(sampler, ForeignLoadSampler) and sampler.server not in self.samplers:
+                    continue  # the run's own sampler did not start: its CPU time is unknown
                 try:
                     stack.enter_context(sampler)
                 except Exception as exc:
@@ -205,17 +227,36 @@ class Measurement(AbstractContextManager["Measurement"]):
                     continue
                 self.samplers.append(sampler)
             yield self
+        if self.spec.is_edge:  # the edge run has ended; its runner reads the metrics before leaving
+            self._after()
+
+    def _after(self) -> None:
+        """The host yardstick after the run, and the notes on a drifting or busy host (the worker's bounds,
+        ``FARM_HOST_DRIFT_PCT`` and ``FARM_HOST_BUSY_PCT``)."""
+        if "after" in self.calibration or "before" not in self.calibration:
+            return
+        self.calibration["after"] = calibrate(self.server_cpus)
+        settings = get_settings()
+        self.notes += host_notes(self.metrics(), settings.host_drift_pct, settings.host_busy_pct)
 
     def metrics(self) -> dict[str, Any]:
         """Every sampler's summary (metric names of ``schemas.metrics``), values that were measured only."""
         out: dict[str, Any] = {}
         for sampler in self.samplers:
             out.update({k: v for k, v in sampler.summary().items() if v is not None})
+        before, after = self.calibration.get("before"), self.calibration.get("after")
+        if before is not None:
+            out["host_speed_index"] = round(before.speed, 3)
+        if before is not None and after is not None:
+            out["host_speed_change_pct"] = round(speed_change_pct(before, after), 2)
         return out
 
     def details(self) -> dict[str, Any]:
         """The samplers for the result's details (``stored``): ``sampler.<name>`` each for a serving job,
         ``resources`` for an edge run (empty when it could not be sampled)."""
+        host = {"calibration": {k: c.as_dict() for k, c in self.calibration.items()}}
         if self.spec.is_edge:
-            return {"resources": stored(self.samplers[0]) if self.samplers else {}}
-        return {f"sampler.{s.name}": stored(s) for s in self.samplers}
+            run = [s for s in self.samplers if not isinstance(s, ForeignLoadSampler)]
+            foreign = {f"sampler.{s.name}": stored(s) for s in self.samplers if isinstance(s, ForeignLoadSampler)}
+            return {"resources": stored(run[0]) if run else {}, **foreign, **host}
+        return {**{f"sampler.{s.name}": stored(s) for s in self.samplers}, **host}

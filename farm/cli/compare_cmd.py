@@ -78,7 +78,8 @@ def _print(c: Comparison, a: str, b: str) -> None:
         table.add_row(_coords(m.key), how_measured_short(bool(m.a.get("edge_profile"))),
                       *(fmt_value("", m.ratios[label]) + ("x" if m.ratios[label] is not None else "")
                         for _, label in RATIOS),
-                      tests or "-", f"[{colour}]{m.verdict}[/]" if colour else m.verdict)
+                      tests or "-", (f"[{colour}]{m.verdict}[/]" if colour else m.verdict)
+                      + (f" [yellow](host {', '.join(m.flags)})[/]" if m.flags else ""))
     console.print(table)
     console.print(f"faster/slower: the test's p < {c.alpha:g} and the change is at least {c.min_effect_pct:g} %; "
                   "throughput by Welch's t-test over the stored windows, p50 latency by Mann-Whitney over the "

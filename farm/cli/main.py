@@ -200,7 +200,8 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: 
             console.print(line, highlight=False)
         for line in views.error_lines(rows):
             console.print(f"[red]{line}[/]", highlight=False)
-        for line in views.steal_lines(rows) + views.shared_lines(rows) + views.client_limited_lines(rows):
+        for line in (views.steal_lines(rows) + views.host_lines(rows) + views.shared_lines(rows)
+                     + views.client_limited_lines(rows)):
             console.print(f"[yellow]{line}[/]", highlight=False)
 
 

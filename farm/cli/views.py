@@ -15,8 +15,9 @@ from farm.db.models import utcnow
 from farm.formatting import fmt_value, rate_text
 from farm.formatting import to_csv as to_csv
 from farm.formatting import to_json as to_json
+from farm.settings import get_settings
 from farm.steal import steal_note
-from schemas.result import CLIENT_LIMITED_NOTE, SHARED_NOTE, client_limited, shared_unisolated
+from schemas.result import CLIENT_LIMITED_NOTE, SHARED_NOTE, client_limited, host_notes, shared_unisolated
 from schemas.worker import WorkerStatus
 
 SHARED_MARK = "!"  # after a job id: measured beside another farm job without core isolation
@@ -109,6 +110,13 @@ def error_lines(rows: list[dict[str, Any]]) -> list[str]:
 def steal_lines(rows: list[dict[str, Any]]) -> list[str]:
     """One line per job measured while the hypervisor stole a noticeable share of the CPUs."""
     return [f"{r['job_id'][:6]}: {note}" for r in rows if (note := steal_note(r.get("cpu_steal_pct")))]
+
+
+def host_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per note of a job whose host drifted or was busy on its cores while it was measured (the bounds
+    ``FARM_HOST_DRIFT_PCT``, ``FARM_HOST_BUSY_PCT``)."""
+    s = get_settings()
+    return [f"{r['job_id'][:6]}: {note}" for r in rows for note in host_notes(r, s.host_drift_pct, s.host_busy_pct)]
 
 
 def slot_text(slot: dict[str, Any] | None) -> str:

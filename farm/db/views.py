@@ -34,6 +34,10 @@ METRICS_0004 = (
     'cpu_steal_pct', 'cpu_pct_avg', 'cpu_pct_peak', 'mem_avg_bytes', 'mem_peak_bytes', 'mem_limit_bytes',
     'cpu_limit', 'oom_killed', 'limits_enforced', 'duration_s', 'total_time_s',
 )
+#: the metric columns migration 0007 added (the host yardstick and the foreign load on the job's cores)
+HOST_METRICS_0007 = ('host_speed_index', 'host_speed_change_pct', 'foreign_cpu_pct')
+#: the metric columns of results at migration 0007, frozen
+METRICS_0007 = METRICS_0004 + HOST_METRICS_0007
 
 
 def _json_text(dialect: str, column: str, *path: str) -> str:

@@ -19,6 +19,7 @@ from workers.measure import SERIES_MAX_POINTS, STATS_API_NOTE, Measurement, Serv
 from workers.samplers.base import Sampler
 from workers.samplers.cgroup import CgroupSampler
 from workers.samplers.docker_stats import DockerStatsSampler
+from workers.samplers.foreign import ForeignLoadSampler
 from workers.samplers.host import HostSampler
 from workers.samplers.nvml import NvmlSampler
 from workers.samplers.process import ProcessTreeSampler
@@ -82,7 +83,7 @@ def test_a_watched_edge_run_is_stored_with_its_series() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
     with Measurement(_spec(EDGE)) as m, m.watch(Served(pid=proc.pid)):
         proc.wait(timeout=30)
-    assert _kinds(m.samplers) == [ProcessTreeSampler]
+    assert _kinds(m.samplers) == [ProcessTreeSampler, ForeignLoadSampler]
     assert "mem_peak_bytes" in m.metrics() and None not in m.metrics().values()
     res = m.details()["resources"]
     assert res["sampler"] == "process" and res["samples"] == len(res["series"]) >= 2 and res["rate_hz"] > 0
@@ -94,7 +95,7 @@ def test_an_edge_sampler_that_cannot_start_is_a_note_and_a_serving_one_fails() -
     time.sleep(0.1)
     with Measurement(_spec(EDGE)) as m, m.watch(Served(pid=proc.pid)):
         pass
-    assert m.samplers == [] and m.details() == {"resources": {}}
+    assert m.samplers == [] and m.details()["resources"] == {} and set(m.details()) == {"resources", "calibration"}
     assert m.notes and m.notes[0].startswith("no resource samples: SamplerError")
     with pytest.raises(SamplerError), Measurement(_spec()) as m, m.watch(Served(pid=proc.pid)):
         pass
@@ -104,8 +105,8 @@ def test_serving_samplers_are_stored_one_key_each() -> None:
     with Measurement(_spec()) as m, m.watch(Served(pid=os.getpid())):
         time.sleep(0.3)
     details = m.details()
-    assert set(details) == {"sampler.process", "sampler.host"}
-    assert all({"sampler", "series", "samples", "error"} <= set(d) for d in details.values())
+    assert set(details) == {"sampler.process", "sampler.host", "sampler.foreign", "calibration"}
+    assert all({"sampler", "series", "samples", "error"} <= set(d) for k, d in details.items() if k != "calibration")
 
 
 class _Fixed(Sampler):
@@ -165,7 +166,7 @@ def test_a_gpu_serving_job_is_measured_against_the_idle_baseline_and_nvml_is_rel
     state.write_text(f"driver 550.54.15\ngpu 0 uuid {uuid}\ngpu 0 name NVIDIA L4\ngpu 0 mem_total {24 << 30}\n"
                      f"gpu 0 mem_used {1 << 30}\ngpu 0 util_gpu 40\ngpu 0 power_mw 30000\n")
     out = run_py(GPU_JOB.format(uuid=uuid), fake_nvml_dir, state)
-    assert out["samplers"] == ["nvml", "process", "host"]
+    assert out["samplers"] == ["nvml", "process", "host", "foreign"]
     assert out["metrics"]["gpu_mem_peak_bytes"] == 300 << 20  # device used minus the idle baseline
-    assert out["details"] == ["sampler.nvml", "sampler.process", "sampler.host"]
+    assert out["details"] == ["sampler.nvml", "sampler.process", "sampler.host", "sampler.foreign", "calibration"]
     assert out["open"] == [False, False]  # NVML shut down after sampling, and when the server never started

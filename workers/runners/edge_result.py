@@ -7,8 +7,9 @@ from farm.errors import WorkerError
 from schemas import JobResult, JobSpec, Placement
 from schemas.metrics import BY_NAME
 from workers.edge_bench import parse_report
+from workers.measure import HOST_METRICS
 
-RESOURCE_METRICS = ("cpu_pct_avg", "cpu_pct_peak", "mem_avg_bytes", "mem_peak_bytes")
+RESOURCE_METRICS = ("cpu_pct_avg", "cpu_pct_peak", "mem_avg_bytes", "mem_peak_bytes", *HOST_METRICS)
 
 
 def edge_result(spec: JobSpec, *, where: str, error: type[WorkerError], stdout: str, tail: str,
