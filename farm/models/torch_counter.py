@@ -6,6 +6,10 @@ Attention counts both ways it reaches the dispatcher: ``scaled_dot_product_atten
 The module runs on a batch of 1 (zeros of the input spec) under a ``TorchDispatchMode`` that sees every
 aten op the TorchScript interpreter executes and applies the ONNX counter's rules to it (see
 ``farm.models.onnx_counter``). Ops outside the table are reported as unknown, never counted as 0.
+Shape, indexing and creation ops (``FREE``: ``new_ones``, ``scalar_tensor``, ``index``, ...) cost 0; mask
+arithmetic (``bitwise_and``, ``masked_fill``, ``rsub``, ...) 0 MACs and 1 FLOP per element, as ONNX And/Where;
+ops returning a Python scalar (``_local_scalar_dense``, ``equal``) are counted by their inputs. So a traced
+Hugging Face encoder's attention-mask code leaves its totals complete.
 Activation bytes are the sum of newly allocated op outputs (views excluded); the peak is not tracked.
 """
 from __future__ import annotations
@@ -30,6 +34,9 @@ ELEMENTWISE = frozenset({
     "hardsigmoid", "leaky_relu", "elu", "pow", "neg", "abs", "sqrt", "rsqrt", "reciprocal", "maximum",
     "minimum", "where", "eq", "ne", "gt", "ge", "lt", "le", "logical_and", "logical_or", "logical_not",
     "sin", "cos", "erf", "floor", "ceil", "round", "sign", "softplus", "mish", "prelu", "_prelu_kernel",
+    # masks (ONNX And/Or/Xor/Not, Where, Sub, Mod): what attention-mask code runs
+    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "logical_xor", "masked_fill", "masked_fill_",
+    "rsub", "remainder", "fmod", "floor_divide", "isnan", "isinf", "eq_", "ne_",
 })
 FREE = frozenset({
     "view", "t", "reshape", "_unsafe_view", "permute", "transpose", "expand", "flatten", "squeeze",
@@ -38,9 +45,15 @@ FREE = frozenset({
     "split_with_sizes", "chunk", "stack", "unbind", "dropout", "embedding", "_reshape_alias", "narrow",
     "zeros_like", "ones_like", "empty_like", "fill_", "zero_", "constant_pad_nd", "pad", "repeat",
     "gather", "index", "arange", "_local_scalar_dense", "item", "numpy_T", "unflatten", "new_zeros",
+    # creation (ONNX Constant/ConstantOfShape/EyeLike/Range/Trilu/OneHot), shape and indexing (Scatter*)
+    "scalar_tensor", "new_ones", "new_full", "new_empty", "new_empty_strided", "full_like", "empty_strided",
+    "lift_fresh_copy", "linspace", "eye", "tril", "triu", "one_hot", "index_put", "index_put_", "scatter",
+    "scatter_", "slice_scatter", "select_scatter", "expand_as", "view_as", "broadcast_to", "movedim",
+    "squeeze_", "unsqueeze_", "type_as", "resolve_conj", "resolve_neg", "detach_", "masked_select",
+    "is_nonzero", "_assert_async", "_assert_tensor_metadata", "sym_constrain_range_for_size",
 })
 REDUCE = frozenset({
-    "mean", "sum", "amax", "amin", "max", "min", "argmax", "argmin", "adaptive_avg_pool1d",
+    "mean", "sum", "amax", "amin", "max", "min", "argmax", "argmin", "all", "any", "equal", "adaptive_avg_pool1d",
     "adaptive_avg_pool2d", "_adaptive_avg_pool2d", "adaptive_max_pool2d", "prod", "norm", "var", "std",
 })
 POOL = frozenset({
@@ -148,7 +161,7 @@ def _counting_mode() -> Any:
             entry["count"] += 1
             handler = HANDLERS.get(name)
             cost = None
-            if handler is not None and isinstance(first, torch.Tensor):
+            if handler is not None:  # ``first`` may be a Python scalar (item, equal): a rule needing a tensor fails
                 try:
                     cost = handler(tuple(args), first)
                 except (IndexError, TypeError, AttributeError, ValueError):
