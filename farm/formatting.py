@@ -1,14 +1,43 @@
 """Result rows as text, shared by the CLI (``farm.cli.views``), the HTML report and the exports: a metric
-value for humans, a row's open-loop rate, and the rows as CSV or JSON (exact stored values)."""
+value for humans, a row's open-loop rate, the rows as CSV or JSON (exact stored values), and user strings
+made safe for a terminal (``safe_text``)."""
 from __future__ import annotations
 
 import csv
 import io
 import json
+import re
 from datetime import datetime
 from typing import Any
 
+from rich.text import Text
+
 from schemas.metrics import BY_NAME
+
+#: what a terminal would act on rather than show: C0 controls but tab (ESC starts CSI/OSC sequences, CR and
+#: BS overwrite), DEL, C1 controls (U+0080-U+009F, CSI/OSC in 8 bits) and the bidirectional overrides and
+#: isolates that reorder what follows them ("Trojan Source")
+_CONTROL_RE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape_control(m: re.Match[str]) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(value: object) -> str:
+    """``value`` as text with every control character shown as an escape (``\\x1b``, ``\\u202e``), so that
+    a name, path or error text a user chose reaches a terminal (or a log line) as the characters it holds and
+    never as a cursor move, colour, hyperlink (OSC 8) or title change."""
+    return _CONTROL_RE.sub(_escape_control, str(value))
+
+
+def safe_text(value: object, style: str = "") -> Text:
+    """A user string (request name, model or input file name, stored error, worker id, hostname) as Rich text
+    shown literally: a ``Text`` is never parsed as markup, so ``[/bold]`` or ``[link=...]`` print as written
+    instead of raising MarkupError or styling the terminal, and its control characters are escaped
+    (``printable``). The one way user strings reach a Rich console, table cell or title."""
+    return Text(printable(value), style=style)
 
 
 def fmt_value(name: str, value: Any) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,19 +20,53 @@ from schemas import TensorSpec
 from schemas.dtypes import DTYPES, V2_NUMPY_NAME
 from schemas.input_data import MAX_FILE_BYTES, DataArray, InputData
 
+#: the most an .npz may inflate to (the sizes its archive declares, and each array's header shape): the data a
+#: job may carry (``MAX_FILE_BYTES``) in its widest source dtype (float64 rows for an INT8 input: 8x), plus
+#: the .npy headers. Checked before anything is decompressed: a 2 MB archive of zeros can declare gigabytes
+MAX_NPZ_BYTES = 8 * MAX_FILE_BYTES + (1 << 16)
+#: the largest JSON data file read (its text: about 20 characters per number holds MAX_FILE_BYTES of data)
+MAX_JSON_BYTES = 32 * MAX_FILE_BYTES
+
+
+def _check_npz(path: Path, where: str) -> None:
+    """RequestError when the archive declares more than ``MAX_NPZ_BYTES`` uncompressed (its members' sizes in
+    the zip directory, then each .npy header's shape and dtype), read without inflating any array. zipfile
+    stops each member's stream at its declared size, so the declared total also caps what np.load inflates."""
+    with zipfile.ZipFile(path) as z:
+        declared = sum(info.file_size for info in z.infolist())
+        if declared > MAX_NPZ_BYTES:
+            raise RequestError(f"{where} inflates to {declared >> 20} MiB, above {MAX_NPZ_BYTES >> 20} MiB; keep "
+                               f"fewer rows (at most {MAX_FILE_BYTES >> 20} MiB of data: they are cycled)")
+        for info in z.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            with z.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read_header(member)
+            if math.prod(shape) * dtype.itemsize > MAX_NPZ_BYTES:
+                raise RequestError(f"{where}: array {info.filename[:-4]!r} declares shape {list(shape)} "
+                                   f"{dtype}, above {MAX_NPZ_BYTES >> 20} MiB; keep fewer rows (they are cycled)")
+
 
 def _read(path: Path) -> dict[str, np.ndarray]:
-    """The file's arrays by name; RequestError when it cannot be read as .npz or JSON."""
+    """The file's arrays by name; RequestError when it cannot be read as .npz or JSON (or an .npz would
+    inflate past ``MAX_NPZ_BYTES``)."""
     where = f"input data file {path}"
     if not path.is_file():
         raise RequestError(f"{where} does not exist; give random, zeros or a .npz/.json file")
     if path.suffix.lower() == ".npz":
         try:
+            _check_npz(path, where)
             with np.load(path, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}
         except (OSError, ValueError, zipfile.BadZipFile) as exc:
             raise RequestError(f"{where} is not a readable .npz archive ({exc}); write it with numpy.savez") from None
     if path.suffix.lower() == ".json":
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise RequestError(f"{where} is {path.stat().st_size >> 20} MiB, above {MAX_JSON_BYTES >> 20} MiB of "
+                               "JSON; keep fewer rows (they are cycled) or write an .npz")
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
@@ -69,6 +104,19 @@ def _fit(where: str, spec: TensorSpec, arr: np.ndarray) -> np.ndarray:
             raise RequestError(f"{where}: input {spec.name!r} has values outside {spec.dtype} "
                                f"({info.min}..{info.max})")
     return np.ascontiguousarray(arr.astype(want.newbyteorder("<"), copy=False))
+
+
+def check_input_sizes(inputs: Sequence[TensorSpec], batch_sizes: Sequence[int], limit: int) -> None:
+    """RequestError when one batch of an input, at the request's largest batch size, would take more than
+    ``limit`` bytes (``FARM_MAX_INPUT_BYTES``): computed from the shapes, before any model is loaded or tensor
+    allocated, so ``--input x:FP32:1000000000`` is refused at submit instead of failing on a worker."""
+    batch = max(batch_sizes, default=1)
+    for spec in inputs:
+        size = math.prod(spec.shape) * batch * np.dtype(V2_NUMPY_NAME[spec.dtype]).itemsize
+        if size > limit:
+            raise RequestError(f"input {spec.name!r} ({spec.dtype} {'x'.join(map(str, spec.shape))}) takes "
+                               f"{size / 2**20:,.0f} MiB per batch of {batch}, above the limit of "
+                               f"{limit / 2**20:,.0f} MiB (FARM_MAX_INPUT_BYTES); give smaller shapes or batches")
 
 
 def resolve_input_data(data: InputData | None, inputs: list[TensorSpec]) -> InputData | None:

@@ -13,6 +13,16 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 
+def default_max_input_bytes() -> int:
+    """The default ``FARM_MAX_INPUT_BYTES``: 1/8 of this host's memory, at most 1 GiB (8 GiB assumed where
+    the memory size is unknown)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        memory = 8 << 30
+    return min(1 << 30, max(1 << 20, memory // 8))
+
+
 def default_home() -> Path:
     """Where the embedded default keeps its SQLite file and artifact cache: ``$XDG_DATA_HOME/farm``."""
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
@@ -29,6 +39,9 @@ class Settings(BaseSettings):
     broker_url: str | None = None
     runner: str = "auto"  # auto | process | docker
     job_limit: int = Field(default=5000, ge=1)
+    #: the most one batch of one input may take, bytes (its shape x dtype x the request's largest batch size),
+    #: checked at submit; default 1/8 of the submitting host's memory, at most 1 GiB
+    max_input_bytes: int = Field(default_factory=default_max_input_bytes, ge=1)
     heartbeat_s: float = Field(default=5.0, gt=0)
     worker_dead_after_s: float = Field(default=30.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
@@ -61,8 +74,9 @@ class Settings(BaseSettings):
     #: Prometheus endpoint port of `farm worker` (slot I: port + I) and `farm scheduler`; unset: no endpoint,
     #: 0: any free port (printed at start)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
-    #: the address the metrics endpoint listens on
-    metrics_addr: str = "0.0.0.0"
+    #: the address the metrics endpoint listens on: loopback by default (the endpoint has no authentication and
+    #: names workers, hosts and queues); the Helm chart and compose set 0.0.0.0 where Prometheus scrapes pods
+    metrics_addr: str = "127.0.0.1"
     #: log lines of `farm worker` / `farm scheduler`: text, or json (one object per line, for log collectors)
     log_format: Literal["text", "json"] = "text"
     #: TEST/BENCHMARK HARNESS ONLY: workers complete jobs without serving or measuring anything (dispatch

@@ -179,7 +179,7 @@ class MetricsServer(AbstractContextManager["MetricsServer"]):
     """prometheus_client's HTTP endpoint for ``registry`` on ``addr:port`` (0: a free port; ``port`` is the
     bound one once entered), stopped and its thread joined on exit."""
 
-    def __init__(self, registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> None:
+    def __init__(self, registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> None:
         self.registry = registry
         self.port = port
         self.addr = addr
@@ -188,8 +188,9 @@ class MetricsServer(AbstractContextManager["MetricsServer"]):
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.addr in ("0.0.0.0", "") else self.addr
-        return f"http://{host}:{self.port}/metrics"
+        """The endpoint on the address really bound once entered (``0.0.0.0``: every interface), else asked."""
+        host = str(self._server.server_address[0]) if self._server is not None else self.addr
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/metrics"
 
     def __enter__(self) -> MetricsServer:
         try:

@@ -16,11 +16,11 @@ from farm.db.models import Job, Request, utcnow
 from farm.db.session import session_scope
 from farm.endpoint import FORMAT, Attach, describe_endpoint
 from farm.errors import RequestError, SchedulerError
-from farm.input_data import resolve_input_data
+from farm.input_data import check_input_sizes, resolve_input_data
 from farm.models.info import inspect_model, sha256_file
 from farm.results import live_workers
 from farm.settings import get_settings
-from scheduler.expand import Expansion, ModelRef, expand
+from scheduler.expand import Expansion, ModelRef, expand, job_count
 from schemas import JobSpec, ProfileRequest, TensorSpec
 from schemas.job import JobStatus
 
@@ -67,20 +67,24 @@ def plan(request: ProfileRequest, request_id: str | None = None,
     if request.measurement.timeout_s >= settings.visibility_timeout_s:
         raise RequestError(f"measurement timeout_s {request.measurement.timeout_s:g} must be below the broker "
                            f"visibility timeout ({settings.visibility_timeout_s} s, FARM_VISIBILITY_TIMEOUT_S)")
+    if request.inputs:  # before the model is loaded (a dry run allocates its inputs)
+        check_input_sizes(request.inputs, request.batch_sizes, settings.max_input_bytes)
     path, ref = _model_ref(request, attach)
+    check_input_sizes(ref.inputs, request.batch_sizes, settings.max_input_bytes)
     data = resolve_input_data(request.input_data, list(ref.inputs))
     if data is not request.input_data:
         request = request.model_copy(update={"input_data": data})
     rid = request_id or str(uuid.uuid4())
     with session_scope() as s:
         products = online_gpu_products(s)
+    n_jobs = job_count(request, ref, products)  # arithmetic: a huge matrix is refused before it is built
+    if n_jobs > settings.job_limit:
+        raise RequestError(f"the request expands to {n_jobs} jobs, above the limit of "
+                           f"{settings.job_limit}; shrink the matrix or raise FARM_JOB_LIMIT")
     expansion = expand(request, rid, ref, products)
     if not expansion.jobs:
         reasons = "; ".join(str(e["reason"]) for e in expansion.excluded) or "empty matrix"
         raise RequestError(f"the request expands to no runnable job: {reasons}")
-    if len(expansion.jobs) > settings.job_limit:
-        raise RequestError(f"the request expands to {len(expansion.jobs)} jobs, above the limit of "
-                           f"{settings.job_limit}; shrink the matrix or raise FARM_JOB_LIMIT")
     return Submission(rid, expansion, request), path, ref
 
 

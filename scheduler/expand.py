@@ -156,6 +156,21 @@ def edge_engines(engines: list[str], model_format: str) -> list[str]:
     return chosen or ([default] if default else [])
 
 
+def job_count(request: ProfileRequest, model: ModelRef, gpu_products: list[str] | None = None) -> int:
+    """How many jobs ``expand`` builds for ``request``, from its dimensions' lengths: the product is computed,
+    nothing is allocated, so a matrix of millions of jobs is refused against ``FARM_JOB_LIMIT`` at once
+    (expanding it first took gigabytes)."""
+    devices, _ = resolve_devices(request.devices, gpu_products)
+    batches = sum(1 for b in request.batch_sizes if model.static_batch in (None, b))
+    pairs = sum(1 for d in devices for e in request.engines if not incompatibility(e, model.format, d))
+    m = request.measurement
+    configs = len(request.instances or [m.instances]) * len(request.threads or [m.threads]) * len(
+        request.max_queue_delay_us or [m.max_queue_delay_us])  # as ProfileRequest.serving_configs
+    levels = 1 if m.search == "quick" else len(request.concurrency) * len(request.rate_levels())  # as _levels
+    edge = len(request.edge) * len(edge_engines(request.engines, model.format)) * batches  # as _add_edge_jobs
+    return pairs * batches * configs * levels + edge
+
+
 def matrix_size(request: ProfileRequest, n_devices: int | None = None) -> int:
     """Upper bound of the job count before compatibility filtering (for the job limit)."""
     devices = n_devices if n_devices is not None else len(request.devices)

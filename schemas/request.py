@@ -17,6 +17,9 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,199}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
 _ENDPOINT_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9][A-Za-z0-9_.-]*):\d{1,5}$")
 _DEVICE_RE = re.compile(r"^(cpu|gpu(:[a-z0-9][a-z0-9_.-]{0,62})?)$")
+#: the most elements one sample of an input may have (2**31: what protobuf and most engines can hold in one
+#: tensor); the bytes of a batch are bounded again at submit by FARM_MAX_INPUT_BYTES
+MAX_INPUT_ELEMENTS = 1 << 31
 
 
 def parse_memory(value: str | int) -> int:
@@ -69,6 +72,9 @@ class TensorSpec(_Strict):
     def _shape(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if any(d <= 0 for d in v):
             raise ValueError(f"shape {list(v)} has a dimension <= 0; give concrete sizes (batch excluded)")
+        if math.prod(v) > MAX_INPUT_ELEMENTS:
+            raise ValueError(f"shape {list(v)} has {math.prod(v):.3g} elements per sample, above "
+                             f"{MAX_INPUT_ELEMENTS:,}")
         return v
 
     value_range: tuple[float, float] | None = Field(

@@ -6,9 +6,10 @@ import json
 import typer
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from farm.cli.prepare import prepare_db
-from farm.cli.views import console, err_console, fmt_value, load_label
+from farm.cli.views import console, err_console, fmt_value, load_label, safe_row, say
 from farm.compare import RATIOS, SLOWER, Comparison
 from farm.compare import as_json as comparison_json
 from farm.compare import compare as run_compare
@@ -75,11 +76,10 @@ def _print(c: Comparison, a: str, b: str) -> None:
         tests = "; ".join(f"{'thr' if t.metric.startswith('throughput') else 'p50'} {t.change_pct:+.1f}% "
                           f"p={t.p_value:.1g}" for t in m.tests)
         colour = "red" if m.verdict == SLOWER else "green" if m.verdict == "faster" else ""
-        table.add_row(_coords(m.key), how_measured_short(bool(m.a.get("edge_profile"))),
+        safe_row(table, _coords(m.key), how_measured_short(bool(m.a.get("edge_profile"))),
                       *(fmt_value("", m.ratios[label]) + ("x" if m.ratios[label] is not None else "")
                         for _, label in RATIOS),
-                      tests or "-", (f"[{colour}]{m.verdict}[/]" if colour else m.verdict)
-                      + (f" [yellow](host {', '.join(m.flags)})[/]" if m.flags else ""))
+                      tests or "-", _verdict_cell(m.verdict, colour, m.flags))
     console.print(table)
     console.print(f"faster/slower: the test's p < {c.alpha:g} and the change is at least {c.min_effect_pct:g} %; "
                   "throughput by Welch's t-test over the stored windows, p50 latency by Mann-Whitney over the "
@@ -87,10 +87,17 @@ def _print(c: Comparison, a: str, b: str) -> None:
                   highlight=False)
     for side, rows in (("A", c.only_a), ("B", c.only_b)):
         if rows:
-            console.print(f"only in {side} ({a if side == 'A' else b}), not compared: "
-                          + "; ".join(f"{r['job_id'][:6]} {_coords(r)} {r['status']}" for r in rows),
-                          highlight=False)
+            say(f"only in {side} ({a if side == 'A' else b}), not compared: "
+                + "; ".join(f"{r['job_id'][:6]} {_coords(r)} {r['status']}" for r in rows))
 
 
 def register(app: typer.Typer) -> None:
     app.command()(compare)
+
+
+def _verdict_cell(verdict: str, colour: str | None, flags: list[str]) -> Text:
+    """The verdict in its colour, then the match's host flags (drift, busy) in yellow."""
+    cell = Text(verdict, style=colour or "")
+    if flags:
+        cell.append(f" (host {', '.join(flags)})", style="yellow")
+    return cell

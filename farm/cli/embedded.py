@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from farm import lifecycle
 from farm.cli.hooks import register_hooks
-from farm.cli.views import err_console, rate_text
+from farm.cli.views import err_console, rate_text, say
 from farm.db.models import Job
 from farm.db.session import session_scope
 from farm.errors import RunInterrupted
@@ -120,8 +120,8 @@ def _interrupted(request_id: str, worker_id: str, job_id: str | None, what: str,
         left = len(lifecycle.resumable(s, request_id))
     if job is not None:
         rate = rate_text({"rate": job.rate, "edge_profile": job.edge_profile})
-        err_console.print(f"{name}: job {job.id[:8]} ({job.device} {job.engine} b={job.batch_size} "
-                          f"c={job.concurrency}{rate}{' edge=' + job.edge_profile if job.edge_profile else ''}) "
-                          "cancelled, its server stopped", highlight=False, soft_wrap=True)
+        say(f"{name}: job {job.id[:8]} ({job.device} {job.engine} b={job.batch_size} "
+            f"c={job.concurrency}{rate}{' edge=' + job.edge_profile if job.edge_profile else ''}) "
+            "cancelled, its server stopped", to=err_console, soft_wrap=True)
     raise RunInterrupted(f"interrupted by {name}; `farm resume {request_id}` runs the request's {left} remaining "
                          "job(s)", signum)

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from farm.errors import FarmError, RequestError
+from farm.formatting import printable
 from farm.settings import get_settings, mask_url
 
 
@@ -26,7 +27,9 @@ def validation_message(exc: ValidationError, prefix: str = "invalid request") ->
 
 
 def one_line(text: str) -> str:
-    return " ".join(str(text).split())
+    """``text`` on one line (whitespace runs as one space), its control characters escaped (``printable``):
+    an error may quote a user's name, path or stored error."""
+    return printable(" ".join(str(text).split()))
 
 
 USAGE_EXIT = 2

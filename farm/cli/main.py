@@ -38,6 +38,7 @@ from scheduler.search import search_report, searches_done
 from schemas import ProfileRequest
 from schemas.job import FINAL, JobStatus
 from schemas.request import LOAD_CLIENTS
+from workers.spool import retry_db
 
 app = typer.Typer(name="farm", help="A distributed profiling farm for ML model serving.",
                   no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False)
@@ -118,7 +119,7 @@ def submit(
                           + (f", {left_out} combinations left out" if left_out else ""))
         for ex in sub.expansion.excluded:
             coords = ", ".join(f"{k}={v}" for k, v in ex.items() if k != "reason")
-            err_console.print(f"  left out {coords}: {ex['reason']}")
+            views.say(f"  left out {coords}: {ex['reason']}", to=err_console)
     if settings.embedded:
         run_embedded(rid, [j.job_id for j in sub.expansion.jobs], quiet=as_json)
         _show_results(rid, "json" if as_json else "table", with_id=as_json)
@@ -164,20 +165,30 @@ def resume(request_id: str = typer.Argument(..., help="Request id (or a unique p
         console.print(f"re-sent {len(jobs)} job(s) to {mask_url(settings.broker_url)}; `farm status {rid}` to follow")
 
 
+def _poll(request_id: str) -> tuple[dict[str, int], bool]:
+    """The request's job counts by status, and whether it is finished (every job final and every quick search
+    done: a quick search adds steps as results land). A database blip (Postgres restarting) is retried with
+    backoff for FARM_DB_RETRY_S, as workers do, before it fails the command."""
+    def read() -> tuple[dict[str, int], bool]:
+        counts = status_counts(request_id)
+        done = sum(counts.get(s, 0) for s in FINAL) >= sum(counts.values())
+        return counts, done and searches_done(request_id)
+
+    return retry_db(read, get_settings().db_retry_s, what=f"status read of request {request_id}")
+
+
 def _wait(request_id: str, quiet: bool, poll_s: float = 1.0) -> None:
-    counts = status_counts(request_id)
-    total = sum(counts.values())
+    counts, finished = _poll(request_id)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, disable=quiet) as progress:
-        task = progress.add_task("waiting for workers", total=total)
+        task = progress.add_task("waiting for workers", total=sum(counts.values()))
         while True:
-            counts = status_counts(request_id)
-            done, total = sum(counts.get(s, 0) for s in FINAL), sum(counts.values())
-            progress.update(task, completed=done, total=total,
+            progress.update(task, completed=sum(counts.get(s, 0) for s in FINAL), total=sum(counts.values()),
                             description=" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-            if done >= total and searches_done(request_id):  # a quick search adds steps as results land
+            if finished:
                 return
             time.sleep(poll_s)
+            counts, finished = _poll(request_id)
 
 
 def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: list[str] | None = None) -> None:
@@ -197,12 +208,12 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: 
     else:
         console.print(views.results_table(rows, title=_results_title(request_id, rows, merge_with)))
         for line in views.measured_lines(rows):
-            console.print(line, highlight=False)
+            views.say(line)
         for line in views.error_lines(rows):
-            console.print(f"[red]{line}[/]", highlight=False)
+            views.say(line, style="red")
         for line in (views.steal_lines(rows) + views.host_lines(rows) + views.shared_lines(rows)
                      + views.client_limited_lines(rows)):
-            console.print(f"[yellow]{line}[/]", highlight=False)
+            views.say(line, style="yellow")
 
 
 def _results_title(request_id: str, rows: list[dict[str, Any]], merge_with: list[str] | None) -> str:
@@ -242,7 +253,7 @@ def results(request_ids: list[str] = typer.Argument(..., help="Request id (or a 
         if merge or fmt == "table":
             raise RequestError("-o exports one request: give --format csv, json or parquet and no --merge-repeats")
         export.write(export.export_rows(request_ids[0]), fmt, output)
-        console.print(f"wrote {output}", highlight=False)
+        views.say(f"wrote {output}")
         return
     _show_results(request_ids[0], fmt, merge_with=request_ids[1:] if merge else None)
 
@@ -261,7 +272,7 @@ def status(request_id: str | None = typer.Argument(None, help="Request id; omit 
         for col in ("request", "name", "model", "created", "jobs"):
             table.add_column(col)
         for r in reqs:
-            table.add_row(r["request_id"], r["name"] or "-", str(r["model"]), views.age(r["created_at"]),
+            views.safe_row(table, r["request_id"], r["name"] or "-", str(r["model"]), views.age(r["created_at"]),
                           " ".join(f"{k}={v}" for k, v in sorted(r["counts"].items())))
         console.print(table)
         return
@@ -273,14 +284,14 @@ def status(request_id: str | None = typer.Argument(None, help="Request id; omit 
         return
     console.print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
     for sr in searches:  # quick search: where each serving configuration's search stands
-        console.print(f"  search {views.config_label(sr['config'])}: {sr['state']}", highlight=False)
+        views.say(f"  search {views.config_label(sr['config'])}: {sr['state']}")
     for queue, n in waiting.items():
-        console.print(f"[yellow]{n} job(s) wait in queue {queue}: no live worker consumes it[/]")
+        views.say(f"{n} job(s) wait in queue {queue}: no live worker consumes it", style="yellow")
     for r in result_rows(request_id):
         if r["status"] != JobStatus.succeeded:
-            console.print(f"  {r['job_id'][:8]} {r['device']} {r['engine']} b={r['batch_size']} "
+            views.say(f"  {r['job_id'][:8]} {r['device']} {r['engine']} b={r['batch_size']} "
                           f"c={r['concurrency']}{views.rate_text(r)} edge={r['edge_profile'] or '-'}: {r['status']}"
-                          + (f" ({r['error']})" if r["error"] else ""))
+                          + (f" ({' '.join(str(r['error']).split())})" if r["error"] else ""))
 
 
 @app.command()

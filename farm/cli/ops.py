@@ -11,9 +11,10 @@ from rich.table import Table
 
 from farm.cli.hooks import register_hooks
 from farm.cli.request_options import FORMAT_HELP, SERVE_ENGINE_HELP
-from farm.cli.views import console, err_console
+from farm.cli.views import console, err_console, safe_row, say
 from farm.db.migrate import is_current, upgrade
 from farm.errors import ConfigError, RequestError
+from farm.formatting import safe_text
 from farm.logs import setup_logging
 from farm.models.analysis import analyze as run_analysis
 from farm.models.analysis import headline
@@ -141,7 +142,7 @@ def example_model(out: Path = typer.Argument(..., help="Output file."),
     if kind not in EXAMPLE_KINDS:
         raise RequestError(f"--kind {kind!r} is unknown; use one of: {', '.join(EXAMPLE_KINDS)}")
     path = build_example(kind, out)
-    console.print(f"wrote {kind} model to {path}")
+    say(f"wrote {kind} model to {path}")
 
 
 def analyze(model: Path = typer.Argument(..., help="Model file."),
@@ -155,7 +156,7 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
     if as_json:
         print(json.dumps(report, indent=2, default=str))
         return
-    table = Table(title=f"{model.name} ({info.format}, {', '.join(report['inputs'])})")
+    table = Table(title=safe_text(f"{model.name} ({info.format}, {', '.join(report['inputs'])})"))
     for col in ("metric", "value", "unit"):
         table.add_column(col, justify="right" if col == "value" else "left")
     for m in MODEL_METRICS:
@@ -165,14 +166,14 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
     for col in ("op", "count", "MACs", "FLOPs"):
         ops_table.add_column(col, justify="left" if col == "op" else "right")
     for op, row in sorted(report.get("ops", {}).items(), key=lambda kv: -(kv[1].get("macs") or 0)):
-        ops_table.add_row(op, str(row["count"]), *("unknown" if row.get(k) is None else f"{row[k]:,}"
+        safe_row(ops_table, op, str(row["count"]), *("unknown" if row.get(k) is None else f"{row[k]:,}"
                                                     for k in ("macs", "flops")))
     console.print(ops_table)
     for note in report.get("notes", []):
-        console.print(f"note: {note}", highlight=False)
+        say(f"note: {note}")
     if not report.get("complete", True):
-        err_console.print(f"incomplete: no counting rule or shape for {report.get('unknown_ops')}; "
-                          "the MAC/FLOP totals are lower bounds (>=)")
+        say(f"incomplete: no counting rule or shape for {report.get('unknown_ops')}; "
+            "the MAC/FLOP totals are lower bounds (>=)", to=err_console)
 
 
 def register(app: typer.Typer, db_app: typer.Typer) -> None:

@@ -18,9 +18,12 @@ from farm.cli.views import (
     load_label,
     measured_lines,
     rate_text,
+    safe_row,
+    say,
     serving_label,
     shared_lines,
 )
+from farm.formatting import safe_text
 from farm.models.analysis import headline
 from farm.report import Constraint, Report, build_report, parse_constraint
 from farm.results import find_request, model_static_metrics, result_rows
@@ -48,7 +51,7 @@ def report(
         from farm.report_html import render  # noqa: PLC0415 - matplotlib: +1.2 s on every CLI start, measured
 
         output.write_text(render(request_id, objective, constraints, stable), encoding="utf-8")
-        console.print(f"wrote {output}", highlight=False)
+        say(f"wrote {output}")
         return
     req = find_request(request_id)
     rep = build_report(result_rows(req.id), objective, constraints, stable)
@@ -59,7 +62,7 @@ def report(
     _print_ranked(req.id, rep, top)
     _print_verdicts(rep)
     for line in measured_lines(rep.ranked[:top] + rep.edge):
-        console.print(line, highlight=False)
+        say(line)
     if static:
         console.print("model: " + ", ".join(f"{k} {headline(static, k)}" for k in
                                             ("params", "macs_per_sample", "flops_per_sample") if k in static))
@@ -103,43 +106,43 @@ def _print_ranked(request_id: str, rep: Report, top: int) -> None:
     objective, constraints = rep.objective, rep.constraints
     title = f"request {request_id}: best by {objective}" + (f" with {', '.join(map(str, constraints))}"
                                                              if constraints else "")
-    table = Table(title=title, box=box.SIMPLE_HEAD)
+    table = Table(title=safe_text(title), box=box.SIMPLE_HEAD)
     cols = [objective] + [m for m in ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms",
                                       "server_compute_p50_ms", "stable") if m != objective]
     for c in ("rank", "job", "device", "engine", "serving", "b x c", *cols):
         table.add_column(c, justify="right" if c in cols or c == "rank" else "left")
     for i, r in enumerate(rep.ranked[:top], 1):
-        table.add_row(str(i), job_label(r), r["device"], r["engine"], serving_label(r),
+        safe_row(table, str(i), job_label(r), r["device"], r["engine"], serving_label(r),
                       load_label(r), *(fmt_value(c, r.get(c)) for c in cols))
     console.print(table)
     if not rep.ranked:
         console.print("[yellow]no configuration meets the constraints[/]")
     for line in shared_lines(rep.ranked[:top]):
-        console.print(f"[yellow]{line}[/]", highlight=False)
+        say(line, style="yellow")
 
 
 def _print_verdicts(rep: Report) -> None:
     """The best configuration per device, the ones left out (first five) and each edge profile's verdict."""
     objective = rep.objective
     for device, r in rep.best_per_device.items():
-        console.print(f"best on {device}: {r['engine']} batch {r['batch_size']} x concurrency {r['concurrency']}"
+        say(f"best on {device}: {r['engine']} batch {r['batch_size']} x concurrency {r['concurrency']}"
                       f"{rate_text(r)} ({serving_label(r)}) → {fmt_value(objective, r.get(objective))} {objective}")
     if len(rep.best_per_serving) > 1:  # grouped by serving configuration (instances, threads, batching)
         for r in rep.best_per_serving:
-            console.print(f"  best of {config_label(r)}: concurrency {r['concurrency']}{rate_text(r)} → "
-                          f"{fmt_value(objective, r.get(objective))} {objective}", highlight=False)
+            say(f"  best of {config_label(r)}: concurrency {r['concurrency']}{rate_text(r)} → "
+                f"{fmt_value(objective, r.get(objective))} {objective}")
     if rep.rejected:
-        console.print(f"{len(rep.rejected)} configuration(s) left out: "
-                      + "; ".join(f"{r['job_id'][:6]} {why}" for r, why in rep.rejected[:5])
-                      + (" ..." if len(rep.rejected) > 5 else ""), highlight=False)
+        say(f"{len(rep.rejected)} configuration(s) left out: "
+            + "; ".join(f"{r['job_id'][:6]} {why}" for r, why in rep.rejected[:5])
+            + (" ..." if len(rep.rejected) > 5 else ""))
     for e in rep.edge:
         verdict = ("fits" if e["fits"] else e["reason"] if e["fits"] is None
                    else f"does not fit ({e['reason']})")
-        console.print(f"edge {e['edge_profile']} at batch {e['batch_size']} (in-process): {verdict}; "
-                      f"{fmt_value('throughput_infer_per_s', e.get('throughput_infer_per_s'))} infer/s, "
-                      f"p99 {fmt_value('latency_p99_ms', e.get('latency_p99_ms'))} ms, memory peak "
-                      f"{fmt_value('mem_peak_bytes', e.get('mem_peak_bytes'))} of "
-                      f"{fmt_value('mem_limit_bytes', e.get('mem_limit_bytes'))} MiB", highlight=False)
+        say(f"edge {e['edge_profile']} at batch {e['batch_size']} (in-process): {verdict}; "
+            f"{fmt_value('throughput_infer_per_s', e.get('throughput_infer_per_s'))} infer/s, "
+            f"p99 {fmt_value('latency_p99_ms', e.get('latency_p99_ms'))} ms, memory peak "
+            f"{fmt_value('mem_peak_bytes', e.get('mem_peak_bytes'))} of "
+            f"{fmt_value('mem_limit_bytes', e.get('mem_limit_bytes'))} MiB")
 
 
 def register(app: typer.Typer) -> None:

@@ -8,11 +8,12 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from farm.db.models import utcnow
 
 # farm.formatting: shared with the reports; to_csv and to_json are re-exported for the CLI's commands
-from farm.formatting import fmt_value, rate_text
+from farm.formatting import fmt_value, rate_text, safe_text
 from farm.formatting import to_csv as to_csv
 from farm.formatting import to_json as to_json
 from farm.settings import get_settings
@@ -35,16 +36,29 @@ TABLE_METRICS: tuple[tuple[str, str], ...] = (
 )
 
 
+def say(text: str, style: str | None = None, to: Console | None = None, soft_wrap: bool = False) -> None:
+    """Print a line that holds user strings (names, paths, stored errors) literally (``safe_text``: no markup,
+    control characters escaped), in ``style`` when given, on ``to`` (default: stdout's console)."""
+    (to or console).print(safe_text(text, style or ""), highlight=False, soft_wrap=soft_wrap)
+
+
+def safe_row(table: Table, *cells: object) -> None:
+    """Add a table row whose text cells may hold user strings: each shown literally (``safe_text``); Rich
+    renderables (a styled ``Text``) are added as they are."""
+    table.add_row(*(c if isinstance(c, Text) else safe_text(c) for c in cells))
+
+
 def results_table(rows: list[dict[str, Any]], title: str = "") -> Table:
-    """The results as a Rich table; errors are listed under it (see ``error_lines``)."""
-    table = Table(title=title or None, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    """The results as a Rich table; errors are listed under it (see ``error_lines``). ``title`` and the
+    cells are shown literally."""
+    table = Table(title=safe_text(title) if title else None, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     serving = any(serving_label(r) != "-" for r in rows)  # the column only when a serving dimension varies
     for col in ("job", "device", "engine", *(("serving",) if serving else ()), "b x c", "edge", "status"):
         table.add_column(col, no_wrap=True)
     for _, head in TABLE_METRICS:
         table.add_column(head, justify="right")
     for r in rows:
-        table.add_row(job_label(r), r["device"], r["engine"], *((serving_label(r),) if serving else ()),
+        safe_row(table, job_label(r), r["device"], r["engine"], *((serving_label(r),) if serving else ()),
                       load_label(r), r["edge_profile"] or "-", r["status"],
                       *(fmt_value(n, r.get(n)) for n, _ in TABLE_METRICS))
     return table
@@ -136,7 +150,7 @@ def workers_table(rows: list[dict[str, Any]]) -> Table:
     for w in rows:
         cpu = w["cpu"]
         job = (w["current_job_id"] or "")[:8] or ("idle" if w["status"] == WorkerStatus.online else "-")
-        table.add_row(w["worker_id"], w["hostname"], slot_text(w.get("slot")), w["runner"], w["status"],
+        safe_row(table, w["worker_id"], w["hostname"], slot_text(w.get("slot")), w["runner"], w["status"],
                       age(w["last_heartbeat"]), f"{cpu.get('logical_cores', '?')}x {cpu.get('model', '')}"[:40],
                       ", ".join(w["gpus"]) or "-", ", ".join(w["queues"]), job)
     return table

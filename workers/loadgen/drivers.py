@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import signal
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -154,6 +155,9 @@ class _PipeControl(Control):
 
 
 def _process_main(cfg: WorkerConfig, conn: Connection, cpus: set[int] | None) -> None:
+    # Ctrl-C signals the terminal's whole process group: the parent alone handles it (it stops this process
+    # with Stop, then SIGTERM), so a KeyboardInterrupt here would only print a traceback per load process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cpus:  # a forked child has its fork server's CPUs, not those of the thread that asked for it
         os.sched_setaffinity(0, cpus)
     run_worker(cfg, _PipeControl(conn))

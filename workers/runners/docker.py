@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import socket
 import threading
 import time
 import weakref
@@ -25,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 import docker
 from farm.errors import ContainerError, ServerError
@@ -45,6 +48,39 @@ DEFAULT_IDLE_TIMEOUT_S = 120.0
 #: a container: farm's own servers run under the image's ``python``, bind every interface on SERVER_PORT
 #: (published on 127.0.0.1 only), and see a model file under ``/model``
 SITE = Site(container=True, python="python", host="0.0.0.0", port=SERVER_PORT, model_dir=hd.MODEL_DIR)
+
+
+#: labels naming the process that started a serving container (``farm submit`` in an embedded run, or a
+#: worker), its start time (a reused pid is told apart) and host: a container whose process is gone (SIGKILL
+#: leaves no time to remove it) is removed by the next farm process that runs jobs on the host
+OWNER_PID_LABEL, OWNER_STARTED_LABEL, OWNER_HOST_LABEL = "farm.owner_pid", "farm.owner_started", "farm.owner_host"
+
+
+def owner_labels() -> dict[str, str]:
+    """This process's owner labels (``OWNER_PID_LABEL`` and the rest)."""
+    me = psutil.Process()
+    return {OWNER_PID_LABEL: str(me.pid), OWNER_STARTED_LABEL: f"{me.create_time():.2f}",
+            OWNER_HOST_LABEL: socket.gethostname()}
+
+
+def _owner_alive(labels: dict[str, str]) -> bool:
+    try:
+        return f"{psutil.Process(int(labels[OWNER_PID_LABEL])).create_time():.2f}" == labels.get(OWNER_STARTED_LABEL)
+    except (KeyError, ValueError, psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:  # someone else's live process: not ours to judge
+        return True
+
+
+def sweep_dead_owners(docker_client: Any) -> list[str]:
+    """Remove farm's containers on this host whose starting process is gone (a SIGKILLed embedded run);
+    returns their ids. Containers of live processes, of other hosts and without owner labels stay."""
+    found = docker_client.containers.list(all=True, ignore_removed=True, filters={"label": [
+        f"{hd.OWNER_LABEL}={hd.OWNER}", f"{OWNER_HOST_LABEL}={socket.gethostname()}"]})
+    dead = [c for c in found if not _owner_alive(c.labels or {})]
+    for c in dead:
+        hd.remove(c, stop_timeout_s=1)
+    return [c.id for c in dead]
 
 
 @dataclass
@@ -115,7 +151,8 @@ class DockerRunner(Runner):
                 runner.close()
 
         atexit.register(close_if_alive)
-        self.orphans_removed: list[str] = hd.cleanup_orphans(self.client, worker_id) if cleanup else []
+        self.orphans_removed: list[str] = (hd.cleanup_orphans(self.client, worker_id)
+                                           + sweep_dead_owners(self.client)) if cleanup else []
         if build_image and self.image == DEFAULT_TAG:
             build_local_image(self.image, client=self.client)  # cached: ~2 s unless the code changed
         elif not image_exists(self.image, client=self.client):
@@ -195,7 +232,7 @@ class DockerRunner(Runner):
             image=image,
             command=command,
             name=hd.container_name("serve", self.worker_id, spec.job_id),
-            labels=hd.labels(self.worker_id, spec.job_id, "serve", **{hd.KEY_LABEL: key}),
+            labels=hd.labels(self.worker_id, spec.job_id, "serve", **{hd.KEY_LABEL: key}, **owner_labels()),
             volumes=volumes,
             ports={f"{launch.port}/tcp": ("127.0.0.1", None)},
             **hd.hardening(self.pids_limit),

@@ -52,6 +52,8 @@ imagePullPolicy: {{ $img.pullPolicy }}
   value: {{ .Values.logFormat | quote }}
 - name: FARM_METRICS_PORT
   value: {{ .Values.metricsPort | quote }}
+- name: FARM_METRICS_ADDR
+  value: {{ .Values.metricsAddr | quote }}
 {{- range $k, $v := .Values.settings }}
 - name: {{ $k }}
   value: {{ $v | quote }}
@@ -106,7 +108,7 @@ livenessProbe:
 {{- end -}}
 {{- define "farm.podAnnotations" -}}
 checksum/secret: {{ include "farm.secretData" . | sha256sum }}
-checksum/settings: {{ toJson (dict "settings" .Values.settings "log" .Values.logFormat "port" .Values.metricsPort) | sha256sum }}
+checksum/settings: {{ toJson (dict "settings" .Values.settings "log" .Values.logFormat "port" .Values.metricsPort "addr" .Values.metricsAddr) | sha256sum }}
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ .Values.metricsPort | quote }}
 prometheus.io/path: /metrics
