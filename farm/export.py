@@ -25,7 +25,7 @@ REQUEST_COLUMNS = ("request_id", "model", "model_sha256")
 EXPORT_COLUMNS: tuple[str, ...] = (REQUEST_COLUMNS + JOB_COLUMNS[:6] + ("rpc",) + MEASUREMENT_COLUMNS
                                    + JOB_COLUMNS[6:] + ("measured",) + PLACEMENT_COLUMNS + METRIC_NAMES)
 _FLOAT_COLUMNS = {"rate"}  # the open-loop rate, requests/s (the other measurement columns are integers)
-_INT_COLUMNS = {"batch_size", "concurrency", "attempts", "slot", *MEASUREMENT_COLUMNS} - _FLOAT_COLUMNS
+_INT_COLUMNS = {"batch_size", "concurrency", "attempts", "slot", "repeat", *MEASUREMENT_COLUMNS} - _FLOAT_COLUMNS
 _BOOL_COLUMNS = {"host_shared", "isolated"}
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from collections import Counter
 from typing import Any
 
@@ -16,13 +17,14 @@ from schemas import COORDINATE_KEYS, MEASUREMENT_KEYS, SERVING_KEYS
 from schemas.job import JobStatus
 from schemas.measured import MEASURED_EDGE as MEASURED_EDGE  # re-exported for the HTML report
 from schemas.measured import how_measured
-from schemas.metrics import JOB_METRICS
+from schemas.metrics import BY_NAME, JOB_METRICS
 from schemas.metrics import merge_repeats as merge_metrics
 from schemas.request import MEASUREMENT_DEFAULTS
 from schemas.result import PLACEMENT_COLUMNS, shared_unisolated
 
+#: ``repeat``: which run of its cell a job is (0-based; ``JobSpec.repeat``, kept in ``jobs.spec``; not a coordinate)
 JOB_COLUMNS = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "status",
-               "attempts", "worker_id", "error")
+               "attempts", "worker_id", "error", "repeat")
 METRIC_NAMES = tuple(m.name for m in JOB_METRICS)
 #: a job's coordinates (``schemas.COORDINATE_KEYS``; the serving-configuration keys come from its measurement)
 COORDINATE_COLUMNS = COORDINATE_KEYS
@@ -61,7 +63,8 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     req = find_request(request_id)
     metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + METRIC_NAMES]
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
-                   Job.status, Job.attempts, Job.worker_id, Job.error, *metric_cols, Job.spec["measurement"], Job.rate,
+                   Job.status, Job.attempts, Job.worker_id, Job.error, Job.spec["repeat"], *metric_cols,
+                   Job.spec["measurement"], Job.rate,
                    Result.details[("load", "client")].as_string())
             .outerjoin(Result, Result.job_id == Job.id)
             .where(Job.request_id == req.id)
@@ -82,9 +85,10 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
         row = dict(zip(names, values, strict=True))
         r = {**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **measurement_values(job_measurement, rate), **row, **extra}
         r["client"] = measured_by or client
+        r["repeat"] = int(r["repeat"] or 0)  # a job of a request without repeats (or from before them): run 0
         out.append({**r, "measured": measured(r)})
-    if any(measurement_values(None) != {k: r[k] for k in MEASUREMENT_COLUMNS} for r in out):
-        out.sort(key=_matrix_order)  # several serving configurations or rates: each one's steps together
+    if any(measurement_values(None) != {k: r[k] for k in MEASUREMENT_COLUMNS} or r["repeat"] for r in out):
+        out.sort(key=_matrix_order)  # several serving configurations, rates or runs: each one's steps together
     return out
 
 
@@ -101,7 +105,7 @@ def _matrix_order(row: dict[str, Any]) -> tuple[Any, ...]:
     for c in COORDINATE_COLUMNS:
         v = row[c]
         key += [v is not None, v if v is not None else 0]
-    return tuple(key)
+    return (*key, row.get("repeat") or 0)
 
 
 def result_details(job_ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -141,12 +145,15 @@ def model_static_metrics(model_sha256: str) -> dict[str, Any]:
     return static or {}
 
 
-def merge_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per job config (:data:`CONFIG_COLUMNS`) from result rows of repeated runs (e.g. of several
-    requests of the same matrix), in first-seen order. Metrics of the succeeded repeats combine by each
-    metric's declared aggregation (``schemas.metrics``); ``repeats`` counts them. ``status`` is the
-    shared status or ``mixed``; ``job_id`` is the first repeat's; ``error`` the first error; a repeat measured
-    beside another farm job without isolation marks the merged row the same way."""
+def merge_repeats(rows: list[dict[str, Any]], center: str = "declared") -> list[dict[str, Any]]:
+    """One row per job config (:data:`CONFIG_COLUMNS`) from result rows of repeated runs (the ``--repeats`` runs
+    of a request, or several requests of the same matrix), in first-seen order. Metrics of the succeeded repeats
+    combine by each metric's declared aggregation (``schemas.metrics``); with ``center="median"`` the metrics
+    declared ``mean`` take the median instead (what ``farm results`` shows for a request's repeats: one slow run
+    does not drag it). ``repeats`` counts the succeeded runs; ``spread`` holds ``[min, max]`` over them of each
+    metric declared ``mean`` (two runs or more). ``status`` is the shared status or ``mixed``; ``job_id`` is the
+    first repeat's; ``error`` the first error; a repeat measured beside another farm job without isolation marks
+    the merged row the same way."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault(tuple(r.get(c) for c in CONFIG_COLUMNS), []).append(r)
@@ -155,13 +162,27 @@ def merge_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         done = [r for r in group if r["status"] == JobStatus.succeeded]
         metrics = merge_metrics([{n: r[n] for n in METRIC_NAMES if r[n] is not None} for r in done])
         statuses = {r["status"] for r in group}
-        merged.append({**group[0], **{n: metrics.get(n) for n in METRIC_NAMES}, "repeats": len(done),
-                       "status": statuses.pop() if len(statuses) == 1 else "mixed",
+        merged.append({**group[0], **{n: metrics.get(n) for n in METRIC_NAMES}, **_repeat_spread(done, center),
+                       "repeats": len(done), "status": statuses.pop() if len(statuses) == 1 else "mixed",
                        "attempts": sum(r["attempts"] or 0 for r in group),
                        "error": next((r["error"] for r in group if r["error"]), None),
                        **({"host_shared": True, "isolated": False} if any(shared_unisolated(r) for r in done)
                           else {})})
     return merged
+
+
+def _repeat_spread(done: list[dict[str, Any]], center: str) -> dict[str, Any]:
+    """Of the succeeded runs ``done`` of one cell, for each metric declared ``mean``: its median (``center``
+    ``median``) and ``spread``, ``{metric: [min, max]}`` (two runs or more)."""
+    out: dict[str, Any] = {}
+    spread: dict[str, list[float]] = {}
+    for n in METRIC_NAMES:
+        values = [float(r[n]) for r in done if BY_NAME[n].aggregation == "mean" and r[n] is not None]
+        if values and center == "median":
+            out[n] = statistics.median(values)
+        if len(values) >= 2:
+            spread[n] = [min(values), max(values)]
+    return {**out, "spread": spread}
 
 
 def status_counts(request_id: str) -> dict[str, int]:

@@ -1,5 +1,6 @@
 """Submitting a request: inspect the model, store it, expand, write request + jobs in one transaction,
-then hand the jobs to the broker (cluster mode). Nothing is written when any step before fails."""
+then hand the jobs to the broker (cluster mode), in expansion order (with repeats: interleaved rounds,
+``scheduler.expand.interleave``). Nothing is written when any step before fails."""
 from __future__ import annotations
 
 import uuid
@@ -25,7 +26,8 @@ from schemas import JobSpec, ProfileRequest, TensorSpec
 from schemas.job import JobStatus
 
 #: JobSpec fields that differ between the jobs of one request (the rest is dumped once per request)
-_PER_JOB = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "queue", "measurement")
+_PER_JOB = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "queue", "measurement",
+            "repeat")
 
 
 @dataclass
@@ -118,7 +120,7 @@ def spec_json(job: JobSpec, common: dict[str, Any] | None = None,
         return job.model_dump(mode="json")
     out = dict(common)
     out.update(job_id=job.job_id, device=job.device, engine=job.engine, batch_size=job.batch_size,
-               concurrency=job.concurrency, queue=job.queue,
+               concurrency=job.concurrency, queue=job.queue, repeat=job.repeat,
                edge_profile=job.edge_profile.model_dump(mode="json") if job.edge_profile else None,
                measurement=_dump_measurement(job, dumped if dumped is not None else {}))
     return out

@@ -7,11 +7,16 @@ request's instances x threads x max queue delay (``ProfileRequest.serving_config
 ``jobs.rate`` column like its concurrency). A quick search
 (``measurement.search == "quick"``) gets only the first step of each serving configuration (a concurrency, or
 a rate in open loop); ``scheduler.search`` adds the next ones as results land. Job ids are deterministic from
-the request id and the job's coordinates.
+the request id and the job's coordinates (and its repeat).
+
+With ``repeats`` N > 1 every cell runs N times, interleaved (:func:`interleave`): round after round, each round
+holding every cell once in its own shuffled order, so a slow phase of the host spreads over the cells instead of
+hitting one cell's N back-to-back runs. Embedded mode runs the jobs in this order; cluster mode enqueues them in it.
 """
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +38,27 @@ def job_id_for(request_id: str, device: str, engine: str, batch: int, concurrenc
     if serving and serving.get("rate") is not None:
         key += f"|rate={float(serving['rate'])!r}"
     return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def repeat_job_id(job_id: str, repeat: int) -> str:
+    """The id of run ``repeat`` (0-based) of the cell whose first run is ``job_id``: ``job_id`` itself for run 0
+    (a request without repeats keeps its ids), else a deterministic id of its own."""
+    return job_id if repeat == 0 else hashlib.sha256(f"{job_id}|repeat={repeat}".encode()).hexdigest()[:32]
+
+
+def interleave(jobs: list[JobSpec], repeats: int, seed: str) -> list[JobSpec]:
+    """``repeats`` rounds of ``jobs`` (one per cell), each round in its own order, shuffled by a RNG seeded with
+    ``seed`` (the request id: one request always gets the same order); round r's jobs carry ``repeat`` r and
+    their own ids (:func:`repeat_job_id`). One round: ``jobs`` as they are."""
+    if repeats <= 1:
+        return jobs
+    rng = random.Random(seed)  # noqa: S311 - an order, not a secret
+    out: list[JobSpec] = []
+    for r in range(repeats):
+        order = list(jobs)
+        rng.shuffle(order)
+        out.extend(j.model_copy(update={"repeat": r, "job_id": repeat_job_id(j.job_id, r)}) for j in order)
+    return out
 
 
 @dataclass(frozen=True)
@@ -99,6 +125,7 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
                 continue
             result.jobs.extend(_serving_jobs(request, device, engine, batches, common))
     _add_edge_jobs(result, request, model.format, batches, common)
+    result.jobs = interleave(result.jobs, request.repeats, request_id)
     return result
 
 
@@ -172,8 +199,9 @@ def job_count(request: ProfileRequest, model: ModelRef, gpu_products: list[str] 
 
 
 def matrix_size(request: ProfileRequest, n_devices: int | None = None) -> int:
-    """Upper bound of the job count before compatibility filtering (for the job limit)."""
+    """Upper bound of the job count before compatibility filtering (for the job limit), repeats included."""
     devices = n_devices if n_devices is not None else len(request.devices)
-    return (devices * len(request.engines) * len(request.batch_sizes) * len(request.concurrency)
-            * len(request.serving_configs()) * len(request.rate_levels())
-            + len(request.edge) * len(request.batch_sizes) * max(1, sum(e in IN_PROCESS for e in request.engines)))
+    cells = (devices * len(request.engines) * len(request.batch_sizes) * len(request.concurrency)
+             * len(request.serving_configs()) * len(request.rate_levels())
+             + len(request.edge) * len(request.batch_sizes) * max(1, sum(e in IN_PROCESS for e in request.engines)))
+    return request.repeats * cells

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.input_data import InputData
 from schemas.request import EdgeProfile, MeasurementSettings, TensorSpec
@@ -52,6 +52,7 @@ class JobSpec(BaseModel):
     queue: str
     measurement: MeasurementSettings
     input_data: InputData | None = None  # None: random
+    repeat: int = Field(default=0, ge=0)  # which run of its cell (0-based; ``ProfileRequest.repeats``)
 
     @property
     def is_edge(self) -> bool:

@@ -239,6 +239,7 @@ MEASUREMENT_KEYS: tuple[str, ...] = (*SERVING_KEYS, "rate")
 #: serving configuration is all of them but the ``LOAD_KEYS`` and edge_profile)
 COORDINATE_KEYS: tuple[str, ...] = ("device", "engine", "batch_size", *SERVING_KEYS, *LOAD_KEYS, "edge_profile")
 MAX_RATE = 1_000_000.0  # the highest open-loop rate a request may ask for, requests/s
+MAX_REPEATS = 20  # the most runs of each cell one request may ask for (``repeats``)
 
 
 def _positive_unique(name: str, values: list[int], upper: int, lower: int = 1) -> list[int]:
@@ -296,6 +297,8 @@ class ProfileRequest(_Strict):
     # open-loop rates, requests/s (None: closed loop; ``measurement.rate`` alone is one rate), one job per rate
     rates: list[float] | None = None
     measurement: MeasurementSettings = Field(default_factory=MeasurementSettings)
+    # runs of each cell, interleaved: round after round, the cells in a seeded shuffled order (scheduler.expand)
+    repeats: StrictInt = Field(default=1, ge=1, le=MAX_REPEATS, description="runs of each cell (1 to 20)")
     name: str | None = Field(default=None, max_length=200)
     input_data: InputData | None = Field(default=None, description="random (default), zeros or a file's rows")
     endpoint: str | None = Field(default=None, max_length=300,
@@ -435,11 +438,14 @@ class ProfileRequest(_Strict):
     @model_validator(mode="after")
     def _open_loop(self) -> ProfileRequest:
         """A rates list and measurement.rate must agree; an open-loop quick search walks the rates at one
-        concurrency."""
+        concurrency; a quick search runs each step once (no repeats)."""
         m = self.measurement
         if self.rates and m.rate not in self.rates:
             raise ValueError(f"measurement.rate {m.rate:g} is not one of rates; give the open-loop rate once "
                              "(rates: [...] or measurement.rate)")
+        if m.search == "quick" and self.repeats > 1:
+            raise ValueError("repeats and a quick search do not combine (each search step is one run): use "
+                             "--search brute with --repeats, or drop --repeats")
         if m.search == "quick" and m.mode != "closed" and len(self.concurrency) > 1:
             raise ValueError("an open-loop quick search walks the rates (--rate 50,100,200) at one concurrency: "
                              "give one --concurrency, or use --search brute")

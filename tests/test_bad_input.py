@@ -70,6 +70,9 @@ CORPUS: list[Case] = [
     _cli("timeout-above-visibility", "--timeout", "86000"),
     _cli("threads-negative", "--threads", "-1"),
     _cli("instances-zero", "--instances", "0"),
+    _cli("repeats-zero", "--repeats", "0"),
+    _cli("repeats-above-bound", "--repeats", "21"),
+    _cli("repeats-with-quick-search", "--repeats", "3", "--search", "quick"),
     # unknown engines, devices, formats
     _cli("engine-unknown", "--engine", "tensorflow"),
     _cli("engine-empty", "--engine", ""),
@@ -118,6 +121,8 @@ CORPUS: list[Case] = [
     _file("file-inputs-duplicate", _req(inputs=[{"name": MLP_INPUT, "shape": [256]}] * 2)),
     _file("file-edge-cpus-word", _req(edge=[{"cpus": "one", "memory": "1g"}])),
     _file("file-engines-null", _req(engines=None)),
+    _file("file-repeats-zero", _req(repeats=0)),
+    _file("file-repeats-string", _req(repeats="five")),
     Case("file-missing", ("-f", "{dir}/nope.yaml")),
 ]
 

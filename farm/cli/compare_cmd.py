@@ -1,4 +1,5 @@
-"""``farm compare A B``: two requests matched configuration by configuration, with a noise-aware verdict."""
+"""``farm compare A B``: two requests matched configuration by configuration, judged on the variation between
+their runs (``farm.compare``)."""
 from __future__ import annotations
 
 import json
@@ -10,11 +11,11 @@ from rich.text import Text
 
 from farm.cli.prepare import prepare_db
 from farm.cli.views import console, err_console, fmt_value, load_label, safe_row, say
-from farm.compare import RATIOS, SLOWER, Comparison
+from farm.compare import FASTER, MIN_REPEATS, RATIOS, SLOWER, Comparison
 from farm.compare import as_json as comparison_json
 from farm.compare import compare as run_compare
 from farm.errors import RequestError
-from farm.results import CONFIG_COLUMNS, find_request, result_details, result_rows
+from farm.results import CONFIG_COLUMNS, find_request, result_rows
 from schemas.measured import how_measured_short
 
 
@@ -23,15 +24,19 @@ def compare(
     request_b: str = typer.Argument(..., help="The request compared against it."),
     fail_on_regression: float | None = typer.Option(
         None, "--fail-on-regression", metavar="PCT",
-        help="Exit 1 when a matched configuration is significantly slower by PCT % or more (a CI gate)."),
+        help="Exit 1 when a matched configuration is conclusively slower by PCT % or more (a CI gate); "
+             "inconclusive ones never fail it."),
     min_effect: float = typer.Option(5.0, "--min-effect", metavar="PCT", min=0.0,
-                                     help="Smallest change (%) called faster/slower; smaller ones are noise."),
-    alpha: float = typer.Option(0.01, "--alpha", min=1e-9, max=0.5, help="Significance level of the tests."),
+                                     help="Smallest change of the run medians (%) called faster/slower; smaller "
+                                          "ones are the same."),
+    alpha: float = typer.Option(0.05, "--alpha", min=1e-9, max=0.5,
+                                help="Significance level of the Mann-Whitney test over the runs."),
     ignore: list[str] | None = typer.Option(None, "--ignore", help="A coordinate not to match on, e.g. engine "
                                             "to compare two engines; repeat."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Compare two requests configuration by configuration: ratios B / A and a verdict that accounts for noise."""
+    """Compare two requests configuration by configuration: ratios B / A and a verdict from their repeated runs
+    (faster, slower, same or inconclusive)."""
     ignored = tuple(ignore or [])
     unknown = [c for c in ignored if c not in CONFIG_COLUMNS]
     if unknown:
@@ -40,9 +45,7 @@ def compare(
         raise RequestError("--fail-on-regression takes a percentage >= 0, e.g. 5")
     prepare_db()
     a, b = find_request(request_a).id, find_request(request_b).id
-    rows_a, rows_b = result_rows(a), result_rows(b)
-    details = result_details([r["job_id"] for r in rows_a + rows_b if r["status"] == "succeeded"])
-    result = run_compare(rows_a, rows_b, details, ignored, min_effect, alpha)
+    result = run_compare(result_rows(a), result_rows(b), ignored, min_effect, alpha)
     if as_json:
         print(json.dumps(comparison_json(result, a, b), indent=2, default=str))
     else:
@@ -51,7 +54,7 @@ def compare(
         bad = result.regressions(fail_on_regression)
         if bad:
             err_console.print(f"[red]{len(bad)} configuration(s) regressed by {fail_on_regression:g} % or more "
-                          "with significance[/]", highlight=False)
+                              "with significance[/]", highlight=False)
             raise typer.Exit(1)
 
 
@@ -68,23 +71,29 @@ def _coords(key: dict[str, object]) -> str:
 
 
 def _print(c: Comparison, a: str, b: str) -> None:
-    """The comparison table, then the unmatched configurations of each side."""
-    table = Table(title=f"{b} against {a} (ratios B / A)", box=box.SIMPLE_HEAD)
-    for col in ("configuration", "measured", *(label for _, label in RATIOS), "tests (change, p)", "verdict"):
+    """The comparison table, how to read it, then the unmatched configurations of each side."""
+    table = Table(title=f"{b} against {a} (ratios B / A of the run medians)", box=box.SIMPLE_HEAD)
+    for col in ("configuration", "measured", "runs", *(label for _, label in RATIOS), "tests (change, p)",
+                "verdict"):
         table.add_column(col)
     for m in c.matches:
-        tests = "; ".join(f"{'thr' if t.metric.startswith('throughput') else 'p50'} {t.change_pct:+.1f}% "
-                          f"p={t.p_value:.1g}" for t in m.tests)
-        colour = "red" if m.verdict == SLOWER else "green" if m.verdict == "faster" else ""
-        safe_row(table, _coords(m.key), how_measured_short(bool(m.a.get("edge_profile"))),
-                      *(fmt_value("", m.ratios[label]) + ("x" if m.ratios[label] is not None else "")
-                        for _, label in RATIOS),
-                      tests or "-", _verdict_cell(m.verdict, colour, m.flags))
+        tests = "; ".join(f"{'thr' if t.metric.startswith('throughput') else 'p50'}{'*' if t.primary else ''} "
+                          f"{t.change_pct:+.1f}% p={t.p_value:.2g}" for t in m.tests)
+        colour = "red" if m.verdict == SLOWER else "green" if m.verdict == FASTER else ""
+        verdict = m.verdict + (f" ({m.reason})" if m.reason else "")
+        flags = [] if m.reason == "; ".join(m.flags) else m.flags  # already the reason: not twice
+        safe_row(table, _coords(m.key), how_measured_short(bool(m.a.get("edge_profile"))), f"{m.n_a}/{m.n_b}",
+                 *(fmt_value("", m.ratios[label]) + ("x" if m.ratios[label] is not None else "")
+                   for _, label in RATIOS),
+                 tests or "-", _verdict_cell(verdict, colour, flags))
     console.print(table)
-    console.print(f"faster/slower: the test's p < {c.alpha:g} and the change is at least {c.min_effect_pct:g} %; "
-                  "throughput by Welch's t-test over the stored windows, p50 latency by Mann-Whitney over the "
-                  "stored histograms. Edge rows are in-process (no transport): compare them only with edge rows.",
-                  highlight=False)
+    console.print(f"runs A/B: succeeded runs per side (--repeats). faster/slower: a Mann-Whitney test over the "
+                  f"per-run values gives p < {c.alpha:g} and the medians differ by at least {c.min_effect_pct:g} %; "
+                  "same: otherwise; inconclusive: under "
+                  f"{MIN_REPEATS} runs a side, too few runs for the test to reach p < {c.alpha:g}, a host flag on a "
+                  "run (speed drift or foreign load over 10 %), or a failed side. The starred test decides: "
+                  "throughput, p50 latency in open loop. Edge rows are in-process (no transport): compare them "
+                  "only with edge rows.", highlight=False)
     for side, rows in (("A", c.only_a), ("B", c.only_b)):
         if rows:
             say(f"only in {side} ({a if side == 'A' else b}), not compared: "

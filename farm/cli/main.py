@@ -37,7 +37,7 @@ from scheduler.reconcile import ReconcileReport, requeue_orphans
 from scheduler.search import search_report, searches_done
 from schemas import ProfileRequest
 from schemas.job import FINAL, JobStatus
-from schemas.request import LOAD_CLIENTS
+from schemas.request import LOAD_CLIENTS, MAX_REPEATS
 from workers.spool import retry_db
 
 app = typer.Typer(name="farm", help="A distributed profiling farm for ML model serving.",
@@ -87,6 +87,9 @@ def submit(
                                       "load generator. auto: perf_analyzer where installed and able (unary calls, a "
                                       "server answering ModelConfig), else farm's own."),
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
+    repeats: int | None = typer.Option(None, "--repeats", help=f"Runs of each cell (1 to {MAX_REPEATS}, default 1), "
+                                       "interleaved round by round; `farm results` shows their median and range, "
+                                       "`farm compare` needs several to judge."),
     input_data: str | None = typer.Option(None, "--input-data", help="random (default) | zeros | FILE (.npz or "
                                           ".json, one array per input, rows cycled)."),
     endpoint: str | None = typer.Option(None, "--endpoint", help="HOST:PORT of a running KServe v2 gRPC server "
@@ -107,7 +110,8 @@ def submit(
                                    max_queue_delay_us=queue_delay,
                                    preferred_batch_size=preferred_batch, search=search, p99_ms=p99,
                                    client=client),
-                              extra=dict(input_data=input_data, endpoint=endpoint, model_name=served_name))
+                              extra=dict(input_data=input_data, endpoint=endpoint, model_name=served_name,
+                                         repeats=repeats))
     request = ProfileRequest.model_validate(data)
     prepare_db()
     settings = get_settings()
@@ -197,6 +201,8 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: 
     rows = result_rows(request_id)
     if merge_with is not None:
         rows = merge_repeats(rows + [r for rid in merge_with for r in result_rows(rid)])
+    elif fmt == "table" and any(r["repeat"] for r in rows):  # the request's --repeats: median and range per cell
+        rows = merge_repeats(rows, center="median")
     if fmt == "json":
         if with_id:
             print(json.dumps({"request_id": find_request(request_id).id, "results": json.loads(views.to_json(rows))},
@@ -207,7 +213,7 @@ def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: 
         sys.stdout.write(views.to_csv(rows))
     else:
         console.print(views.results_table(rows, title=_results_title(request_id, rows, merge_with)))
-        for line in views.measured_lines(rows):
+        for line in views.measured_lines(rows) + views.repeat_lines(rows):
             views.say(line)
         for line in views.error_lines(rows):
             views.say(line, style="red")

@@ -123,8 +123,8 @@ def build_request_dict(base: dict[str, Any], model: str | None, engines: list[st
                        edges: list[str] | None, inputs: list[str] | None, fmt: str | None, name: str | None,
                        measurement: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Merge command-line options over the request file's fields (options win). ``extra``: further
-    top-level fields given on the command line (``input_data``, ``endpoint``, ``model_name``), None where not
-    given."""
+    top-level fields given on the command line (``input_data``, ``endpoint``, ``model_name``,
+    ``repeats``), None where not given."""
     data = dict(base)
     data.update({k: v for k, v in (extra or {}).items() if v is not None})
     if isinstance(data.get("input_data"), str) and data["input_data"].strip().lower() not in ("random", "zeros"):

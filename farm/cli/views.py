@@ -34,6 +34,10 @@ TABLE_METRICS: tuple[tuple[str, str], ...] = (
     ("server_compute_p50_ms", "srv p50"), ("stable", "stable"), ("cpu_pct_avg", "cpu %"),
     ("mem_peak_bytes", "mem MiB"),
 )
+#: metrics whose range over a cell's runs the table shows beside the median (``farm.results.merge_repeats``)
+RANGE_METRICS = ("throughput_infer_per_s", "latency_p50_ms")
+#: the load client, short, in the results table (``-``: an edge row, or not measured yet)
+CLIENT_LABELS = {"farm": "farm", "perf_analyzer": "pa"}
 
 
 def say(text: str, style: str | None = None, to: Console | None = None, soft_wrap: bool = False) -> None:
@@ -50,18 +54,51 @@ def safe_row(table: Table, *cells: object) -> None:
 
 def results_table(rows: list[dict[str, Any]], title: str = "") -> Table:
     """The results as a Rich table; errors are listed under it (see ``error_lines``). ``title`` and the
-    cells are shown literally."""
+    cells are shown literally. Rows merged over repeats (``farm.results.merge_repeats``) get an ``n`` column
+    (their runs) and their spread beside the median (``metric_cell``)."""
     table = Table(title=safe_text(title) if title else None, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     serving = any(serving_label(r) != "-" for r in rows)  # the column only when a serving dimension varies
-    for col in ("job", "device", "engine", *(("serving",) if serving else ()), "b x c", "edge", "status"):
+    runs = any((r.get("repeats") or 0) > 1 for r in rows)
+    for col in ("job", "device", "engine", *(("serving",) if serving else ()), "b x c", "edge", "client", "status",
+                *(("n",) if runs else ())):
         table.add_column(col, no_wrap=True)
     for _, head in TABLE_METRICS:
         table.add_column(head, justify="right")
     for r in rows:
         safe_row(table, job_label(r), r["device"], r["engine"], *((serving_label(r),) if serving else ()),
-                      load_label(r), r["edge_profile"] or "-", r["status"],
-                      *(fmt_value(n, r.get(n)) for n, _ in TABLE_METRICS))
+                 load_label(r), r["edge_profile"] or "-", client_label(r), r["status"],
+                 *((str(r.get("repeats", 1)),) if runs else ()),
+                 *(metric_cell(r, n) for n, _ in TABLE_METRICS))
     return table
+
+
+def client_label(row: dict[str, Any]) -> str:
+    """The client that sent a row's load, short (``CLIENT_LABELS``); ``-`` for an edge row or one not measured."""
+    client = row.get("client")
+    return "-" if row.get("edge_profile") or client in (None, "auto") else CLIENT_LABELS.get(client, client)
+
+
+def metric_cell(row: dict[str, Any], name: str) -> str:
+    """A metric's table cell; for a row merged over repeats with a ``spread`` ``[min, max]``, the median and half
+    the range in % of it: ``840 ±3%`` for runs from 814 to 870."""
+    spread = (row.get("spread") or {}).get(name) if name in RANGE_METRICS else None
+    text = fmt_value(name, row.get(name))
+    if not spread or not row.get(name):
+        return text
+    half = 50.0 * (spread[1] - spread[0]) / abs(row[name])
+    return f"{text} ±{half:.1f}%" if half < 1 else f"{text} ±{half:.0f}%"
+
+
+def repeat_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """How to read rows merged over repeats (one line, or none), and the client abbreviation in use."""
+    lines = []
+    if any((r.get("repeats") or 0) > 1 for r in rows):
+        lines.append("n: the succeeded runs of each cell (--repeats); infer/s and p50 show their median ± half "
+                     "their min-max range (in % of the median), the other metrics their median or declared "
+                     "aggregation; every run: --format json")
+    if any(client_label(r) == "pa" for r in rows):
+        lines.append("client pa: perf_analyzer")
+    return lines
 
 
 def load_label(row: dict[str, Any]) -> str:

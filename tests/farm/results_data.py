@@ -18,11 +18,12 @@ WINDOW_SD = 0.03  # window-to-window spread within one run, relative (3 %)
 
 
 def measurement(rng: np.random.Generator, throughput: float, batch: int = 1, concurrency: int = 1,
-                windows: int = 8, slowdown: float = 1.0, window_s: float = 1.0) -> tuple[dict[str, Any],
-                                                                                        dict[str, Any]]:
+                windows: int = 8, slowdown: float = 1.0, window_s: float = 1.0,
+                run_sd: float = RUN_SD) -> tuple[dict[str, Any], dict[str, Any]]:
     """(metrics, details) of one closed-loop run whose true throughput is ``throughput / slowdown``
-    inferences/s; latency follows (concurrency x batch / throughput) with a log-normal spread."""
-    run = rng.normal(1.0, RUN_SD) / slowdown
+    inferences/s, moved by the run's own host state (relative spread ``run_sd``, between runs); latency follows
+    (concurrency x batch / throughput) with a log-normal spread."""
+    run = rng.normal(1.0, run_sd) / slowdown
     per_window = throughput * run * rng.normal(1.0, WINDOW_SD, windows)
     # closed loop: a window's latency is (concurrency x batch / its throughput), spread log-normally
     per_req = max(1, int(min(per_window.sum() * window_s / batch, 20000)) // windows)
@@ -50,9 +51,11 @@ def measurement(rng: np.random.Generator, throughput: float, batch: int = 1, con
 
 def seed_request(rng: np.random.Generator, *, slowdown: float = 1.0, model: str = "mlp.onnx",
                  devices: tuple[str, ...] = ("cpu", "gpu:t4"), batches: tuple[int, ...] = (1, 4, 16),
-                 concurrencies: tuple[int, ...] = (1, 4), edge: bool = True, failed: bool = True) -> str:
-    """Write one request with a job per device x engine x batch x concurrency (plus two edge runs, one
-    OOM-killed, and one failed job) and results into the configured database; returns the request id."""
+                 concurrencies: tuple[int, ...] = (1, 4), edge: bool = True, failed: bool = True,
+                 repeats: int = 1, run_sd: float = RUN_SD) -> str:
+    """Write one request with a job per device x engine x batch x concurrency (``repeats`` runs of each, the
+    between-run spread ``run_sd``; plus two edge runs, one OOM-killed, and one failed job) and results into the
+    configured database; returns the request id."""
     from farm.db.models import ModelArtifact, Request
     from farm.db.session import session_scope
 
@@ -72,11 +75,12 @@ def seed_request(rng: np.random.Generator, *, slowdown: float = 1.0, model: str 
                     for c in concurrencies:
                         dims = {"instances": 1, "threads": 2} | ({"max_queue_delay_us": 100} if b > 1 else {})
                         tput = base * (1.3 if engine == "onnxruntime" else 1.0) * b ** 0.5 * min(c, 2) ** 0.4
-                        metrics, details = measurement(rng, tput, b, c, slowdown=slowdown)
-                        if device != "cpu":
-                            metrics |= {"gpu_mem_peak_bytes": 900 * 2**20 + b * 2**22, "gpu_util_avg_pct": 20.0 * c,
-                                        "gpu_power_avg_w": 70.0 + 5 * b}
-                        _job(s, rid, device, engine, b, c, None, dims, "succeeded", metrics, details)
+                        for r in range(repeats):
+                            metrics, details = measurement(rng, tput, b, c, slowdown=slowdown, run_sd=run_sd)
+                            if device != "cpu":
+                                metrics |= {"gpu_mem_peak_bytes": 900 * 2**20 + b * 2**22,
+                                            "gpu_util_avg_pct": 20.0 * c, "gpu_power_avg_w": 70.0 + 5 * b}
+                            _job(s, rid, device, engine, b, c, None, dims, "succeeded", metrics, details, repeat=r)
         if failed:
             _job(s, rid, "cpu", "tensorrt", 1, 1, None, {"instances": 1, "threads": 2}, "failed", None, None,
                  error="engine tensorrt needs a GPU; pick a GPU device")
@@ -92,13 +96,14 @@ def seed_request(rng: np.random.Generator, *, slowdown: float = 1.0, model: str 
 
 
 def _job(s: Any, rid: str, device: str, engine: str, b: int, c: int, edge: str | None, dims: dict[str, Any],
-         status: str, metrics: dict[str, Any] | None, details: dict[str, Any] | None, error: str | None = None) -> None:
+         status: str, metrics: dict[str, Any] | None, details: dict[str, Any] | None, error: str | None = None,
+         repeat: int = 0) -> None:
     from farm.db.models import Job, Result
 
     jid = uuid.uuid4().hex
+    spec: dict[str, Any] = {"measurement": {"rpc": "unary", **dims}, **({"repeat": repeat} if repeat else {})}
     s.add(Job(id=jid, request_id=rid, device=device, engine=engine, batch_size=b, concurrency=c, edge_profile=edge,
-              queue="q", spec={"measurement": {"rpc": "unary", **dims}}, status=status, attempts=1, error=error,
-              worker_id="w1"))
+              queue="q", spec=spec, status=status, attempts=1, error=error, worker_id="w1"))
     s.flush()
     if metrics is not None:
         s.add(Result(job_id=jid, request_id=rid, worker_id="w1", host="h1", slot=0, server_cpus="0",

@@ -148,7 +148,36 @@ def test_results_merge_repeats_of_two_requests(tmp_path: Path) -> None:
     assert rows[0]["latency_p50_ms"] == pytest.approx((runs[0]["latency_p50_ms"] + runs[1]["latency_p50_ms"]) / 2)
 
 
+def test_repeats_run_interleaved_and_results_show_median_and_spread(tmp_path: Path) -> None:
+    """``--repeats 2``: every cell runs twice, round by round (not back to back); json lists every run with its
+    repeat index, the table one row per cell with its run count and spread."""
+    from sqlalchemy import text
+
+    from farm.db.session import get_engine
+
+    model = tmp_path / "demo.onnx"
+    farm("example-model", str(model))
+    out = farm("submit", str(model), "--batch-sizes", "1,2", "--repeats", "2", *FAST)
+    assert "4 jobs" in out.stderr and " n " in out.stdout, out.stdout
+    rid = json.loads(farm("status", "--json").stdout)[0]["request_id"]
+    rows = json.loads(farm("results", rid, "--format", "json").stdout)
+    assert sorted((r["batch_size"], r["repeat"]) for r in rows) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert len({r["job_id"] for r in rows}) == 4 and {r["status"] for r in rows} == {"succeeded"}
+    db = f"sqlite:///{Path(farm_env()['FARM_HOME']) / 'farm.db'}"
+    with get_engine(db).connect() as conn:
+        ran = conn.execute(text("SELECT spec FROM jobs WHERE request_id = :r ORDER BY started_at"), {"r": rid})
+        assert [json.loads(spec).get("repeat", 0) for (spec,) in ran] == [0, 0, 1, 1]  # rounds, not back to back
+    table = farm("results", rid).stdout
+    assert len([ln for ln in table.splitlines() if "x1 " in ln and "succeeded" in ln]) == 2  # one row per cell
+    assert "±" in table and "n: the succeeded runs of each cell" in table
+    verdicts = json.loads(farm("compare", rid, rid, "--json").stdout)["matches"]
+    assert {m["verdict"] for m in verdicts} == {"inconclusive"} and all(m["n_a"] == 2 for m in verdicts)
+
+
 @pytest.mark.parametrize("args,needle", [
+    (["submit", "MODEL", "--repeats", "0"], "repeats"),
+    (["submit", "MODEL", "--repeats", "21"], "repeats"),
+    (["submit", "MODEL", "--repeats", "3", "--search", "quick"], "repeats and a quick search"),
     (["submit", "/nonexistent/model.onnx"], "model"),
     (["submit", "MODEL", "--batch-sizes", "0"], "batch_sizes"),
     (["submit", "MODEL", "--batch-sizes", "a,b"], "--batch-sizes"),
@@ -175,6 +204,7 @@ def test_bad_input_gives_one_line_and_nonzero_exit(args: list[str], needle: str,
     args = [str(example_onnx) if a == "MODEL" else a for a in args]
     proc = farm(*args, check=False)
     assert proc.returncode != 0
+    assert proc.returncode == 2 or "--repeats" not in args  # a usage error
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert needle in lines[0]

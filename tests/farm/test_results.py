@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from farm.results import JOB_COLUMNS, METRIC_NAMES, merge_repeats
 
 
@@ -76,3 +78,30 @@ def test_repeats_at_different_open_loop_rates_stay_apart() -> None:
         ("r50", 2, 49.0), ("r100", 1, 99.0)]
     assert [load_label(r) for r in merged] == ["1x1@50/s", "1x1@100/s"]
     assert load_label(_row("c", 4)) == "4x1"  # closed loop: no rate
+
+
+def test_repeats_of_a_request_merge_to_their_median_with_the_spread_and_the_table_shows_both() -> None:
+    from farm.cli.views import metric_cell, results_table
+
+    rows = [_row(f"a{k}", 1, throughput_infer_per_s=t, latency_p50_ms=p, latency_max_ms=m, repeat=k)
+            for k, (t, p, m) in enumerate([(100.0, 2.0, 5.0), (90.0, 2.4, 9.0), (300.0, 1.0, 4.0)])]
+    declared, = merge_repeats(rows)
+    a, = merge_repeats(rows, center="median")
+    assert declared["throughput_infer_per_s"] == pytest.approx(490 / 3)  # the mean: one fast run drags it
+    assert a["throughput_infer_per_s"] == 100.0 and a["latency_p50_ms"] == 2.0 and a["latency_max_ms"] == 9.0
+    assert a["repeats"] == 3 and a["spread"]["throughput_infer_per_s"] == [90.0, 300.0]
+    assert metric_cell(a, "throughput_infer_per_s") == "100 ±105%"
+    assert metric_cell(a, "latency_max_ms") == "9"  # no range for the metrics outside RANGE_METRICS
+    assert merge_repeats(rows[:1])[0]["spread"] == {}  # one run: no spread
+    table = results_table([a])
+    assert [c.header for c in table.columns][5:8] == ["client", "status", "n"]
+
+
+def test_the_results_table_names_the_client_of_each_row() -> None:
+    from farm.cli.views import client_label, repeat_lines, results_table
+
+    rows = [_row("a1", 1), {**_row("a2", 2), "client": "perf_analyzer"}, {**_row("e1", 1), "edge_profile": "pi"},
+            {**_row("q1", 4), "client": "auto", "status": "queued"}]
+    assert [client_label(r) for r in rows] == ["farm", "pa", "-", "-"]
+    assert "client" in [c.header for c in results_table(rows).columns]
+    assert repeat_lines(rows) == ["client pa: perf_analyzer"]

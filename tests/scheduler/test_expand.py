@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from scheduler.enqueue import job_rows
-from scheduler.expand import ModelRef, expand, job_id_for, matrix_size, resolve_devices
+from scheduler.expand import ModelRef, expand, job_id_for, matrix_size, repeat_job_id, resolve_devices
 from schemas import SERVING_KEYS, ProfileRequest, TensorSpec
 from schemas.queues import queue_for
 
@@ -172,3 +172,35 @@ def test_the_rate_is_carried_like_concurrency() -> None:
     given = {"rate": 80}
     assert ProfileRequest.model_validate({"model": "m.onnx", "measurement": given}).rates == [80.0]
     assert given == {"rate": 80}  # the caller's input is not changed either
+
+
+def test_repeats_run_every_cell_n_times_in_shuffled_rounds_with_ids_of_their_own() -> None:
+    req = ProfileRequest(model="m.onnx", batch_sizes=[1, 2, 4], concurrency=[1, 2],
+                         edge=[{"cpus": 1, "memory": "512m"}], repeats=4)
+    once = expand(req.model_copy(update={"repeats": 1}), "r1", ONNX).jobs
+    jobs = expand(req, "r1", ONNX).jobs
+    cells = len(once)
+    assert len(jobs) == 4 * cells == matrix_size(req) and len({j.job_id for j in jobs}) == len(jobs)
+    rounds = [jobs[r * cells:(r + 1) * cells] for r in range(4)]
+    for r, round_jobs in enumerate(rounds):  # each round holds every cell once, all with its repeat index
+        assert {j.repeat for j in round_jobs} == {r}
+        assert sorted(j.job_id for j in round_jobs) == sorted(repeat_job_id(j.job_id, r) for j in once)
+    orders = [[(j.device, j.engine, j.batch_size, j.concurrency, j.edge_profile) for j in rj] for rj in rounds]
+    assert len({tuple(map(str, o)) for o in orders}) > 1  # interleaved: the cell order changes between rounds
+    assert [j.job_id for j in expand(req, "r1", ONNX).jobs] == [j.job_id for j in jobs]  # seeded: reproducible
+    assert [j.job_id for j in once] == [j.job_id for j in expand(req.model_copy(update={"repeats": 1}), "r1",
+                                                                   ONNX).jobs]  # no repeats: ids and order as before
+    assert all(j.repeat == 0 for j in once)
+    rows = job_rows("r1", jobs)
+    assert [row["spec"]["repeat"] for row in rows] == [j.repeat for j in jobs]
+
+
+@pytest.mark.parametrize("repeats", [0, 21, -1, True])
+def test_repeats_out_of_bounds_are_refused(repeats: object) -> None:
+    with pytest.raises(ValidationError, match="repeats"):
+        ProfileRequest(model="m.onnx", repeats=repeats)
+
+
+def test_repeats_and_quick_search_do_not_combine() -> None:
+    with pytest.raises(ValidationError, match="repeats and a quick search do not combine"):
+        ProfileRequest(model="m.onnx", concurrency=[1, 2, 4], repeats=3, measurement={"search": "quick"})
