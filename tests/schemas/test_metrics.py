@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 from pydantic import ValidationError
 
 from schemas import JobResult
-from schemas.metrics import METRICS, aggregate, merge_repeats, metric
+from schemas.metrics import METRICS, Aggregation, aggregate, merge_repeats, metric
 
 
 def test_every_metric_declares_name_unit_direction_and_aggregation() -> None:
@@ -13,7 +15,7 @@ def test_every_metric_declares_name_unit_direction_and_aggregation() -> None:
         assert m.name and m.name.isidentifier()
         assert m.unit
         assert isinstance(m.higher_is_better, bool)
-        assert m.aggregation in ("mean", "max", "min", "sum", "last", "all")
+        assert m.aggregation in get_args(Aggregation)
         assert m.kind in ("float", "int", "bool")
         assert m.description
         assert m.scope in ("job", "model")
