@@ -39,7 +39,7 @@ MARKER = "edge_bench"
 
 
 def make_inputs(model_inputs: list[Any], given: list[dict[str, Any]] | None, batch_size: int,
-                seed: int = 0) -> dict[str, np.ndarray]:
+                seed: int = 0, data: InputData | None = None) -> dict[str, np.ndarray]:
     """One batch of every model input, drawn by farm's one input generator (``farm.input_data``) exactly as
     a served job of the same request sends it: ``given`` (the job's inputs: name, dtype, per-sample shape,
     optional ``value_range`` [low, high] and ``zeros``) in its order, the i-th with ``seed + i``; a model
@@ -50,7 +50,8 @@ def make_inputs(model_inputs: list[Any], given: list[dict[str, Any]] | None, bat
     specs = [TensorSpec(name=g["name"], dtype=g.get("dtype") or "FP32", shape=tuple(int(d) for d in g["shape"]),
                         value_range=g.get("value_range")) for g in given]
     specs += [_declared(spec) for spec in model_inputs if spec.name not in names]
-    data = InputData(kind="zeros") if any(g.get("zeros") for g in given) else None
+    if data is None and any(g.get("zeros") for g in given):
+        data = InputData(kind="zeros")
     feed = input_tensors(specs, batch_size, data, seed=seed)
     return {spec.name: feed[spec.name] for spec in model_inputs}
 
@@ -68,13 +69,13 @@ def _declared(spec: Any) -> TensorSpec:
 
 def run(model: Path, model_format: str, engine: str | None, batch_size: int, warmup_s: float,
         duration_s: float, threads: int, inputs: list[dict[str, Any]] | None = None,
-        device: str = "cpu") -> dict[str, Any]:
+        device: str = "cpu", data: InputData | None = None) -> dict[str, Any]:
     """Load ``model`` and time ``backend.infer`` in a loop; returns the JSON-able report."""
     t0 = time.perf_counter()
     backend = make_backend(engine or FORMAT_ENGINE.get(model_format, "onnxruntime"))
     backend.load(model, device, threads)
     load_s = time.perf_counter() - t0
-    feed = make_inputs(backend.inputs(), inputs, batch_size)
+    feed = make_inputs(backend.inputs(), inputs, batch_size, data=data)
     try:
         warm = 0
         end = time.perf_counter() + warmup_s
@@ -132,13 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="intra-op threads, 0 = engine default")
     p.add_argument("--device", default="cpu")
     p.add_argument("--inputs", default=None, help="JSON list of {name, dtype, shape (batch excluded)}")
+    p.add_argument("--input-data", type=Path, default=None,
+                   help="the request's input data file as farm stores it (InputData JSON with its arrays)")
     a = p.parse_args(argv)
     if a.batch_size < 1 or a.duration_s <= 0 or a.warmup_s < 0:
         p.error("--batch-size must be >= 1, --duration-s > 0 and --warmup-s >= 0")
     try:
         given = json.loads(a.inputs) if a.inputs else None
+        data = InputData.model_validate_json(a.input_data.read_bytes()) if a.input_data else None
         report = run(a.model, a.model_format, a.engine, a.batch_size, a.warmup_s, a.duration_s,
-                     a.threads, given, a.device)
+                     a.threads, given, a.device, data)
     except Exception as exc:  # one JSON line either way: the runner reads the reason from it
         print(json.dumps({MARKER: 1, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 2

@@ -4,6 +4,7 @@ embedding lookup (Gather over a 50-row table), which fails on the default random
 kept in the vocabulary by a value range or a data file."""
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from farm.errors import RequestError
 from farm.input_data import resolve_input_data
 from farm.models.info import format_input_spec, tensor_spec
 from schemas import TensorSpec
-from schemas.input_data import InputData
+from schemas.input_data import DataArray, InputData
 from tests.helpers import FAST, farm, gather_model
 from workers.engines.base import IOSpec
 from workers.engines.decode import decode_inputs
@@ -222,3 +223,43 @@ def test_served_and_edge_jobs_of_a_request_send_the_same_data() -> None:
     for name in served:
         assert edge[name].dtype == served[name].dtype and np.array_equal(edge[name], served[name]), name
     assert edge["ids"].min() >= 0 and 9 < edge["ids"].max() <= 99 and set(np.unique(edge["r"])) <= {5, 6, 7}
+
+
+@pytest.mark.slow
+def test_edge_runs_send_the_request_data_file(tmp_path: Path) -> None:
+    """An edge run of a request with ``--input-data FILE`` sends the file's rows, as its served jobs do: ids
+    in a 50-row vocabulary run where random ids (0..99, what edge runs sent before) fail the lookup."""
+    model = build_lookup(tmp_path / "lookup.onnx")
+    np.savez(tmp_path / "ids.npz", ids=np.array([[1, 2, 3, 4, 5, 6, 7, 49]], np.int64))
+    farm("submit", str(model), "--batch-sizes", "3", "--edge", "cpus=1,memory=512m", "--input-data",
+         str(tmp_path / "ids.npz"), *FAST, check=False)
+    rid = json.loads(farm("status", "--json").stdout)[0]["request_id"]
+    rows = json.loads(farm("results", rid, "--format", "json").stdout)
+    edge = [r for r in rows if r["edge_profile"]]
+    assert len(edge) == 1 and len(rows) == 2
+    assert all(r["status"] == "succeeded" and r["input_data"] == "file:ids.npz" for r in rows), rows
+
+
+def test_edge_bench_reads_the_data_file_the_runner_writes() -> None:
+    """``edge_input_file`` writes the request's checked arrays; the bench's batch from it equals a served
+    request's first batch (rows from the first, cycled), not random values."""
+    from schemas import EdgeProfile, JobSpec, MeasurementSettings
+    from workers.edge_bench import make_inputs
+    from workers.runners.common import bench_command, edge_input_file
+
+    rows = np.arange(16, dtype="<i8").reshape(2, 8)
+    ids = DataArray(dtype="INT64", shape=(2, 8), b64=base64.b64encode(rows.tobytes()).decode())
+    data = InputData(kind="file", source="ids.npz", sha256="0" * 64, arrays={"ids": ids})
+    spec = JobSpec(job_id="j", request_id="r", model_sha256="0" * 64, model_format="onnx", device="cpu",
+                   engine="onnxruntime", batch_size=3, concurrency=1, queue="farm.edge",
+                   edge_profile=EdgeProfile(cpus=1, memory="512m"), inputs=[IDS], input_data=data,
+                   measurement=MeasurementSettings())
+    with edge_input_file(spec) as path:
+        assert path is not None
+        argv = bench_command(spec, "/m.onnx", str(path))
+        read = InputData.model_validate_json(Path(argv[argv.index("--input-data") + 1]).read_bytes())
+    assert path is not None and not path.exists()
+    edge = make_inputs([IOSpec("ids", "INT64", (-1, 8))], json.loads(argv[argv.index("--inputs") + 1]), 3, data=read)
+    served = decode_inputs(build_request("m", [IDS], 3, data=data), {"ids": IOSpec("ids", "INT64", (-1, 8))})
+    assert np.array_equal(edge["ids"], served["ids"])
+    assert edge["ids"][:, 0].tolist() == [0, 8, 0]  # rows 0, 1, then the first again

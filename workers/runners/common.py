@@ -4,11 +4,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from schemas import JobSpec
 from workers.loadgen.plan import fixed_measured_s
 
 MODEL_PLACEHOLDER = "{model}"  # in a user's command: replaced by the model's path where the run sees it
+DATA_INSIDE = "/data/input_data.json"  # where a container's edge bench reads the request's input data file
 
 
 def edge_threads(spec: JobSpec) -> int:
@@ -30,8 +35,26 @@ def edge_duration_s(spec: JobSpec) -> float:
     return fixed_measured_s(spec.measurement)
 
 
-def bench_command(spec: JobSpec, model_inside: str) -> list[str]:
-    """argv of the built-in edge bench for ``spec`` (``argv[0]`` is ``python``, as in the runtime image)."""
+@contextmanager
+def edge_input_file(spec: JobSpec) -> Iterator[Path | None]:
+    """The request's input data file (``--input-data FILE``: its checked arrays, at most 1 MiB) written for the
+    edge bench to read, so that an edge run sends the rows a served job of the same request sends; None for
+    random or zeros (the bench draws those itself). Removed on exit."""
+    data = spec.input_data
+    if data is None or data.kind != "file" or not data.arrays:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="farm-edge-data-") as tmp:
+        path = Path(tmp) / "input_data.json"
+        path.write_text(data.model_dump_json())
+        os.chmod(tmp, 0o755)  # the container's user (65534) reads it through a read-only bind mount
+        os.chmod(path, 0o644)
+        yield path
+
+
+def bench_command(spec: JobSpec, model_inside: str, data_inside: str | None = None) -> list[str]:
+    """argv of the built-in edge bench for ``spec`` (``argv[0]`` is ``python``, as in the runtime image);
+    ``data_inside``: where the bench reads the request's input data file (:func:`edge_input_file`)."""
     zeros = spec.input_data is not None and spec.input_data.kind == "zeros"
     inputs = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape),
                **({"value_range": list(t.value_range)} if t.value_range else {}), **({"zeros": True} if zeros else {})}
@@ -41,4 +64,5 @@ def bench_command(spec: JobSpec, model_inside: str) -> list[str]:
         "--engine", spec.engine, "--batch-size", str(spec.batch_size),
         "--warmup-s", f"{spec.measurement.warmup_s:g}", "--duration-s", f"{edge_duration_s(spec):g}",
         "--threads", str(edge_threads(spec)), "--inputs", json.dumps(inputs, separators=(",", ":")),
+        *(("--input-data", data_inside) if data_inside else ()),
     ]

@@ -25,7 +25,7 @@ from schemas import EdgeProfile, JobResult, JobSpec
 from workers.limits import Limits
 from workers.measure import Measurement, Served
 from workers.runners import hardening as hd
-from workers.runners.common import MODEL_PLACEHOLDER, bench_command
+from workers.runners.common import DATA_INSIDE, MODEL_PLACEHOLDER, bench_command, edge_input_file
 from workers.runners.edge_result import edge_result
 
 
@@ -84,20 +84,24 @@ def run_edge(
         command = list(edge_command.command)
         image = edge_command.image or image
         environment = {**edge_command.environment, **(environment or {})}
-    volumes, inside = hd.model_mount(model_path)
-    argv = [a.replace(MODEL_PLACEHOLDER, inside) for a in command] if command else bench_command(spec, inside)
-    _require_image(client, image)
-    with Measurement(spec) as m:
-        assert m.limits is not None
-        container = _create(client, prof, m.limits, image=image, command=argv, environment=environment or {},
-                            name=hd.container_name("edge", worker_id, spec.job_id),
-                            labels=hd.labels(worker_id, spec.job_id, "edge"), volumes=volumes, network_mode="none",
-                            **hd.hardening(pids_limit), **({} if command else hd.NO_ENTRYPOINT))
-        try:
-            ended = _run(container, spec, prof, m)
-        finally:
-            hd.remove(container, stop_timeout_s=1)
-    return _result(spec, prof, m, ended, image=image, argv=argv, custom=command is not None)
+    with edge_input_file(spec) as data:
+        volumes, inside = hd.model_mount(model_path)
+        if data is not None and not command:  # the request's input data file, for the built-in bench
+            volumes.update(hd.mount(data, DATA_INSIDE))
+        argv = ([a.replace(MODEL_PLACEHOLDER, inside) for a in command] if command
+                else bench_command(spec, inside, DATA_INSIDE if data is not None else None))
+        _require_image(client, image)
+        with Measurement(spec) as m:
+            assert m.limits is not None
+            container = _create(client, prof, m.limits, image=image, command=argv, environment=environment or {},
+                                name=hd.container_name("edge", worker_id, spec.job_id),
+                                labels=hd.labels(worker_id, spec.job_id, "edge"), volumes=volumes, network_mode="none",
+                                **hd.hardening(pids_limit), **({} if command else hd.NO_ENTRYPOINT))
+            try:
+                ended = _run(container, spec, prof, m)
+            finally:
+                hd.remove(container, stop_timeout_s=1)
+        return _result(spec, prof, m, ended, image=image, argv=argv, custom=command is not None)
 
 
 def _require_image(client: Any, image: str) -> None:

@@ -14,12 +14,13 @@ from pathlib import Path
 from farm.errors import UnsupportedError, WorkerError
 from schemas import JobResult, JobSpec
 from workers.measure import Measurement, Served
-from workers.runners.common import MODEL_PLACEHOLDER, bench_command
+from workers.runners.common import MODEL_PLACEHOLDER, bench_command, edge_input_file
 from workers.runners.edge_result import edge_result
 
 
-def edge_argv(spec: JobSpec, model_path: Path) -> tuple[list[str], bool]:
-    """The argv of the edge run on this host and whether it is a user's command."""
+def edge_argv(spec: JobSpec, model_path: Path, data: Path | None = None) -> tuple[list[str], bool]:
+    """The argv of the edge run on this host and whether it is a user's command (``data``: the request's input
+    data file for the built-in bench, :func:`workers.runners.common.edge_input_file`)."""
     prof = spec.edge_profile
     assert prof is not None
     if prof.image:
@@ -27,16 +28,21 @@ def edge_argv(spec: JobSpec, model_path: Path) -> tuple[list[str], bool]:
                                "runner (farm worker --runner docker)")
     if prof.command:
         return [a.replace(MODEL_PLACEHOLDER, str(model_path)) for a in prof.command], True
-    argv = bench_command(spec, str(model_path))
+    argv = bench_command(spec, str(model_path), str(data) if data is not None else None)
     return [sys.executable, *argv[1:]], False  # argv[0] is the container's "python"
 
 
 def run_edge_process(spec: JobSpec, model_path: Path) -> JobResult:
     """Run edge job ``spec`` as a cgroup-limited process and return its result (OOM kills reported)."""
+    with edge_input_file(spec) as data:
+        return _run_edge_process(spec, model_path, data)
+
+
+def _run_edge_process(spec: JobSpec, model_path: Path, data: Path | None) -> JobResult:
     prof = spec.edge_profile
     if prof is None:
         raise UnsupportedError(f"job {spec.job_id} has no edge profile")
-    argv, custom = edge_argv(spec, model_path)
+    argv, custom = edge_argv(spec, model_path, data)
     m = Measurement(spec)
     assert m.limits is not None
     started = time.monotonic()
