@@ -126,7 +126,7 @@ def export(module: Any, tmp_path: Path, name: str) -> tuple[Path, Path]:
 @pytest.mark.slow
 @pytest.mark.parametrize("mask", ["v4", "v5"])
 # the 5.x mask indexes with a boolean mask, never negative ids: the exporter's warning about those does not apply
-@pytest.mark.filterwarnings("ignore:Exporting aten::index operator:UserWarning")
+@pytest.mark.filterwarnings("ignore:Exporting aten..index operator:UserWarning")
 def test_traced_minilm_counts_in_full_and_matches_onnx(mask: str, tmp_path: Path) -> None:
     ts_path, onnx_path = export(minilm_module(mask), tmp_path, f"minilm-{mask}")
     ts = analyze(ts_path, "torchscript", INPUTS)
