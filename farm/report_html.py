@@ -16,7 +16,6 @@ from farm.formatting import fmt_value, rate_text
 from farm.report import Constraint, Report, build_report
 from farm.results import (
     JOB_COLUMNS,
-    MEASURED_EDGE,
     MEASUREMENT_COLUMNS,
     METRIC_NAMES,
     find_request,
@@ -27,6 +26,7 @@ from farm.results import (
 )
 from farm.settings import get_settings
 from farm.steal import steal_note
+from schemas.measured import MEASURED_EDGE
 from schemas.metrics import BY_NAME, MODEL_METRICS
 from schemas.result import host_notes, shared_unisolated
 

@@ -15,7 +15,6 @@ from farm.errors import NotFoundError
 from farm.settings import get_settings
 from schemas import COORDINATE_KEYS, MEASUREMENT_KEYS, SERVING_KEYS
 from schemas.job import JobStatus
-from schemas.measured import MEASURED_EDGE as MEASURED_EDGE  # re-exported for the HTML report
 from schemas.measured import how_measured
 from schemas.metrics import BY_NAME, JOB_METRICS
 from schemas.metrics import merge_repeats as merge_metrics
