@@ -46,7 +46,9 @@ from farm.errors import ContainerError
 from workers.engines.backends import BACKENDS
 from workers.runners.hardening import client as docker_client
 
-DEFAULT_TAG = "farm-runtime:local"
+# FARM_IMAGE_TAG: read once at import, so that several checkouts sharing one Docker daemon (worktrees, parallel CI
+# jobs) each keep their own image instead of rebuilding one tag back and forth under each other's containers
+DEFAULT_TAG = os.environ.get("FARM_IMAGE_TAG") or "farm-runtime:local"
 BUILDER_VERSION = "1"
 HASH_LABEL = "farm.content_hash"
 FARM_PACKAGES: tuple[str, ...] = ("schemas", "farm", "workers")
