@@ -25,6 +25,21 @@ class Metric:
     description: str = ""
     scope: Literal["job", "model"] = "job"
 
+    @property
+    def title(self) -> str:
+        """A human name for axes and headers, e.g. ``p99 latency``; from :data:`LABELS`."""
+        return LABELS.get(self.name, (self.name.replace("_", " "), ""))[0]
+
+    @property
+    def label(self) -> str:
+        """A short column header with its unit (at most 10 characters), e.g. ``p99 ms``; from :data:`LABELS`."""
+        return LABELS.get(self.name, ("", self.name))[1] or self.name
+
+    @property
+    def axis_label(self) -> str:
+        """The plot axis label: title and unit, e.g. ``p99 latency (ms)``."""
+        return f"{self.title} ({self.unit})" if self.unit not in ("bool", "") else self.title
+
 
 _M = Metric
 METRICS: tuple[Metric, ...] = (
@@ -77,6 +92,51 @@ METRICS: tuple[Metric, ...] = (
     _M("activation_peak_bytes_per_sample", "B", False, "last", "int",
        "peak of live intermediate tensors per sample", "model"),
 )
+
+# name -> (title, short label): the human names shown by tables (80 columns), reports and plot axes, declared once
+LABELS: dict[str, tuple[str, str]] = {
+    "throughput_infer_per_s": ("throughput", "infer/s"),
+    "requests_per_s": ("request rate", "req/s"),
+    "latency_mean_ms": ("mean latency", "mean ms"),
+    "latency_p50_ms": ("p50 latency", "p50 ms"),
+    "latency_p90_ms": ("p90 latency", "p90 ms"),
+    "latency_p95_ms": ("p95 latency", "p95 ms"),
+    "latency_p99_ms": ("p99 latency", "p99 ms"),
+    "latency_p999_ms": ("p99.9 latency", "p99.9 ms"),
+    "latency_max_ms": ("max latency", "max ms"),
+    "latency_std_ms": ("latency std dev", "std ms"),
+    "server_queue_p50_ms": ("server queue p50", "queue ms"),
+    "server_compute_p50_ms": ("server compute p50", "comp ms"),
+    "server_compute_p99_ms": ("server compute p99", "comp99 ms"),
+    "error_count": ("errors", "errors"),
+    "late_send_pct": ("late sends", "late %"),
+    "client_busy_pct": ("load client CPU", "client %"),
+    "stable": ("stable", "stable"),
+    "windows": ("windows", "windows"),
+    "gpu_mem_peak_bytes": ("GPU memory peak", "GPU mem"),
+    "gpu_util_avg_pct": ("GPU utilization", "GPU %"),
+    "gpu_power_avg_w": ("GPU power", "GPU W"),
+    "cpu_steal_pct": ("CPU steal", "steal %"),
+    "host_speed_index": ("host speed index", "host idx"),
+    "host_speed_change_pct": ("host speed change", "drift %"),
+    "foreign_cpu_pct": ("foreign CPU on leased cores", "foreign %"),
+    "cpu_pct_avg": ("CPU, average", "CPU %"),
+    "cpu_pct_peak": ("CPU, peak", "CPU pk %"),
+    "mem_avg_bytes": ("memory, average", "mem avg"),
+    "mem_peak_bytes": ("memory peak", "mem peak"),
+    "mem_limit_bytes": ("memory limit", "mem lim"),
+    "cpu_limit": ("CPU limit", "CPU lim"),
+    "oom_killed": ("OOM killed", "OOM"),
+    "limits_enforced": ("limits enforced", "enforced"),
+    "duration_s": ("measured time", "dur s"),
+    "total_time_s": ("total time", "total s"),
+    "params": ("parameters", "params"),
+    "size_bytes": ("model file size", "size"),
+    "macs_per_sample": ("MACs per sample", "MACs"),
+    "flops_per_sample": ("FLOPs per sample", "FLOPs"),
+    "activation_bytes_per_sample": ("activation bytes per sample", "act B"),
+    "activation_peak_bytes_per_sample": ("activation peak per sample", "act peak"),
+}
 
 JOB_METRICS: tuple[Metric, ...] = tuple(m for m in METRICS if m.scope == "job")
 MODEL_METRICS: tuple[Metric, ...] = tuple(m for m in METRICS if m.scope == "model")

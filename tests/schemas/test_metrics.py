@@ -56,3 +56,14 @@ def test_merge_repeats_keeps_every_metric_any_run_measured() -> None:
     assert merge_repeats(runs) == {"throughput_infer_per_s": 150.0, "oom_killed": False, "windows": 3}
     assert merge_repeats([]) == {}
     assert merge_repeats([{"latency_p99_ms": 5.0}]) == {"latency_p99_ms": 5.0}
+
+
+def test_every_metric_has_a_title_and_a_short_label() -> None:
+    """Tables (80 columns) and plot axes read these; a metric without them would show its raw name."""
+    from schemas.metrics import LABELS, METRICS
+
+    assert set(LABELS) == {m.name for m in METRICS}
+    for m in METRICS:
+        assert m.title and "_" not in m.title, m.title
+        assert 0 < len(m.label) <= 10, m.label
+        assert m.unit not in m.axis_label or m.axis_label.endswith(f"({m.unit})")
