@@ -12,6 +12,7 @@ from rich.table import Table
 from farm.cli.hooks import register_hooks
 from farm.cli.request_options import FORMAT_HELP, SERVE_ENGINE_HELP
 from farm.cli.views import console, err_console, safe_row, say
+from farm.db.create import ensure_database
 from farm.db.migrate import is_current, upgrade
 from farm.errors import ConfigError, RequestError
 from farm.formatting import safe_text
@@ -109,7 +110,11 @@ def serve(
 
 
 def db_upgrade(revision: str = typer.Argument("head")) -> None:
-    """Create or migrate farm's tables (FARM_DATABASE_URL)."""
+    """Create or migrate farm's tables (FARM_DATABASE_URL); a missing Postgres database is created first
+    when the role may (else the error says the `createdb` to run)."""
+    url = get_settings().db_url
+    if ensure_database(url):
+        console.print(f"created database {mask_url(url)}")
     upgrade(revision=revision)
     console.print(f"database {mask_url(get_settings().db_url)} is at revision {revision}")
 
