@@ -98,15 +98,28 @@ def serve(
     threads: int = typer.Option(0, "--threads", help="Intra-op threads (0 = engine default)."),
     instances: int = typer.Option(1, "--instances", help="Model instances (parallel sessions)."),
     model_name: str | None = typer.Option(None, "--model-name", help="Served name (default: the file's stem)."),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", help="Triton-style Prometheus /metrics for Model Analyzer and perf_analyzer "
+        "(default: --port + 1, as Triton's 8001/8002; any free port with --port 0); -1: off."),
 ) -> None:
-    """Serve MODEL over the KServe v2 gRPC protocol (farm's built-in server)."""
+    """Serve MODEL over the KServe v2 gRPC protocol (farm's built-in server), with the model-repository
+    extension (load/unload/index) and a /metrics endpoint, so Triton's tools can drive it."""
     from workers.engines.repository import default_model_name  # noqa: PLC0415 - grpc, tritonclient: +0.12 s on every CLI start, measured
     from workers.engines.server import ServerConfig, run_server  # noqa: PLC0415 - as above
 
     fmt = model_format or detect_format(model)
     run_server(ServerConfig(model_path=model, model_format=fmt, engine=engine or FORMAT_ENGINE[fmt], host=host,
                             port=port, device=device, threads=threads, instances=instances,
-                            model_name=model_name or default_model_name(model)))
+                            model_name=model_name or default_model_name(model),
+                            metrics_port=serve_metrics_port(port, metrics_port)))
+
+
+def serve_metrics_port(port: int, metrics_port: int | None) -> int | None:
+    """``farm serve``'s metrics port: the one given (-1: None, off), else Triton's layout (gRPC 8001,
+    metrics 8002: the gRPC port + 1), or any free port when the gRPC port is picked (0)."""
+    if metrics_port is not None:
+        return None if metrics_port < 0 else metrics_port
+    return port + 1 if port else 0
 
 
 def db_upgrade(revision: str = typer.Argument("head")) -> None:

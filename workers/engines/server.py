@@ -44,13 +44,13 @@ from workers.engines.base import (
     lease_threads,
     np_to_v2,
 )
-from workers.engines.batcher import DynamicBatcher, batcher_for
 from workers.engines.decode import decode_inputs
-from workers.engines.repository import repository_index, served_config
+from workers.engines.holder import ModelHolder, ModelUnavailable
+from workers.engines.repository import MODEL_VERSION, RepositoryServicer, served_config
+from workers.engines.triton_metrics import METRICS_PREFIX, metrics_server
 
 SERVER_NAME = "farm"
 SERVER_VERSION = "0.1.0"
-MODEL_VERSION = "1"
 MAX_MESSAGE_BYTES = (1 << 30) - 1  # gRPC caps lengths at INT32_MAX
 GRACE_S = 5.0
 LISTEN_PREFIX = "farm-serve listening"
@@ -73,6 +73,7 @@ class ServerConfig:
     inputs: list[IOSpec] | None = None  # declared input specs, for TorchScript (ONNX reads its own)
     max_queue_delay_us: int | None = None  # dynamic batching (workers.engines.batcher), µs; None = off
     preferred_batch_size: int | None = None  # rows; the largest merged batch is batcher.MAX_BATCH
+    metrics_port: int | None = None  # Triton-style /metrics (workers.engines.triton_metrics); None = off
 
 
 class _Stats:
@@ -131,7 +132,9 @@ class _Model:
         """A Triton-style ModelConfig of what is served (see workers.engines.repository.served_config)."""
         c = self.cfg
         return served_config(c.model_name, c.model_format, c.engine, self.inputs, self.outputs,
-                             instances=c.instances, device=c.device, threads=self.threads)
+                             instances=c.instances, device=c.device, threads=self.threads,
+                             max_queue_delay_us=c.max_queue_delay_us if self.batched else None,
+                             preferred_batch_size=c.preferred_batch_size)
 
     def _work(self, backend: Backend) -> None:
         """One instance's thread: take the next request, run it on this thread's own backend, hand the
@@ -185,6 +188,8 @@ def _status(exc: Exception, engine: str) -> tuple[grpc.StatusCode, str]:
     fault, the rest ours."""
     if isinstance(exc, NotFoundError):
         return grpc.StatusCode.NOT_FOUND, str(exc)
+    if isinstance(exc, ModelUnavailable):
+        return grpc.StatusCode.UNAVAILABLE, str(exc)
     if isinstance(exc, InputError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, FarmError):
@@ -202,14 +207,26 @@ def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
-class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
-    """The KServe v2 gRPC service over one model."""
+class _Servicer(RepositoryServicer, pb_grpc.GRPCInferenceServiceServicer):
+    """The KServe v2 gRPC service over one model (unloadable and reloadable: workers.engines.holder)."""
 
-    def __init__(self, model: _Model, batcher: DynamicBatcher | None = None) -> None:
-        self.model = model
-        self.name = model.cfg.model_name
-        self.batcher = batcher
-        self.run = batcher.infer if batcher is not None else model.submit
+    def __init__(self, holder: ModelHolder) -> None:
+        self.holder = holder
+        self.cfg: ServerConfig = holder.model.cfg
+        self.base_config = holder.model.config()
+        self.name = holder.name = self.cfg.model_name
+        self.run = holder.run
+
+    @property
+    def model(self) -> _Model:  # ModelUnavailable while unloaded
+        if self.holder.model is None:
+            raise ModelUnavailable(f"model {self.name!r} is not loaded; load it with RepositoryModelLoad")
+        return self.holder.model
+
+    async def _loaded(self, context: grpc.aio.ServicerContext) -> _Model:
+        if self.holder.model is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"model {self.name!r} is not loaded")
+        return self.model
 
     def _known(self, name: str, version: str) -> bool:
         return name == self.name and version in ("", MODEL_VERSION)
@@ -227,15 +244,16 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=True)
 
     async def ModelReady(self, request, context):  # noqa: N802
-        return pb.ModelReadyResponse(ready=self._known(request.name, request.version))
+        return pb.ModelReadyResponse(ready=self._known(request.name, request.version) and self.holder.ready)
 
     async def ServerMetadata(self, request, context):  # noqa: N802
-        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=["statistics"])
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION,
+                                         extensions=["statistics", "model_repository"])
 
     async def ModelMetadata(self, request, context):  # noqa: N802
         if not self._known(request.name, request.version):
             await self._not_found(context, request.name)
-        m = self.model
+        m = await self._loaded(context)
         tm = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=self.name,
@@ -248,15 +266,12 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelConfig(self, request, context):  # noqa: N802
         if not self._known(request.name, request.version):
             await self._not_found(context, request.name)
-        return pb.ModelConfigResponse(config=self.model.config())
-
-    async def RepositoryIndex(self, request, context):  # noqa: N802
-        return repository_index(self.name, MODEL_VERSION, ready=True)
+        return pb.ModelConfigResponse(config=(await self._loaded(context)).config())
 
     async def ModelStatistics(self, request, context):  # noqa: N802
         if request.name and not self._known(request.name, request.version):
             await self._not_found(context, request.name)
-        s = self.model.stats
+        s = (await self._loaded(context)).stats
         d = pb.StatisticDuration
         n = s.success_count
         infer = pb.InferStatistics(
@@ -275,8 +290,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
             execution_count=n,
             inference_stats=infer,
         )
-        if self.batcher is not None:  # executions and their batch sizes, as the batcher ran them
-            self.batcher.report(ms)
+        if self.holder.batcher is not None:  # executions and their batch sizes, as the batcher ran them
+            self.holder.batcher.report(ms)
         return pb.ModelStatisticsResponse(model_stats=[ms])
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
@@ -327,7 +342,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return resp
 
     def _failure(self, exc: Exception) -> tuple[grpc.StatusCode, str]:
-        return _status(exc, self.model.cfg.engine)
+        return _status(exc, self.cfg.engine)
 
     async def ModelInfer(self, request, context):  # noqa: N802
         try:
@@ -392,9 +407,20 @@ async def serve(cfg: ServerConfig, model: _Model, stop: asyncio.Event, on_bound=
     ``on_bound(host, port)`` is called once the port accepts connections."""
     server = grpc.aio.server(options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.so_reuseport", 0)])
-    with batcher_for(model.cfg, model.submit, model.batched) as batcher:  # None: no dynamic batching
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(model, batcher), server)
-        await _serve_until(cfg, server, stop, on_bound)
+    holder = ModelHolder(model, load_model)  # the dynamic batcher, if any, lives with the model it batches
+    try:
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(holder), server)
+        if cfg.metrics_port is None:
+            await _serve_until(cfg, server, stop, on_bound)
+            return
+        with metrics_server(cfg.host, cfg.metrics_port, holder.statistics) as metrics_port:
+            def bound(host: str, port: int) -> None:
+                if on_bound is not None:
+                    on_bound(host, port)
+                    print(f"{METRICS_PREFIX} http://{host}:{metrics_port}/metrics", flush=True)
+            await _serve_until(cfg, server, stop, bound)
+    finally:  # a model loaded by RepositoryModelLoad is closed here; the first one also by its owner
+        await asyncio.to_thread(holder.release())
 
 
 async def _serve_until(cfg: ServerConfig, server: grpc.aio.Server, stop: asyncio.Event, on_bound=None) -> None:

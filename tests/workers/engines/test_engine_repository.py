@@ -93,3 +93,74 @@ def test_perf_analyzer_batches_against_farm_serve(mlp_serve: str) -> None:
                           capture_output=True, text=True, timeout=120, env=pa.env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Batch size: 4" in proc.stdout
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _infer_ones(c: tc.InferenceServerClient, name: str) -> np.ndarray:
+    x = tc.InferInput("x", [1, 16], "FP32")
+    x.set_data_from_numpy(np.ones((1, 16), np.float32))
+    return c.infer(name, [x]).as_numpy("y")
+
+
+def test_repository_unload_and_load_as_model_analyzer_drives_them(mlp_onnx: Path) -> None:
+    """RepositoryModelUnload makes the model unavailable (not ready, UNAVAILABLE on infer, UNAVAILABLE in
+    the index); RepositoryModelLoad brings it back, and with a config (JSON, as Model Analyzer sends)
+    reloads it with that config's instance count and dynamic batching."""
+    import json
+
+    from google.protobuf import json_format
+    from tritonclient.utils import InferenceServerException
+
+    with farm_serve(mlp_onnx, "--metrics-port", "-1") as url:
+        c = tc.InferenceServerClient(url)
+        assert "model_repository" in c.get_server_metadata().extensions
+        before = _infer_ones(c, "mlp")
+        c.unload_model("mlp")
+        assert not c.is_model_ready("mlp")
+        assert [(m.name, m.state) for m in c.get_model_repository_index().models] == [("mlp", "UNAVAILABLE")]
+        with pytest.raises(InferenceServerException, match="not loaded") as err:
+            _infer_ones(c, "mlp")
+        assert err.value.status() == "StatusCode.UNAVAILABLE"
+        c.load_model("mlp")
+        assert c.is_model_ready("mlp")
+        np.testing.assert_allclose(_infer_ones(c, "mlp"), before, rtol=1e-6)
+
+        cfg = json.loads(json_format.MessageToJson(c.get_model_config("mlp").config))
+        assert cfg["instanceGroup"][0]["count"] == 1 and "dynamicBatching" not in cfg
+        cfg["instanceGroup"][0]["count"] = 2
+        cfg["dynamicBatching"] = {"maxQueueDelayMicroseconds": "500"}
+        c.load_model("mlp", config=json.dumps(cfg))
+        now = c.get_model_config("mlp").config
+        assert now.instance_group[0].count == 2
+        assert now.dynamic_batching.max_queue_delay_microseconds == 500
+        np.testing.assert_allclose(_infer_ones(c, "mlp"), before, rtol=1e-6)
+
+        with pytest.raises(InferenceServerException, match="backend 'pytorch'"):
+            c.load_model("mlp", config=json.dumps({**cfg, "backend": "pytorch"}))
+        assert c.get_model_config("mlp").config.instance_group[0].count == 2  # a refused load keeps the model
+        with pytest.raises(InferenceServerException, match="no model 'other'"):
+            c.load_model("other")
+
+
+def test_farm_serve_exports_triton_style_metrics(mlp_onnx: Path) -> None:
+    """``/metrics`` carries Triton's per-model counters (Model Analyzer and perf_analyzer read it)."""
+    import urllib.request
+
+    port = _free_port()
+    with farm_serve(mlp_onnx, "--metrics-port", str(port)) as url:
+        c = tc.InferenceServerClient(url)
+        for _ in range(3):
+            _infer_ones(c, "mlp")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert float(lines['nv_inference_request_success{model="mlp",version="1"}']) == 3
+    assert float(lines['nv_inference_count{model="mlp",version="1"}']) == 3
+    assert float(lines['nv_inference_compute_infer_duration_us{model="mlp",version="1"}']) > 0
+    assert float(lines["nv_cpu_memory_total_bytes"]) > 0
