@@ -15,7 +15,6 @@ from farm import report_plots as plots
 from farm.formatting import fmt_value, rate_text
 from farm.report import Constraint, Report, build_report
 from farm.results import (
-    JOB_COLUMNS,
     MEASUREMENT_COLUMNS,
     METRIC_NAMES,
     find_request,
@@ -30,21 +29,51 @@ from schemas.measured import MEASURED_EDGE
 from schemas.metrics import BY_NAME, MODEL_METRICS
 from schemas.result import host_notes, shared_unisolated
 
-#: after loading, each plot's figure gets its rendered size and mark count (a reader sees a blank plot flagged;
-#: the browser test reads them back)
+#: after loading, each plot's figure gets its rendered size, mark count and smallest text as rendered (px: the
+#: SVG's font size times its scale on the page), and the body the width of the "Every job" table against the
+#: window's (a reader sees a blank or shrunken plot flagged; the browser test reads them back)
 CHECK_JS = ("document.querySelectorAll('figure.plot').forEach(function(f){var s=f.querySelector('svg');"
             "var r=s?s.getBoundingClientRect():{width:0,height:0};"
             "f.setAttribute('data-rendered',Math.round(r.width)+'x'+Math.round(r.height));"
-            "f.setAttribute('data-marks',s?s.querySelectorAll('path,use,rect,text').length:0);});"
+            "f.setAttribute('data-marks',s?s.querySelectorAll('path,use,rect,text').length:0);"
+            "var k=s&&s.viewBox.baseVal&&s.viewBox.baseVal.width?r.width/s.viewBox.baseVal.width:1,m=1e9;"
+            "if(s)s.querySelectorAll('text').forEach(function(t){"
+            "m=Math.min(m,parseFloat(getComputedStyle(t).fontSize)*k);});"
+            "f.setAttribute('data-min-font',m<1e9?m.toFixed(1):'');});"
+            "var j=document.getElementById('jobs-summary');if(j)document.body.setAttribute('data-jobs-width',"
+            "Math.ceil(j.getBoundingClientRect().right)+'/'+document.documentElement.clientWidth);"
             "document.body.setAttribute('data-checked','1');")
-CSS = """body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;font-size:12px}
-td,th{border:1px solid #ccc;padding:2px 5px;text-align:right}td.l,th.l{text-align:left}
-th{background:#eee;position:sticky;top:0}figure.plot{margin:1em 0}figure.plot svg{max-width:100%;height:auto}
+CSS = """body{font-family:sans-serif;margin:1.5em;color:#222;font-size:15px}
+table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}td.l,th.l{text-align:left}
+td.w{white-space:normal;max-width:16em}th{background:#eee;position:sticky;top:0}figure.plot{margin:1em 0}
+figure.plot svg{max-width:100%;height:auto}abbr{text-decoration:underline dotted}
 .note{background:#fff8e1;border-left:4px solid #f0b400;padding:.4em .8em}.bad{color:#b00}.wide{overflow-x:auto}"""
+#: the metrics of the "Every job" table (those some job measured), in this order; every metric is in "All metrics"
+HEADLINE = ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms", "server_compute_p50_ms", "stable",
+            "error_count", "cpu_pct_avg", "mem_peak_bytes", "gpu_util_avg_pct", "gpu_mem_peak_bytes")
+#: a serving configuration's keys, compactly (``1 inst · 2 thr · delay 100 µs``)
+SERVING_SHORT = {"instances": "{} inst", "threads": "{} thr", "max_queue_delay_us": "delay {} µs",
+                 "preferred_batch_size": "pref. batch {}"}
 
 
 def _e(v: Any) -> str:
     return html.escape("" if v is None else str(v))
+
+
+def _num(name: str, v: Any) -> str:
+    """A metric for a reader: the CLI's format (``farm.formatting.fmt_value``), integers with thousands
+    separators (``12,683,845``)."""
+    if isinstance(v, int) and not isinstance(v, bool) and BY_NAME[name].unit != "B":
+        return f"{v:,}"
+    return fmt_value(name, v)
+
+
+def _head(name: str) -> str:
+    """A column header: the registry's short label (with MiB for bytes), its title and unit as a tooltip."""
+    m = BY_NAME[name]
+    short = f"{m.label} MiB" if m.unit == "B" else m.label
+    return f'<th title="{_e(m.title)} ({_e("MiB" if m.unit == "B" else m.unit)})">{_e(short)}</th>'
 
 
 def _config(r: dict[str, Any]) -> str:
@@ -134,27 +163,59 @@ def _summary(rep: Report) -> str:
 def _static(static: dict[str, Any]) -> str:
     if not static:
         return "<h2>Model</h2><p>no static metrics stored (run <code>farm analyze</code>)</p>"
-    cells = "".join(f"<tr><td class=l>{_e(m.name)}</td><td>{_e(fmt_value(m.name, static.get(m.name)))}</td>"
+    cells = "".join(f"<tr><td class=l>{_e(m.title)}</td><td>{_e(_num(m.name, static.get(m.name)))}</td>"
                     f"<td class=l>{_e('MiB' if m.unit == 'B' else m.unit)}</td>"
                     f"<td class=l>{_e(m.description)}</td></tr>" for m in MODEL_METRICS if m.name in static)
     head = "<tr><th>metric</th><th>value</th><th>unit</th><th>what</th></tr>"
     return f'<h2>Model</h2><table id="static">{head}{cells}</table>'
 
 
-def _jobs(rows: list[dict[str, Any]]) -> str:
-    """Every job: coordinates, how measured, flags, error and every metric, with exact stored values."""
-    coords = JOB_COLUMNS[:6] + ("rpc",) + MEASUREMENT_COLUMNS + ("status",)
-    heads = [*coords, "measured", "steal", "host", "shared", "error",
-             *(f"{m} ({BY_NAME[m].unit})" for m in METRIC_NAMES)]
-    out = ['<h2>Every job</h2><div class="wide"><table id="jobs"><tr>'
-           + "".join(f"<th>{_e(h)}</th>" for h in heads) + "</tr>"]
+def _config_cell(r: dict[str, Any]) -> str:
+    """Where a job sits in the matrix, compactly: ``cpu onnxruntime b8×c4@100/s``, its serving
+    configuration and edge profile."""
+    parts = [f"{r['device']} {r['engine']} b{r['batch_size']}×c{r['concurrency']}{rate_text(r)}"]
+    if r.get("edge_profile"):
+        parts.append(f"edge {r['edge_profile']}")
+    serving = [SERVING_SHORT.get(k, k.replace("_", " ") + " {}").format(r[k]) for k in MEASUREMENT_COLUMNS
+               if r.get(k) not in (None, "")]
+    if r.get("rpc") and r["rpc"] != "unary":
+        serving.append(f"rpc {r['rpc']}")
+    if r.get("repeat"):
+        serving.append(f"repeat {r['repeat']}")
+    return _e(" · ".join(parts + serving))
+
+
+def _flags(r: dict[str, Any]) -> str:
+    """Short host flags (the full sentence as a tooltip) and the error, for the "Every job" table."""
     s = get_settings()  # the bounds of the host notes (drift, busy)
+    notes = [("steal", steal_note(r.get("cpu_steal_pct"))),
+             *((n.split(":")[0], n) for n in host_notes(r, s.host_drift_pct, s.host_busy_pct)),
+             ("shared", "shared its host with another job, not isolated" if shared_unisolated(r) else None)]
+    tags = [f'<abbr title="{_e(full)}">{_e(short)}</abbr>' for short, full in notes if full]
+    if r.get("error"):
+        tags.append(f'<span class="bad">{_e(str(r["error"])[:160])}</span>')
+    return "; ".join(tags)
+
+
+def _jobs(rows: list[dict[str, Any]]) -> str:
+    """Two tables: "Every job" (configuration, status, flags and the headline metrics some job measured, for a
+    1,400 px window without scrolling) and "All metrics" (every stored value, exact in ``data-value``)."""
+    shown = [m for m in HEADLINE if any(r.get(m) is not None for r in rows)]
+    out = ['<h2>Every job</h2><p>How each row was measured is said above; hover a flag for its sentence. '
+           'Every metric of every job is in <a href="#all-metrics">All metrics</a>.</p>'
+           '<table id="jobs-summary"><tr><th class=l>job</th><th class=l>configuration</th><th class=l>status</th>'
+           + "".join(_head(m) for m in shown) + "<th class=l>flags</th></tr>"]
     for r in rows:
-        flags = [steal_note(r.get("cpu_steal_pct")) or "", "; ".join(host_notes(r, s.host_drift_pct, s.host_busy_pct)),
-                 "shared, not isolated" if shared_unisolated(r) else ""]
-        cells = [f"<td class=l>{_e(r.get(c))}</td>" for c in coords]
-        cells += [f"<td class=l>{_e(v)}</td>" for v in (r.get("measured"), *flags, r.get("error"))]
-        cells += [f'<td data-metric="{m}" data-value="{_e(r.get(m))}">{_e(fmt_value(m, r.get(m)))}</td>'
+        out.append(f'<tr class="job" id="job-{_e(r["job_id"])}"><td class=l><code>{_e(str(r["job_id"])[:6])}</code>'
+                   f'</td><td class=l>{_config_cell(r)}</td><td class=l>{_e(r.get("status"))}</td>'
+                   + "".join(f"<td>{_e(_num(m, r.get(m)))}</td>" for m in shown)
+                   + f"<td class='l w'>{_flags(r)}</td></tr>")
+    out.append("</table>")
+    out.append('<h2 id="all-metrics">All metrics</h2><div class="wide"><table id="jobs"><tr><th class=l>job</th>'
+               '<th class=l>configuration</th>' + "".join(_head(m) for m in METRIC_NAMES) + "</tr>")
+    for r in rows:
+        cells = [f"<td class=l><code>{_e(str(r['job_id'])[:6])}</code></td><td class=l>{_config_cell(r)}</td>"]
+        cells += [f'<td data-metric="{m}" data-value="{_e(r.get(m))}">{_e(_num(m, r.get(m)))}</td>'
                   for m in METRIC_NAMES]
         out.append(f'<tr data-job="{_e(r["job_id"])}">' + "".join(cells) + "</tr>")
-    return "".join(out) + "</table></div>"
+    return "\n".join(out) + "</table></div>"

@@ -123,3 +123,31 @@ def test_the_report_renders_offline_in_headless_chromium(report: tuple[str, Path
         assert img.size == (1400, 3000)
         grey = np.asarray(img.convert("L"))
     assert (grey < 200).mean() > 0.02  # text, axes and lines drawn, not a blank page
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed (scripts/test "
+                                                                "installs it)")
+def test_the_report_reads_well_in_a_1400_px_window(report: tuple[str, Path], tmp_path: Path) -> None:
+    """As rendered in Chromium at 1,400 px: every plot's smallest text at least 11 px, no plot wider than the
+    window, the "Every job" table's metric columns within the window (no horizontal scroll), axis labels
+    from the metric registry, log ticks in plain numbers, large integers with thousands separators."""
+    _, path = report
+    page = path.read_text()
+    with Chromium(tmp_path) as chromium:
+        dom, _ = chromium.run(path, "--dump-dom")
+        chromium.run(path, f"--screenshot={tmp_path / 'report.png'}")
+    fonts = dict(re.findall(r'<figure class="plot" id="plot-([\w-]+)"[^>]*data-min-font="([\d.]+)"', dom))
+    assert set(fonts) == PLOTS
+    assert min(float(v) for v in fonts.values()) >= 11.0, fonts
+    sizes = dict(re.findall(r'<figure class="plot" id="plot-([\w-]+)" data-rendered="(\d+)x\d+"', dom))
+    assert max(int(w) for w in sizes.values()) <= 1400 - 40, sizes
+    right, window = map(int, re.search(r'data-jobs-width="(\d+)/(\d+)"', dom).groups())  # type: ignore[union-attr]
+    assert right <= window, (right, window)
+    summary = page[page.index('id="jobs-summary"'):page.index('id="all-metrics"')]
+    assert ">infer/s<" in summary and ">p99 ms<" in summary and "over gRPC" not in summary
+    svg_text = " ".join(re.findall(r"<text[^>]*>([^<]*)</text>", page))
+    assert "throughput (infer/s)" in svg_text and "p99 latency (ms)" in svg_text
+    assert "infer per s" not in svg_text and "latency p99" not in svg_text
+    assert "10^" not in page and "\\times" not in page and "×10" not in svg_text  # no mathtext log ticks
+    assert re.search(r">\d{1,3}(,\d{3})+<", page), "large integers carry thousands separators"
