@@ -30,7 +30,7 @@ def default_home() -> Path:
 
 
 class Settings(BaseSettings):
-    """farm settings. Env vars: ``FARM_DATABASE_URL``, ``FARM_BROKER_URL``, ... (see README)."""
+    """farm settings. Env vars: ``FARM_DATABASE_URL``, ``FARM_BROKER_URL``, ... (see docs/operators.md)."""
 
     model_config = SettingsConfigDict(env_prefix="FARM_", extra="ignore")
 

@@ -1,5 +1,5 @@
 """The ``job_results`` view (migrations 0004, 0005, 0006) on SQLite and Postgres: every coordinate and metric, and the
-README's SQL for the usual questions answers what the Python rows say."""
+SQL of docs/metrics.md for the usual questions answers what the Python rows say."""
 from __future__ import annotations
 
 import re
@@ -17,12 +17,12 @@ from schemas.metrics import JOB_METRICS
 from schemas.result import PLACEMENT_COLUMNS
 from tests.farm.results_data import seed_request
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+METRICS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
-def _readme_sql() -> list[str]:
-    """The README's SQL blocks that query the view, in order."""
-    blocks = re.findall(r"```sql\n(.*?)```", README.read_text(), flags=re.S)
+def _docs_sql() -> list[str]:
+    """The SQL blocks of docs/metrics.md that query the view, in order."""
+    blocks = re.findall(r"```sql\n(.*?)```", METRICS_PAGE.read_text(), flags=re.S)
     return [b for b in blocks if "FROM job_results" in b]
 
 
@@ -77,9 +77,9 @@ def test_the_view_has_every_coordinate_placement_and_metric_and_one_row_per_job(
     assert view[open_loop]["rate"] == 120.5
 
 
-def test_the_readme_sql_answers_the_usual_questions(db_url: str) -> None:
+def test_the_docs_sql_answers_the_usual_questions(db_url: str) -> None:
     rid = seed_request(np.random.default_rng(4))
-    best_sql, cheapest_sql, edge_sql = _readme_sql()
+    best_sql, cheapest_sql, edge_sql = _docs_sql()
     rows = [r for r in result_rows(rid) if r["status"] == "succeeded"]
     serving = [r for r in rows if not r["edge_profile"]]
 
