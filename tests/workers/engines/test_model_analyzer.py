@@ -9,25 +9,18 @@ from __future__ import annotations
 
 import csv
 import os
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.workers.engines.test_engine_repository import farm_serve
+from tests.workers.engines.test_engine_repository import _free_port, farm_serve
 from workers.loadgen import perf_analyzer as pa
 
 pytestmark = pytest.mark.slow
 
 MODEL_ANALYZER = Path(os.environ.get("FARM_MODEL_ANALYZER")
                       or Path.home() / ".cache/farm/model-analyzer/bin/model-analyzer")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_model_analyzer_profiles_farm_serve_in_remote_mode(mlp_onnx: Path, tmp_path: Path) -> None:
