@@ -104,7 +104,7 @@ def throughput_vs_p99(rows: list[dict[str, Any]]) -> str | None:
     serving = [r for r in _serving(rows) if r.get("latency_p99_ms") and r.get("throughput_infer_per_s")]
     if not serving:
         return None
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
     for (device, engine, b), group in _groups(serving, lambda r: (r["device"], r["engine"], r["batch_size"])).items():
         group.sort(key=lambda r: (r["concurrency"], r.get("rate") or 0))
         xs, ys = [r["latency_p99_ms"] for r in group], [r["throughput_infer_per_s"] for r in group]
@@ -117,7 +117,7 @@ def throughput_vs_p99(rows: list[dict[str, Any]]) -> str | None:
     _log_if_wide(ax, (r["throughput_infer_per_s"] for r in serving), "y")
     ax.set(title="Throughput vs p99 latency (points: concurrency or open-loop rate)", xlabel=label("latency_p99_ms"),
            ylabel=label("throughput_infer_per_s"))
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.legend(loc="outside right center")
     return to_svg(fig)
 
 
@@ -156,18 +156,22 @@ def e2e_vs_compute(rows: list[dict[str, Any]], limit: int = 40) -> str | None:
     serving = [r for r in _serving(rows) if r.get("latency_p50_ms") is not None][:limit]
     if not serving:
         return None
-    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.3 * len(serving)))
+    fig, ax = plt.subplots(figsize=(9, 1.6 + 0.3 * len(serving)), layout="constrained")
     names = [f"{r['device']} {r['engine']} b{r['batch_size']} c{r['concurrency']}" for r in serving]
     ys = list(range(len(serving)))
     ax.barh([y + 0.2 for y in ys], [r["latency_p50_ms"] for r in serving], height=0.4,
             label="end-to-end p50 (client, gRPC, server)")
     ax.barh([y - 0.2 for y in ys], [r.get("server_compute_p50_ms") or 0 for r in serving], height=0.4,
             label="server compute p50")
+    for y, r in zip(ys, serving, strict=True):  # no bar is not a zero: say so (perf_analyzer gives averages only)
+        if r.get("server_compute_p50_ms") is None:
+            ax.annotate("compute p50 not measured", (0, y - 0.2), xytext=(4, 0), textcoords="offset points",
+                        va="center", fontsize=SMALL_PT, color="0.35")
     ax.set_yticks(ys, names, fontsize=SMALL_PT)
     ax.invert_yaxis()
     _plain_axis(ax, "x")  # linear: a bar's length is its value, so the gap reads as the harness's share
     ax.set(title="End-to-end vs server compute latency (the gap: harness and transport)", xlabel="p50 latency (ms)")
-    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.06), ncol=2, borderaxespad=0)
+    fig.legend(loc="outside lower center", ncol=2)
     return to_svg(fig)
 
 
@@ -206,7 +210,7 @@ def latency_cdf(top: list[tuple[str, dict[str, Any]]]) -> str | None:
     curves = [(name, h) for name, h in top if h and h.get("count")]
     if not curves:
         return None
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.4), layout="constrained")
     every_x: list[float] = []
     for name, h in curves:
         n, cum, xs, ys = int(h["count"]), 0, [], []
@@ -219,5 +223,5 @@ def latency_cdf(top: list[tuple[str, dict[str, Any]]]) -> str | None:
     _log_if_wide(ax, every_x, "x")
     ax.set(title="Latency distribution of the top configurations (from stored histograms)",
            xlabel="end-to-end latency (ms)", ylabel="requests at or below (%)", ylim=(0, 100.5))
-    ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.16), borderaxespad=0)
+    fig.legend(loc="outside lower center", ncol=1)
     return to_svg(fig)
