@@ -63,8 +63,11 @@ def _e(v: Any) -> str:
 
 def _num(name: str, v: Any) -> str:
     """A metric for a reader: the CLI's format (``farm.formatting.fmt_value``), integers with thousands
-    separators (``12,683,845``)."""
-    if isinstance(v, int) and not isinstance(v, bool) and BY_NAME[name].unit != "B":
+    separators (``12,683,845``), bytes in MiB to three significant digits."""
+    if isinstance(v, int | float) and not isinstance(v, bool) and BY_NAME[name].unit == "B":
+        mib = v / 2**20  # three significant digits below 1,000 MiB, so a small tensor is not "0.0"
+        return f"{mib:,.0f}" if mib >= 1000 else f"{mib:.3g}"
+    if isinstance(v, int) and not isinstance(v, bool):
         return f"{v:,}"
     return fmt_value(name, v)
 
