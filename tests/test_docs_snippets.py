@@ -18,7 +18,7 @@ from schemas.metrics import METRICS
 from tests.chart import REPO
 
 SKIP_LINE = re.compile(r"^<!-- snippet: skip \((?P<reason>[^)]+)\) -->$")
-FENCE = re.compile(r"^```(?P<lang>[\w-]*)\s*$")
+FENCE = re.compile(r"^```(?P<lang>[\w-]*)")
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 IMAGE_TAG = os.environ.get("FARM_IMAGE_TAG")  # read at import: the autouse fixture clears FARM_* per test
 PAGE_TIMEOUT_S = 300
