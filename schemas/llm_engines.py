@@ -30,6 +30,8 @@ class Knob:
             return f"{self.name} ({' | '.join(self.choices)})"
         if self.kind == "bool":
             return f"{self.name} (true | false)"
+        if self.kind == "int":
+            return f"{self.name} (int {int(self.low or 0)}..{int(self.high or 0)})"
         return f"{self.name} ({self.kind} {self.low:g}..{self.high:g})"
 
     def check(self, value: object) -> KnobValue:
@@ -119,6 +121,14 @@ def check_knobs(engine: str, knobs: Mapping[str, object]) -> dict[str, KnobValue
         raise ValueError(f"engine {engine} has no knob {', '.join(unknown)}; its knobs: "
                          f"{', '.join(k.describe() for k in own.values())}")
     return {name: own[name].check(value) for name, value in knobs.items()}
+
+
+def typed_knob(name: str, value: object) -> KnobValue:
+    """``value`` as knob ``name``'s type (the first engine's knob of that name; ``n_threads`` is shared)."""
+    for own in KNOBS.values():
+        if name in own:
+            return own[name].check(value)
+    raise ValueError(f"no LLM engine has a knob {name}; the knobs: {knob_help()}")
 
 
 def parse_knob(text: str) -> tuple[str, list[str]]:

@@ -11,6 +11,7 @@ import yaml
 from farm.errors import RequestError
 from farm.models.info import tensor_spec
 from schemas.engines import ENGINES, IN_PROCESS, MODEL_FORMATS
+from schemas.llm_engines import parse_knob
 from schemas.request import MEASUREMENT_DEFAULTS
 
 _MEASUREMENT_FLAGS = ("duration_s", "window_s", "warmup_s", "max_windows", "min_windows", "stability_pct",
@@ -176,3 +177,20 @@ def _set_measurement(data: dict[str, Any], measurement: dict[str, Any]) -> None:
         merged = dict(data.get("measurement") or {})
         merged.update(given)
         data["measurement"] = {k: v for k, v in merged.items() if not (k == "rate" and v is None)}
+
+
+def parse_knobs(items: list[str] | None) -> dict[str, list[str]] | None:
+    """``--knob NAME=V1,V2`` options as the request's ``knobs`` (None when none is given); a name given twice
+    is refused."""
+    if not items:
+        return None
+    out: dict[str, list[str]] = {}
+    for item in items:
+        try:
+            name, values = parse_knob(item)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        if name in out:
+            raise RequestError(f"--knob {name} is given twice; list its values once: {name}=A,B")
+        out[name] = values
+    return out
