@@ -15,15 +15,10 @@ from schemas import JobSpec
 from schemas.engines import SERVED_MODEL_NAME
 from workers.engines.base import Package
 from workers.serving.base import Launch, ServingEngine, Site
-from workers.serving.llm import listen_prefix, port_arg, require_module, threads_arg, wait_openai_ready, wrap
+from workers.serving.llm import LLM_DISTRIBUTIONS, listen_prefix, port_arg, require_module, threads_arg, wait_openai_ready, wrap
 
 LLAMA_SERVER = "llama-server"
 INSTALL = "pip install 'farm[llm]' (llama-cpp-python's server), or put llama.cpp's llama-server on PATH"
-#: what farm's image variant ``<tag>-llm`` copies from the worker's Python for llama-cpp-python's server (its
-#: ``[server]`` requirements, which the image builder does not follow by itself)
-LLAMA_CPP_DISTRIBUTIONS = ("llama_cpp_python", "diskcache", "jinja2", "markupsafe", "fastapi", "starlette", "anyio",
-                           "idna", "sniffio", "uvicorn", "h11", "click", "sse_starlette", "starlette_context",
-                           "pydantic_settings", "python_dotenv", "pyyaml", "typing_inspection")
 #: knob -> (llama-cpp-python server flag, llama-server flag); n_threads is set by both from the lease
 FLAGS: dict[str, tuple[str | None, str]] = {"n_ctx": ("--n_ctx", "--ctx-size"),
                                            "n_batch": ("--n_batch", "--batch-size"),
@@ -61,7 +56,7 @@ class LlamaCpp(ServingEngine):
     """llama-server, else llama-cpp-python's server, on the job's GGUF file."""
 
     name = "llama.cpp"
-    package = Package("llama_cpp", LLAMA_CPP_DISTRIBUTIONS, extra="llm")
+    package = Package("llama_cpp", LLM_DISTRIBUTIONS, extra="llm")
 
     def launch(self, spec: JobSpec, model_path: Path, site: Site) -> Launch:
         model = site.path(model_path)

@@ -19,6 +19,16 @@ from workers.serving.lease_exec import CORES, LISTEN_LINE, PORT
 POLL_S = 0.2  # seconds between readiness polls
 CALL_TIMEOUT_S = 30.0  # one readiness completion (the first one may compile or warm the model)
 WRAPPER = "workers.serving.lease_exec"
+#: what farm's image variant ``<tag>-llm`` (one per extra: the same for both CPU LLM engines) copies from the
+#: worker's Python: llama-cpp-python's and ``transformers serve``'s requirements, which the image builder does
+#: not follow by itself (``workers.images``)
+LLM_DISTRIBUTIONS = (
+    "llama_cpp_python", "diskcache", "sse_starlette", "starlette_context", "pydantic_settings", "python_dotenv",
+    "transformers", "tokenizers", "safetensors", "huggingface_hub", "hf_xet", "regex", "filelock", "fsspec",
+    "packaging", "tqdm", "torch", "sympy", "mpmath", "networkx", "jinja2", "markupsafe", "fastapi", "starlette",
+    "annotated_doc", "anyio", "idna", "sniffio", "uvicorn", "h11", "click", "typer", "shellingham", "rich",
+    "markdown_it_py", "mdurl", "pygments", "pyyaml", "typing_inspection", "openai", "jiter", "httpx2", "httpcore2",
+    "truststore", "pillow", "accelerate", "colorama", "setuptools")
 
 
 def wrap(site: Site, argv: Sequence[str], env_threads: Sequence[str] = ()) -> list[str]:

@@ -16,7 +16,7 @@ from schemas import JobSpec
 from schemas.engines import SERVED_MODEL_NAME
 from workers.engines.base import Package
 from workers.serving.base import Launch, ServingEngine, Site
-from workers.serving.llm import listen_prefix, port_arg, require_module, wait_openai_ready, wrap
+from workers.serving.llm import LLM_DISTRIBUTIONS, listen_prefix, port_arg, require_module, wait_openai_ready, wrap
 
 INSTALL = "pip install 'farm[llm]'"
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -64,7 +64,7 @@ class TransformersServe(ServingEngine):
     """``transformers serve`` pinned to the job's Hugging Face folder."""
 
     name = "transformers"
-    package = Package("transformers", ("transformers",), extra="llm")
+    package = Package("transformers", LLM_DISTRIBUTIONS, extra="llm")
 
     def launch(self, spec: JobSpec, model_path: Path, site: Site) -> Launch:
         require_module(spec, site, "transformers", INSTALL)
