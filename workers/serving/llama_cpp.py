@@ -15,7 +15,15 @@ from schemas import JobSpec
 from schemas.engines import SERVED_MODEL_NAME
 from workers.engines.base import Package
 from workers.serving.base import Launch, ServingEngine, Site
-from workers.serving.llm import LLM_DISTRIBUTIONS, listen_prefix, port_arg, require_module, threads_arg, wait_openai_ready, wrap
+from workers.serving.llm import (
+    LLM_DISTRIBUTIONS,
+    listen_prefix,
+    port_arg,
+    require_module,
+    threads_arg,
+    wait_openai_ready,
+    wrap,
+)
 
 LLAMA_SERVER = "llama-server"
 INSTALL = "pip install 'farm[llm]' (llama-cpp-python's server), or put llama.cpp's llama-server on PATH"
