@@ -285,7 +285,7 @@ class ProfileRequest(_Strict):
 
     model: str | None = Field(default=None, min_length=1, max_length=4096,
                               description="path of the model file (none with endpoint)")
-    format: Literal["onnx", "torchscript"] | None = None
+    format: Literal["onnx", "torchscript", "gguf", "hf"] | None = None  # gguf, hf: LLM models (LLM_FORMAT_ENGINE)
     inputs: list[TensorSpec] | None = None
     devices: list[str] = Field(default_factory=lambda: ["cpu"])
     engines: list[str] = Field(default_factory=lambda: ["onnxruntime"])

@@ -56,7 +56,7 @@ def submit(
     concurrency: str | None = typer.Option(None, "--concurrency", "-c", help="e.g. 1,4"),
     edge: list[str] | None = typer.Option(None, "--edge", help="cpus=1,memory=512m[,name=N][,cpuset=0-1]; repeat."),
     input_spec: list[str] | None = typer.Option(None, "--input", "-i", help="name:dtype:shape, e.g. x:FP32:3x224x224"),
-    model_format: str | None = typer.Option(None, "--format", help=request_options.FORMAT_HELP),
+    model_format: str | None = typer.Option(None, "--format", help=request_options.SUBMIT_FORMAT_HELP),
     request_file: Path | None = typer.Option(None, "-f", "--file", help="Request file (YAML or JSON)."),
     name: str | None = typer.Option(None, "--name", help="A name for the request."),
     duration: float | None = typer.Option(None, "--duration", help="Fixed measurement time per job, s."),
