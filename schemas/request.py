@@ -12,7 +12,7 @@ from schemas.cpus import parse_cpu_list
 from schemas.dtypes import DTYPES
 from schemas.engines import ENDPOINT_ENGINE, ENGINES
 from schemas.input_data import InputData
-from schemas.llm_engines import KNOBS, KnobValue, check_knobs, typed_knob
+from schemas.llm_engines import KnobValue, check_knobs, typed_knob
 
 _MEMORY_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgKMG]?)(?:i?[bB])?$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -432,10 +432,10 @@ class ProfileRequest(_Strict):
         for name, values in (self.knobs or {}).items():
             if not values:
                 raise ValueError(f"knob {name} has no values; give NAME=V1[,V2...]")
-            engines = self.engines if "engines" in self.model_fields_set else [
-                e for e, own in KNOBS.items() if name in own][:1] or [self.engines[0]]
-            for engine in engines:
-                for value in values:
+            for value in values:
+                if "engines" not in self.model_fields_set:  # the engine follows the model's format (expansion)
+                    typed_knob(name, value)
+                for engine in self.engines if "engines" in self.model_fields_set else ():
                     check_knobs(engine, {name: value})
         return self
 

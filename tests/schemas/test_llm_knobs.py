@@ -56,6 +56,8 @@ def test_a_knob_the_engine_does_not_have_is_a_usage_error() -> None:
         ProfileRequest.model_validate({"model": "m", "engines": ["transformers"], "knobs": {"n_parallel": [2]}})
     with pytest.raises(ValidationError, match="engine onnxruntime has no knobs"):
         ProfileRequest.model_validate({"model": "m.onnx", "engines": ["onnxruntime"], "knobs": {"n_ctx": [64]}})
+    with pytest.raises(ValidationError, match="no LLM engine has a knob foo"):
+        ProfileRequest.model_validate({"model": "m.gguf", "knobs": {"foo": [1]}})
     with pytest.raises(RequestError, match="engine llama.cpp has no knob max_num_seqs"):
         expand(ProfileRequest.model_validate({"model": "m.gguf", "knobs": {"max_num_seqs": 4}}), "rid", GGUF)
 
