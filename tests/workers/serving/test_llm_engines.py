@@ -65,6 +65,11 @@ def test_an_engine_serves_a_stream_inside_its_lease_and_leaves_nothing(engine: s
         pids = tree_pids(target.pid or 0)
         threads = thread_cpus(pids)
         assert threads and all(t.cpus == {core} for t in threads)
+        cmdline, env = psutil.Process(target.pid).cmdline(), psutil.Process(target.pid).environ()
+        if engine == "llama.cpp":  # threads follow the 1-core lease (the wrapper filled in {cores})
+            assert cmdline[cmdline.index("--n_threads") + 1] == "1"
+        else:
+            assert env["OMP_NUM_THREADS"] == "1" and env["CUDA_VISIBLE_DEVICES"] == ""
         deltas, last = stream_chat(f"http://{target.url}/v1")
         assert len(deltas) >= 2 and "".join(deltas).strip()
         assert last["choices"][0]["finish_reason"] == "length"
@@ -128,3 +133,20 @@ def _has(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+@pytest.mark.llm
+@pytest.mark.parametrize(("engine", "knobs"), [
+    ("llama.cpp", {"n_ctx": 512, "n_batch": 64, "n_threads": 1, "n_parallel": 1}),
+    ("transformers", {"dtype": "float32", "attn_implementation": "eager", "n_threads": 1}),
+])
+def test_knobs_reach_a_real_server(engine: str, knobs: dict[str, Any], tiny_llama: Any) -> None:
+    """The flags each knob maps to are ones the real server takes: it starts and streams."""
+    skip_without(engine)
+    model = tiny_llama.gguf if engine == "llama.cpp" else tiny_llama.hf
+    with ProcessRunner().serve(spec_for(engine, **knobs), model, cpus={min(os.sched_getaffinity(0))}) as target:
+        deltas, _ = stream_chat(f"http://{target.url}/v1", max_tokens=8)
+        assert len(deltas) >= 2
+        if engine == "transformers":
+            env = psutil.Process(target.pid).environ()
+            assert env["OMP_NUM_THREADS"] == "1" and env["HF_HUB_OFFLINE"] == "1"
