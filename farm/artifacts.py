@@ -16,6 +16,7 @@ from farm.db.models import ModelArtifact
 from farm.db.session import session_scope
 from farm.errors import ArtifactError
 from farm.models.analysis import analyze
+from farm.models.llm_info import folder_tar
 from farm.settings import get_settings
 from schemas import TensorSpec
 
@@ -29,11 +30,23 @@ def safe_filename(name: str) -> str:
     return cleaned[:200] or "model"
 
 
+def artifact_filename(path: Path) -> str:
+    """The name a model is stored and cached under: a folder (a Hugging Face model) is stored as ``NAME.tar``."""
+    return safe_filename(path.name + ".tar" if path.is_dir() else path.name)
+
+
+def model_bytes(path: Path) -> bytes:
+    """What the store holds of the model at ``path``: the file, or a folder's deterministic tar."""
+    return folder_tar(path) if path.is_dir() else path.read_bytes()
+
+
 def static_metrics(path: Path, model_format: str, inputs: list[dict[str, Any]]) -> dict[str, Any]:
     """``farm analyze`` of the model (params, size, MACs/FLOPs, activation memory), JSON-ready; a model
     the analyser cannot count gets ``{"error": ...}`` rather than blocking the submission."""
     if model_format == "endpoint":  # a running server's descriptor (farm.endpoint): no graph to count
         return {"error": "a running server's model: no model file to analyse"}
+    if model_format in ("gguf", "hf"):  # LLM weights: farm's graph analyser counts ONNX/TorchScript graphs
+        return {"error": f"an LLM model ({model_format}): no graph to analyse"}
     try:
         report = analyze(path, model_format, [TensorSpec.model_validate(t) for t in inputs])
     except Exception as exc:  # analysis is informative; a model that serves must not be refused for it
@@ -51,10 +64,10 @@ def store_model(session: Session, path: Path, sha256: str, model_format: str,
         if existing.static_metrics is None:
             existing.static_metrics = static_metrics(path, model_format, inputs)
         return existing
-    data = path.read_bytes()
+    data = model_bytes(path)
     if hashlib.sha256(data).hexdigest() != sha256:
         raise ArtifactError(f"{path} changed while it was being submitted; submit it again")
-    artifact = ModelArtifact(sha256=sha256, filename=safe_filename(path.name), format=model_format,
+    artifact = ModelArtifact(sha256=sha256, filename=artifact_filename(path), format=model_format,
                              size_bytes=len(data), content=data, inputs=inputs,
                              static_metrics=static_metrics(path, model_format, inputs))
     session.add(artifact)

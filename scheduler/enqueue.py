@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
-from farm.artifacts import store_model
+from farm.artifacts import artifact_filename, store_model
 from farm.broker import Broker
 from farm.db.models import Job, Request, utcnow
 from farm.db.session import session_scope
@@ -19,10 +19,12 @@ from farm.endpoint import FORMAT, Attach, describe_endpoint
 from farm.errors import RequestError, SchedulerError
 from farm.input_data import check_input_sizes, resolve_input_data
 from farm.models.info import inspect_model, sha256_file
+from farm.models.llm_info import check_fits
 from farm.results import live_workers
 from farm.settings import get_settings
 from scheduler.expand import Expansion, ModelRef, expand, job_count
 from schemas import JobSpec, ProfileRequest, TensorSpec
+from schemas.engines import LLM_FORMAT_ENGINE
 from schemas.job import JobStatus
 
 #: JobSpec fields that differ between the jobs of one request (the rest is dumped once per request)
@@ -57,8 +59,8 @@ def _model_ref(request: ProfileRequest, attach: Attach | None) -> tuple[Path, Mo
     assert request.model is not None
     path = Path(request.model).expanduser()
     info = inspect_model(path, request.format, request.inputs)
-    return path, ModelRef(sha256=info.sha256, format=info.format, filename=path.name, inputs=tuple(info.inputs),
-                          static_batch=info.static_batch)
+    return path, ModelRef(sha256=info.sha256, format=info.format, filename=artifact_filename(path),
+                          inputs=tuple(info.inputs), static_batch=info.static_batch)
 
 
 def plan(request: ProfileRequest, request_id: str | None = None,
@@ -72,6 +74,8 @@ def plan(request: ProfileRequest, request_id: str | None = None,
     if request.inputs:  # before the model is loaded (a dry run allocates its inputs)
         check_input_sizes(request.inputs, request.batch_sizes, settings.max_input_bytes)
     path, ref = _model_ref(request, attach)
+    if ref.format in LLM_FORMAT_ENGINE:  # weights over an edge box's memory: killed while loading
+        check_fits(path, {p.name: p.memory for p in request.edge})
     check_input_sizes(ref.inputs, request.batch_sizes, settings.max_input_bytes)
     data = resolve_input_data(request.input_data, list(ref.inputs))
     if data is not request.input_data:

@@ -20,15 +20,17 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from farm.errors import RequestError
 from scheduler.search_rules import first_level
 from schemas import JobSpec, ProfileRequest, TensorSpec
-from schemas.engines import FORMAT_ENGINE, IN_PROCESS, incompatibility
+from schemas.engines import FORMAT_ENGINE, IN_PROCESS, LLM_FORMAT_ENGINE, incompatibility
+from schemas.llm_engines import check_knobs
 from schemas.queues import EDGE_QUEUE, queue_for
 from schemas.request import PLAIN_SERVING, device_slug
 
 
 def job_id_for(request_id: str, device: str, engine: str, batch: int, concurrency: int,
-               edge: str | None, serving: dict[str, Any] | None = None) -> str:
+               edge: str | None, serving: dict[str, Any] | None = None, knobs: dict[str, Any] | None = None) -> str:
     """A deterministic 32-hex-character job id from the request id and the coordinates (``serving``: the
     job's measurement, or its serving configuration and ``rate``; the plain one, 1 instance and engine
     defaults, adds nothing to the key, nor does a closed loop's absent rate)."""
@@ -37,6 +39,8 @@ def job_id_for(request_id: str, device: str, engine: str, batch: int, concurrenc
         key += "|" + ",".join(f"{k}={serving.get(k)}" for k in sorted(PLAIN_SERVING))
     if serving and serving.get("rate") is not None:
         key += f"|rate={float(serving['rate'])!r}"
+    if knobs:  # an LLM engine's knobs (none: the key of a job without them is unchanged)
+        key += "|knobs=" + ",".join(f"{k}={knobs[k]!r}" for k in sorted(knobs))
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
@@ -118,7 +122,7 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
             result.excluded.append({"batch_size": b, "reason": f"the model's batch dimension is fixed at "
                                     f"{model.static_batch}; export it with a dynamic batch axis"})
     for device in devices:
-        for engine in request.engines:
+        for engine in request_engines(request, model.format):
             reason = incompatibility(engine, model.format, device)
             if reason:
                 result.excluded.append({"device": device, "engine": engine, "reason": reason})
@@ -134,15 +138,29 @@ def _serving_jobs(request: ProfileRequest, device: str, engine: str, batches: li
     """The serving jobs of one (device, engine): one per batch size x serving configuration x load level."""
     request_id = common["request_id"]
     jobs: list[JobSpec] = []
+    knob_configs = request.knob_configs()
+    try:
+        for knobs in knob_configs:
+            check_knobs(engine, knobs)
+    except ValueError as exc:  # an engine chosen by the model's format, not named by the request
+        raise RequestError(str(exc)) from None
     for b in batches:
         for serving in request.serving_configs():
-            for c, rate in _levels(request):
-                m = request.measurement.model_copy(update={**serving, "rate": rate})
-                jobs.append(JobSpec(
-                    job_id=job_id_for(request_id, device, engine, b, c, None, {**serving, "rate": rate}),
-                    device=device, engine=engine, batch_size=b, concurrency=c, queue=queue_for(device),
-                    measurement=m, **common))
+            for knobs in knob_configs:
+                for c, rate in _levels(request):
+                    m = request.measurement.model_copy(update={**serving, "rate": rate})
+                    jobs.append(JobSpec(
+                        job_id=job_id_for(request_id, device, engine, b, c, None, {**serving, "rate": rate}, knobs),
+                        device=device, engine=engine, batch_size=b, concurrency=c, queue=queue_for(device),
+                        measurement=m, knobs=knobs, **common))
     return jobs
+
+
+def request_engines(request: ProfileRequest, model_format: str) -> list[str]:
+    """The request's engines; an LLM model's default engine (``LLM_FORMAT_ENGINE``) when none was named."""
+    if "engines" not in request.model_fields_set and model_format in LLM_FORMAT_ENGINE:
+        return [LLM_FORMAT_ENGINE[model_format]]
+    return list(request.engines)
 
 
 def _add_edge_jobs(result: Expansion, request: ProfileRequest, model_format: str, batches: list[int],
@@ -189,11 +207,13 @@ def job_count(request: ProfileRequest, model: ModelRef, gpu_products: list[str] 
     (expanding it first took gigabytes)."""
     devices, _ = resolve_devices(request.devices, gpu_products)
     batches = sum(1 for b in request.batch_sizes if model.static_batch in (None, b))
-    pairs = sum(1 for d in devices for e in request.engines if not incompatibility(e, model.format, d))
+    pairs = sum(1 for d in devices for e in request_engines(request, model.format)
+                if not incompatibility(e, model.format, d))
     m = request.measurement
     configs = len(request.instances or [m.instances]) * len(request.threads or [m.threads]) * len(
         request.max_queue_delay_us or [m.max_queue_delay_us])  # as ProfileRequest.serving_configs
     levels = 1 if m.search == "quick" else len(request.concurrency) * len(request.rate_levels())  # as _levels
+    configs *= len(request.knob_configs())
     edge = len(request.edge) * len(edge_engines(request.engines, model.format)) * batches  # as _add_edge_jobs
     return pairs * batches * configs * levels + edge
 

@@ -24,6 +24,11 @@ RULES: dict[str, EngineRule] = {
     # a running KServe v2 server farm only drives: its "model" is the endpoint's descriptor, and the
     # job's device is where the load generator runs
     "endpoint": EngineRule(frozenset({"endpoint"}), frozenset({"cpu"})),
+    # LLM engines with their own OpenAI-compatible server (workers/serving/llama_cpp.py, transformers_serve.py,
+    # vllm.py); their knobs: schemas.llm_engines
+    "llama.cpp": EngineRule(frozenset({"gguf"}), frozenset({"cpu"})),
+    "transformers": EngineRule(frozenset({"hf"}), frozenset({"cpu", "gpu"})),
+    "vllm": EngineRule(frozenset({"hf"}), frozenset({"gpu"})),
 }
 
 #: the engine of ``farm submit --endpoint`` requests (set by the request, never chosen with --engine)
@@ -38,6 +43,13 @@ IN_PROCESS: tuple[str, ...] = tuple(e for e, rule in RULES.items() if rule.in_pr
 SERVED_MODEL_NAME = "model"
 
 MODEL_FORMATS: tuple[str, ...] = tuple(FORMAT_ENGINE)
+#: LLM model formats and the engine that serves each by default: a GGUF file (llama.cpp), a Hugging Face
+#: model folder (config.json, weights, tokenizer: transformers)
+LLM_FORMAT_ENGINE: dict[str, str] = {"gguf": "llama.cpp", "hf": "transformers"}
+#: formats whose model is a folder: stored as one deterministic tar (``farm.artifacts``), unpacked on workers
+FOLDER_FORMATS: frozenset[str] = frozenset({"hf"})
+#: the engines that serve the OpenAI HTTP API (chat and completions, streamed) rather than KServe v2
+OPENAI_ENGINES: tuple[str, ...] = ("llama.cpp", "transformers", "vllm")
 #: the engines a request may name with --engine
 ENGINES: tuple[str, ...] = tuple(e for e in RULES if e != ENDPOINT_ENGINE)
 

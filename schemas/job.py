@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.input_data import InputData
+from schemas.llm_engines import KnobValue, check_knobs
 from schemas.request import EdgeProfile, MeasurementSettings, TensorSpec
 
 
@@ -53,6 +54,13 @@ class JobSpec(BaseModel):
     measurement: MeasurementSettings
     input_data: InputData | None = None  # None: random
     repeat: int = Field(default=0, ge=0)  # which run of its cell (0-based; ``ProfileRequest.repeats``)
+    # an LLM engine's settings (``schemas.llm_engines.KNOBS``: name -> value), checked for its engine
+    knobs: dict[str, KnobValue] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _knobs(self) -> JobSpec:
+        check_knobs(self.engine, self.knobs)  # ValueError: a knob the engine does not have, or a bad value
+        return self
 
     @property
     def is_edge(self) -> bool:

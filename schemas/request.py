@@ -1,6 +1,7 @@
 """The profiling request: what the user asks farm to measure."""
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from typing import Any, Literal, get_args
@@ -11,6 +12,7 @@ from schemas.cpus import parse_cpu_list
 from schemas.dtypes import DTYPES
 from schemas.engines import ENDPOINT_ENGINE, ENGINES
 from schemas.input_data import InputData
+from schemas.llm_engines import KnobValue, check_knobs, typed_knob
 
 _MEMORY_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgKMG]?)(?:i?[bB])?$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -283,7 +285,7 @@ class ProfileRequest(_Strict):
 
     model: str | None = Field(default=None, min_length=1, max_length=4096,
                               description="path of the model file (none with endpoint)")
-    format: Literal["onnx", "torchscript"] | None = None
+    format: Literal["onnx", "torchscript", "gguf", "hf"] | None = None  # gguf, hf: LLM models (LLM_FORMAT_ENGINE)
     inputs: list[TensorSpec] | None = None
     devices: list[str] = Field(default_factory=lambda: ["cpu"])
     engines: list[str] = Field(default_factory=lambda: ["onnxruntime"])
@@ -305,6 +307,8 @@ class ProfileRequest(_Strict):
                                  description="HOST:PORT of a running KServe v2 gRPC server to profile")
     model_name: str | None = Field(default=None, min_length=1, max_length=256,
                                    description="the model to profile on the endpoint")
+    # an LLM engine's knobs as matrix dimensions (schemas.llm_engines): name -> values, one job per combination
+    knobs: dict[str, list[KnobValue]] | None = None
 
     @field_validator("devices")
     @classmethod
@@ -414,6 +418,32 @@ class ProfileRequest(_Strict):
         return [{"instances": i, "threads": t, "max_queue_delay_us": d, "preferred_batch_size": m.preferred_batch_size}
                 for i in (self.instances or [m.instances]) for t in (self.threads or [m.threads])
                 for d in delays]
+
+    @field_validator("knobs", mode="before")
+    @classmethod
+    def _knob_lists(cls, v: object) -> object:
+        # `knobs: {n_parallel: 4}` in a request file
+        return {k: x if isinstance(x, list) else [x] for k, x in v.items()} if isinstance(v, dict) else v
+
+    @model_validator(mode="after")
+    def _knobs(self) -> ProfileRequest:
+        """Every knob is one of each named engine's (an engine left to the model's format: of some LLM engine's),
+        each value of its type; an empty list is refused."""
+        for name, values in (self.knobs or {}).items():
+            if not values:
+                raise ValueError(f"knob {name} has no values; give NAME=V1[,V2...]")
+            for value in values:
+                if "engines" not in self.model_fields_set:  # the engine follows the model's format (expansion)
+                    typed_knob(name, value)
+                for engine in self.engines if "engines" in self.model_fields_set else ():
+                    check_knobs(engine, {name: value})
+        return self
+
+    def knob_configs(self) -> list[dict[str, KnobValue]]:
+        """The knob combinations, one dict per job (``[{}]`` without knobs), in a stable order."""
+        names = sorted(self.knobs or {})
+        return [dict(zip(names, combo, strict=True))
+                for combo in itertools.product(*([typed_knob(n, v) for v in (self.knobs or {})[n]] for n in names))]
 
     @field_validator("edge")
     @classmethod

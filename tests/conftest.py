@@ -8,6 +8,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,3 +122,31 @@ def example_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from farm.models.examples import build_example
 
     return build_example("mlp", tmp_path_factory.mktemp("models") / "mlp.onnx")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny-llama example (``farm.models.llm_examples.TinyLlama``: ``.gguf`` file, ``.hf`` folder); skips
+    where the llm extra is absent."""
+    from tests.llm_servers import tiny_llama as build
+
+    return build(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_url(tiny_llama: Any) -> Iterator[str]:
+    """The OpenAI base URL (``http://127.0.0.1:PORT/v1``) of llama-cpp-python's server on the tiny GGUF model,
+    one for the session; model name ``schemas.engines.SERVED_MODEL_NAME``."""
+    from tests.llm_servers import llama_cpp_server
+
+    with llama_cpp_server(tiny_llama.gguf) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def transformers_url(tiny_llama: Any) -> Iterator[str]:
+    """The OpenAI base URL of ``transformers serve`` on the tiny Hugging Face folder, one for the session."""
+    from tests.llm_servers import transformers_server
+
+    with transformers_server(tiny_llama.hf) as url:
+        yield url

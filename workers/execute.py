@@ -11,8 +11,10 @@ from farm.artifacts import ensure_in_store, fetch_model
 from farm.broker import Broker
 from farm.errors import FarmError
 from farm.lifecycle import failure_result
+from farm.models.llm_info import unpack_folder
 from farm.settings import get_settings
 from schemas import JobResult, JobSpec, Placement
+from schemas.engines import FOLDER_FORMATS
 from schemas.job import JobStatus
 from schemas.result import SHARED_NOTE, shared_unisolated
 from workers import ledger
@@ -37,6 +39,8 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     """
     # the worker opens only models from its artifact store (a symlink or path trick is refused)
     model_path = ensure_in_store(fetch_model(spec.model_sha256, spec.model_filename))
+    if spec.model_format in FOLDER_FORMATS:  # a Hugging Face folder, stored as one tar
+        model_path = unpack_folder(model_path)
     if spec.is_edge:
         return runner.run_edge(spec, model_path)
     started = time.monotonic()

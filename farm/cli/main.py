@@ -16,7 +16,7 @@ from farm.cli import cluster, compare_cmd, ops, report_cmd, request_options, vie
 from farm.cli.embedded import run_embedded
 from farm.cli.errors import run_app, run_cli
 from farm.cli.prepare import prepare_db
-from farm.cli.request_options import build_request_dict, load_request_file
+from farm.cli.request_options import build_request_dict, load_request_file, parse_knobs
 from farm.cli.views import console, err_console
 from farm.db.models import utcnow
 from farm.db.session import session_scope
@@ -37,6 +37,7 @@ from scheduler.reconcile import ReconcileReport, requeue_orphans
 from scheduler.search import search_report, searches_done
 from schemas import ProfileRequest
 from schemas.job import FINAL, JobStatus
+from schemas.llm_engines import knob_help
 from schemas.request import LOAD_CLIENTS, MAX_REPEATS
 from workers.spool import retry_db
 
@@ -55,7 +56,7 @@ def submit(
     concurrency: str | None = typer.Option(None, "--concurrency", "-c", help="e.g. 1,4"),
     edge: list[str] | None = typer.Option(None, "--edge", help="cpus=1,memory=512m[,name=N][,cpuset=0-1]; repeat."),
     input_spec: list[str] | None = typer.Option(None, "--input", "-i", help="name:dtype:shape, e.g. x:FP32:3x224x224"),
-    model_format: str | None = typer.Option(None, "--format", help=request_options.FORMAT_HELP),
+    model_format: str | None = typer.Option(None, "--format", help=request_options.SUBMIT_FORMAT_HELP),
     request_file: Path | None = typer.Option(None, "-f", "--file", help="Request file (YAML or JSON)."),
     name: str | None = typer.Option(None, "--name", help="A name for the request."),
     duration: float | None = typer.Option(None, "--duration", help="Fixed measurement time per job, s."),
@@ -95,6 +96,8 @@ def submit(
     endpoint: str | None = typer.Option(None, "--endpoint", help="HOST:PORT of a running KServe v2 gRPC server "
                                         "to profile instead of a model file (with --model-name)."),
     served_name: str | None = typer.Option(None, "--model-name", help="The model to profile on --endpoint."),
+    knob: list[str] | None = typer.Option(None, "--knob", help=f"NAME=V1[,V2...] (repeatable): an LLM engine's "
+                                          f"setting as a matrix dimension. {knob_help()}."),
     wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"request_id\": ...} (and results with --wait)."),
 ) -> None:
@@ -111,7 +114,7 @@ def submit(
                                    preferred_batch_size=preferred_batch, search=search, p99_ms=p99,
                                    client=client),
                               extra=dict(input_data=input_data, endpoint=endpoint, model_name=served_name,
-                                         repeats=repeats))
+                                         repeats=repeats, knobs=parse_knobs(knob)))
     request = ProfileRequest.model_validate(data)
     prepare_db()
     settings = get_settings()

@@ -19,8 +19,9 @@ from farm.formatting import safe_text
 from farm.logs import setup_logging
 from farm.models.analysis import analyze as run_analysis
 from farm.models.analysis import headline
-from farm.models.examples import EXAMPLE_KINDS, build_example
+from farm.models.examples import EXAMPLE_KINDS, LLM_KINDS, build_example
 from farm.models.info import detect_format, inspect_model, tensor_spec
+from farm.models.llm_examples import GGUF_NAME, HF_NAME
 from farm.settings import get_settings, mask_url
 from schemas.engines import FORMAT_ENGINE
 from schemas.metrics import MODEL_METRICS
@@ -151,15 +152,19 @@ def db_check(wait: float = typer.Option(0.0, "--wait", help="Seconds to wait for
         time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
 
 
-def example_model(out: Path = typer.Argument(..., help="Output file."),
+def example_model(out: Path = typer.Argument(..., help="Output file (a directory for tiny-llama)."),
                   kind: str = typer.Option("convnet", "--kind", help="mlp | convnet | identity | compute | memory | "
                                            "bert-tiny | resnet18 (| torchscript-KIND for mlp, convnet, bert-tiny, "
-                                           "resnet18, with farm[torch])")) -> None:
+                                           "resnet18, with farm[torch]) | tiny-llama (with farm[llm])")) -> None:
     """Write an example model (seeded random weights) for demos and tests: small graphs, or real
-    architectures (bert-tiny: 6-layer BERT-style encoder, give --input input_ids:INT64:128; resnet18)."""
+    architectures (bert-tiny: 6-layer BERT-style encoder, give --input input_ids:INT64:128; resnet18;
+    tiny-llama: a 2-layer Llama as DIR/tiny-llama.gguf and the Hugging Face folder DIR/tiny-llama-hf)."""
     if kind not in EXAMPLE_KINDS:
         raise RequestError(f"--kind {kind!r} is unknown; use one of: {', '.join(EXAMPLE_KINDS)}")
     path = build_example(kind, out)
+    if kind in LLM_KINDS:
+        say(f"wrote {kind} to {path}: {GGUF_NAME} (llama.cpp) and {HF_NAME}/ (transformers)")
+        return
     say(f"wrote {kind} model to {path}")
 
 

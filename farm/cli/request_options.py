@@ -10,7 +10,8 @@ import yaml
 
 from farm.errors import RequestError
 from farm.models.info import tensor_spec
-from schemas.engines import ENGINES, IN_PROCESS, MODEL_FORMATS
+from schemas.engines import ENGINES, IN_PROCESS, LLM_FORMAT_ENGINE, MODEL_FORMATS
+from schemas.llm_engines import parse_knob
 from schemas.request import MEASUREMENT_DEFAULTS
 
 _MEASUREMENT_FLAGS = ("duration_s", "window_s", "warmup_s", "max_windows", "min_windows", "stability_pct",
@@ -20,6 +21,8 @@ _MEASUREMENT_FLAGS = ("duration_s", "window_s", "warmup_s", "max_windows", "min_
 ENGINE_HELP = f"{' | '.join(ENGINES)}; repeat."
 SERVE_ENGINE_HELP = f"{' | '.join(IN_PROCESS)} (default: by format)."
 FORMAT_HELP = f"{' | '.join(MODEL_FORMATS)} (default: detected)."
+#: farm submit also takes the LLM formats: a GGUF file, a Hugging Face model folder
+SUBMIT_FORMAT_HELP = f"{' | '.join((*MODEL_FORMATS, *LLM_FORMAT_ENGINE))} (default: detected)."
 WARMUP_HELP = f"Warm-up time, s (default {MEASUREMENT_DEFAULTS['warmup_s']:g})."
 STABILITY_HELP = f"Stability bound, % (default {MEASUREMENT_DEFAULTS['stability_pct']:g})."
 #: serving-configuration options given as comma-separated lists (``--instances 1,2``): request-level lists
@@ -176,3 +179,20 @@ def _set_measurement(data: dict[str, Any], measurement: dict[str, Any]) -> None:
         merged = dict(data.get("measurement") or {})
         merged.update(given)
         data["measurement"] = {k: v for k, v in merged.items() if not (k == "rate" and v is None)}
+
+
+def parse_knobs(items: list[str] | None) -> dict[str, list[str]] | None:
+    """``--knob NAME=V1,V2`` options as the request's ``knobs`` (None when none is given); a name given twice
+    is refused."""
+    if not items:
+        return None
+    out: dict[str, list[str]] = {}
+    for item in items:
+        try:
+            name, values = parse_knob(item)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        if name in out:
+            raise RequestError(f"--knob {name} is given twice; list its values once: {name}=A,B")
+        out[name] = values
+    return out

@@ -26,6 +26,9 @@ Kinds (``EXAMPLE_KINDS``):
   FP32 [batch, 3, 224, 224], output [batch, 1000]. Options: the builders' sizes (e.g. ``image``).
 - ``torchscript-bert-tiny``, ``torchscript-resnet18``: the same two as TorchScript with the same weights
   (needs torch); they declare their inputs (``input_ids:INT64:128``, ``input:FP32:3x224x224``).
+- ``tiny-llama``: a tiny random-weight Llama for the LLM engines, written into a directory as
+  ``tiny-llama.gguf`` and the Hugging Face folder ``tiny-llama-hf/`` (``farm.models.llm_examples``; needs
+  the ``llm`` extra).
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ import numpy as np
 
 from farm.errors import RequestError
 from farm.models.architectures import bert_model, resnet_model
+from farm.models.llm_examples import build_tiny_llama
 from farm.models.spec import onnx_modules
 from farm.models.torch_architectures import build_torchscript_architecture
 from farm.models.torchscript import build_torchscript
@@ -52,7 +56,9 @@ COMPUTE_DIM = 256
 ONNX_KINDS: tuple[str, ...] = ("mlp", "convnet", "identity", "compute", "memory", "bert-tiny", "resnet18")
 TORCHSCRIPT_KINDS: tuple[str, ...] = ("torchscript-mlp", "torchscript-convnet", "torchscript-bert-tiny",
                                       "torchscript-resnet18")
-EXAMPLE_KINDS: tuple[str, ...] = ONNX_KINDS + TORCHSCRIPT_KINDS
+#: LLM examples: a directory with the model in each form the LLM engines load
+LLM_KINDS: tuple[str, ...] = ("tiny-llama",)
+EXAMPLE_KINDS: tuple[str, ...] = ONNX_KINDS + TORCHSCRIPT_KINDS + LLM_KINDS
 #: TorchScript kinds mirrored from ``farm.models.architectures`` (the others from ``farm.models.torchscript``).
 ARCHITECTURE_KINDS: tuple[str, ...] = ("torchscript-bert-tiny", "torchscript-resnet18")
 
@@ -211,7 +217,8 @@ def _out_path(kind: str, out: Path) -> Path:
 
 
 def build_example(kind: str, out: Path, **kw: Any) -> Path:
-    """Write example model ``kind`` to ``out`` (a file, or a directory to put ``<kind>.onnx|.pt`` in).
+    """Write example model ``kind`` to ``out`` (a file, or a directory to put ``<kind>.onnx|.pt`` in; for an
+    LLM kind, the directory that gets both its forms, which is returned).
 
     Keyword arguments: ``compute``: ``ms`` (float, default 5.0), ``calibrate`` (bool); ``memory``: ``mb``
     (MiB, default 256), ``width``; ``identity``: ``shape`` (tuple); ``mlp``: ``sizes`` (tuple);
@@ -220,6 +227,10 @@ def build_example(kind: str, out: Path, **kw: Any) -> Path:
     """
     if kind not in EXAMPLE_KINDS:
         raise RequestError(f"unknown example model {kind!r}; choose one of {', '.join(EXAMPLE_KINDS)}")
+    if kind in LLM_KINDS:
+        if kw:
+            raise RequestError(f"example model {kind!r} takes no options, got {', '.join(kw)}")
+        return build_tiny_llama(out).gguf.parent
     path = _out_path(kind, out)
     if kind in TORCHSCRIPT_KINDS:
         name = kind.split("-", 1)[1]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.errors import ModelError
+from farm.models.llm_info import inspect_gguf, inspect_hf_folder, is_gguf
 
 # ModelInfo, the --input text parsers and the declaration names live in farm.models.spec (shared with
 # farm.models.torchscript, which info dispatches to); the "as" ones are re-exported: info is their usual import
@@ -115,6 +116,8 @@ def _sniff(path: Path) -> tuple[str, Any]:
     _check_file(path)
     with open(path, "rb") as f:
         head = f.read(4096)
+    if is_gguf(head) or path.suffix.lower() == ".gguf":
+        return "gguf", None
     if head.startswith(b"PK\x03\x04") or zipfile.is_zipfile(path):
         kind = _zip_kind(path)
         if kind == "torchscript":
@@ -139,8 +142,11 @@ def _sniff(path: Path) -> tuple[str, Any]:
 
 
 def detect_format(path: Path) -> str:
-    """``"onnx"`` or ``"torchscript"``, decided by content (ONNX: a ModelProto with a graph; TorchScript:
-    a zip with ``code/``/``constants.pkl``). Raises a one-line ModelError for anything else."""
+    """``"onnx"``, ``"torchscript"``, ``"gguf"`` or ``"hf"``, decided by content (ONNX: a ModelProto with a
+    graph; TorchScript: a zip with ``code/``/``constants.pkl``; GGUF: its magic; hf: a Hugging Face model
+    folder). Raises a one-line ModelError for anything else."""
+    if Path(path).is_dir():
+        return inspect_hf_folder(Path(path)).format
     return _sniff(Path(path))[0]
 
 
@@ -352,12 +358,24 @@ def inspect_model_full(path: Path, format: str | None = None,
                        given_inputs: list[TensorSpec] | None = None) -> tuple[ModelInfo, Any]:
     """``inspect_model`` plus the parsed ONNX ModelProto (None for TorchScript), to avoid parsing twice."""
     path = Path(path)
+    if path.is_dir() or (path.is_file() and path.suffix.lower() == ".gguf"):
+        info = inspect_hf_folder(path) if path.is_dir() else inspect_gguf(path)
+        _given_format(path, format, info.format)
+        return info, None
     fmt, model = _sniff(path)
-    if format is not None and format != fmt:
-        raise ModelError(f"{path.name} was given as {format} but its content is {fmt}; "
-                         f"drop --format or pass --format {fmt}")
+    if fmt == "gguf":
+        info = inspect_gguf(path)
+        _given_format(path, format, info.format)
+        return info, None
+    _given_format(path, format, fmt)
     if given_inputs is not None and not given_inputs:
         given_inputs = None
     if fmt == "onnx":
         return _inspect_onnx(path, model, given_inputs), model
     return inspect_torchscript(path, given_inputs), None
+
+
+def _given_format(path: Path, format: str | None, fmt: str) -> None:
+    if format is not None and format != fmt:
+        raise ModelError(f"{path.name} was given as {format} but its content is {fmt}; "
+                         f"drop --format or pass --format {fmt}")

@@ -18,7 +18,7 @@ def test_queue_names() -> None:
 
 def test_each_format_engine_can_load_its_format_on_every_device_class() -> None:
     assert MODEL_FORMATS == ("onnx", "torchscript")
-    assert ENGINES == ("onnxruntime", "torchscript", "triton", "openvino")
+    assert ENGINES == ("onnxruntime", "torchscript", "triton", "openvino", "llama.cpp", "transformers", "vllm")
     for fmt, engine in FORMAT_ENGINE.items():
         assert fmt in RULES[engine].formats
         assert incompatibility(engine, fmt, "cpu") is None and incompatibility(engine, fmt, "gpu:t4") is None

@@ -228,6 +228,8 @@ class DockerRunner(Runner):
             extra["shm_size"] = launch.shm_size
         if launch.env:
             extra["environment"] = dict(launch.env)
+        if launch.cwd:
+            extra["working_dir"] = launch.cwd
         kwargs: dict[str, Any] = dict(
             image=image,
             command=command,

@@ -54,8 +54,9 @@ class ServerProcess:
     """
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None, listen_prefix: str | None = None,
-                 cpu_set: set[int] | None = None) -> None:
+                 cpu_set: set[int] | None = None, cwd: str | None = None) -> None:
         self.argv = argv
+        self.cwd = cwd
         self.env = env
         self.listen_prefix = listen_prefix
         self.cpu_set = cpu_set
@@ -88,7 +89,8 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=self.env, start_new_session=True,
+                                     stderr=subprocess.PIPE, text=True, env=self.env, cwd=self.cwd,
+                                     start_new_session=True,
                                      preexec_fn=_child_setup(self.cpu_set))
         threading.Thread(target=self._read_stdout, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
@@ -177,7 +179,7 @@ class ProcessRunner(Runner):
         with ExitStack() as stack:
             argv, notes = confine(stack, launch.argv, cpus)
             server = stack.enter_context(ServerProcess(argv, env=env, listen_prefix=launch.listen_prefix,
-                                                       cpu_set=cpus))
+                                                       cpu_set=cpus, cwd=launch.cwd))
             port = server.wait_port(timeout) if launch.listen_prefix is not None else launch.port
             url = f"{SITE.host}:{port}"
             try:

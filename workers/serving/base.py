@@ -80,7 +80,7 @@ class Launch:
     path as the server sees it; ``image``: the image a container runs (None: farm's runtime image, with the
     engine's ``package``), ``image_help`` how to get it onto a host (farm never pulls); ``mounts``: host path
     -> path inside, read-only; ``prepare``: what to write before a new server starts (a model repository);
-    ``ready``: the readiness check.
+    ``ready``: the readiness check; ``cwd``: the directory the server starts in (None: the runner's).
     """
 
     argv: list[str]
@@ -95,6 +95,7 @@ class Launch:
     listen_prefix: str | None = None
     prepare: Callable[[], object] | None = None
     ready: ReadyCheck = wait_ready
+    cwd: str | None = None
 
 
 class ServingEngine(ABC):

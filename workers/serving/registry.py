@@ -7,12 +7,18 @@ from schemas.engines import ENDPOINT_ENGINE, IN_PROCESS
 from workers.serving.base import ServingEngine
 from workers.serving.builtin import BuiltinServer
 from workers.serving.endpoint import Endpoint
+from workers.serving.llama_cpp import LlamaCpp
+from workers.serving.transformers_serve import TransformersServe
 from workers.serving.triton import Triton
+from workers.serving.vllm import Vllm
 
 SERVING: dict[str, ServingEngine] = {
     **{engine: BuiltinServer(engine) for engine in IN_PROCESS},
     "triton": Triton(),
     ENDPOINT_ENGINE: Endpoint(),
+    "llama.cpp": LlamaCpp(),
+    "transformers": TransformersServe(),
+    "vllm": Vllm(),
 }
 
 

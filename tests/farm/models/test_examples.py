@@ -19,6 +19,7 @@ from farm.models.examples import (
     COMPUTE_DIM,
     COMPUTE_ROWS,
     EXAMPLE_KINDS,
+    LLM_KINDS,
     ONNX_KINDS,
     TORCHSCRIPT_KINDS,
     build_example,
@@ -53,7 +54,7 @@ def session(path: Path, threads: int = 1) -> ort.InferenceSession:
 
 
 def test_kinds_tuple() -> None:
-    assert set(EXAMPLE_KINDS) == set(ONNX_KINDS) | set(TORCHSCRIPT_KINDS)
+    assert set(EXAMPLE_KINDS) == set(ONNX_KINDS) | set(TORCHSCRIPT_KINDS) | set(LLM_KINDS)
     real = {"bert-tiny", "resnet18", "torchscript-bert-tiny", "torchscript-resnet18"}
     assert {*BASIC_KINDS, *real} <= set(EXAMPLE_KINDS)
 

@@ -1,0 +1,58 @@
+"""Start an LLM server with what only its own process knows: ``python -m workers.serving.lease_exec [--env NAME]...
+[--bind HOST] -- ARGV...`` replaces ``{cores}`` in ARGV by the number of cores this process may run on (its
+CPU affinity: the job's lease, set by the runner before exec, or a container's cpuset) and sets each ``--env``
+variable to it, replaces ``{port}`` by a free port on HOST and prints ``farm-llm listening HOST:PORT``, then
+execs ARGV (same pid, so the runner's process, cgroup and thread checks see the server itself).
+
+Why a wrapper: an engine's launch is declared before its runner places it, so it cannot know the leased core
+count, and the LLM servers (uvicorn) print no bound port when given port 0. The free port is found by binding
+port 0 and closing it: another process could take it before the server binds; the server then fails to start
+and the job fails with its log (rare on a worker, where farm starts the servers)."""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+CORES = "{cores}"
+PORT = "{port}"
+#: the line printed once the port is chosen (the runner reads it: ``Launch.listen_prefix``)
+LISTEN_LINE = "farm-llm listening "
+
+
+def leased_cores() -> int:
+    """How many cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m workers.serving.lease_exec")
+    p.add_argument("--env", action="append", default=[], help="variable set to the leased core count")
+    p.add_argument("--bind", default="127.0.0.1", help="the host a {port} is found on")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        p.error("give the server's command after --")
+    cores = str(leased_cores())
+    for name in args.env:
+        os.environ[name] = cores
+    if any(PORT in a for a in command):
+        port = str(free_port(args.bind))
+        command = [a.replace(PORT, port) for a in command]
+        print(f"{LISTEN_LINE}{args.bind}:{port}", flush=True)
+    command = [a.replace(CORES, cores) for a in command]
+    sys.stdout.flush()
+    os.execvp(command[0], command)
+    return 127  # not reached: exec replaced this process
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
