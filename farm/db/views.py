@@ -38,6 +38,17 @@ METRICS_0004 = (
 HOST_METRICS_0007 = ('host_speed_index', 'host_speed_change_pct', 'foreign_cpu_pct')
 #: the metric columns of results at migration 0007, frozen
 METRICS_0007 = METRICS_0004 + HOST_METRICS_0007
+#: the metric columns migration 0008 added (generative serving: the OpenAI client's figures)
+LLM_METRICS_0008 = (
+    'ttft_p50_ms', 'ttft_p90_ms', 'ttft_p99_ms', 'itl_p50_ms', 'itl_p90_ms', 'itl_p99_ms', 'tpot_p50_ms',
+    'tpot_p90_ms', 'tpot_p99_ms', 'output_tokens_per_s', 'output_tokens_per_s_per_user', 'input_tokens_per_s',
+    'mean_input_tokens', 'mean_output_tokens', 'goodput_req_per_s', 'output_overrun_count', 'server_ttft_p50_ms',
+    'server_tpot_p50_ms',
+)
+#: the integer ones among them
+LLM_INT_METRICS_0008 = ('output_overrun_count',)
+#: the metric columns of results at migration 0008, frozen
+METRICS_0008 = METRICS_0007 + LLM_METRICS_0008
 
 
 def _json_text(dialect: str, column: str, *path: str) -> str:
