@@ -5,7 +5,7 @@ chunk was written, same monotonic clock).
 The fake server runs in its own process pinned to one half of the CPUs, farm's client (``run_load`` with
 ``measurement.llm``: its own load process) to the other half. For each concurrency (1, 64, 256) and token
 chunking (1 token a chunk; 4 a chunk without usage, so the client splits each chunk's gap over its tokens):
-a closed loop for a fixed time; printed: farm's TTFT p50 and ITL p50, the server's true ones over the same
+a closed loop for a fixed time (at least 3 requests long, after a warm-up of 2); printed: farm's TTFT p50 and ITL p50, the server's true ones over the same
 span, their difference (targets: TTFT < 1 ms, ITL < 0.5 ms), whether every measured request's output count
 is exact, and the client's CPU share (its load process's busy %).
 
@@ -14,12 +14,14 @@ Run: ``python benchmarks/llm_client.py [--quick]``. Prints the table, asserts no
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 from pathlib import Path
 
 from _serve import pin, split_cpus  # noqa: I001 (sets sys.path)
 
+from farm.errors import LoadGenError
 from schemas import MeasurementSettings
 from tests.fake_openai import fake_server, read_log
 from workers.loadgen import run_load
@@ -58,7 +60,9 @@ def one(concurrency: int, itl_ms: float, per_chunk: int, seconds: float, client_
         fault = "no_usage" if per_chunk > 1 else "none"
         with fake_server(log=log, cpus=cpus, model="fake", ttft_ms=TTFT_MS, itl_ms=itl_ms, per_chunk=per_chunk,
                          fault=fault) as url:
-            settings = MeasurementSettings(duration_s=seconds, warmup_s=1.0, window_s=seconds,
+            nominal_s = (TTFT_MS + OUTPUT * itl_ms) / 1e3  # one request on an idle server
+            seconds = max(seconds, 3 * nominal_s)
+            settings = MeasurementSettings(duration_s=seconds, warmup_s=max(1.0, 2 * nominal_s), window_s=seconds,
                                            llm={"api": "openai-chat", "input_tokens": 64, "output_tokens": OUTPUT})
             t0 = time.monotonic()
             r = run_load(url.split("//")[1], "fake", [], 1, concurrency, settings)
@@ -81,12 +85,18 @@ def main() -> None:
     client_cpus, server_cpus = split_cpus()
     pin(client_cpus)
     seconds = 3.0 if args.quick else 10.0
+    print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print(f"fake server: TTFT {TTFT_MS:g} ms, {OUTPUT} output tokens; client CPUs {sorted(client_cpus or [])}, "
           f"server CPUs {sorted(server_cpus or [])}; {seconds:g} s per case")
     print(f"{'conc':>5} {'k/chk':>5} {'itl':>6} {'farm ttft':>9} {'true':>9} {'err ms':>8} {'farm itl':>8} "
           f"{'true':>8} {'err ms':>8} {'exact':>6} {'tok from':>9} {'cli %':>7} {'req/s':>7} {'errs':>5}")
     for concurrency, itl_ms, per_chunk in CASES:
-        print(one(concurrency, itl_ms, per_chunk, seconds, client_cpus, server_cpus), flush=True)
+        try:
+            print(one(concurrency, itl_ms, per_chunk, seconds, client_cpus, server_cpus), flush=True)
+        except LoadGenError as exc:
+            print(f"{concurrency:>5} {per_chunk:>5} {itl_ms:>6g}  failed: {exc}", flush=True)
+    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs "
+          "(a busy host delays both processes: the errors then measure the host as much as farm)")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ class Script:
     itl_ms: float = 5.0
     per_chunk: int = 1
     fault: str = "none"
+    api_key: str = ""  # required as a bearer token when set
 
 
 def _head(status: str, ctype: str, length: int | None = None) -> bytes:
@@ -101,15 +102,18 @@ class _Conn(asyncio.Protocol):
             if end < 0:
                 return
             head = self.buf[:end].decode("latin-1").split("\r\n")
-            length = 0
+            fields = {}
             for line in head[1:]:
                 name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value.strip())
+                fields[name.strip().lower()] = value.strip()
+            length = int(fields.get("content-length", 0))
             if len(self.buf) < end + 4 + length:
                 return
             body, self.buf = self.buf[end + 4:end + 4 + length], self.buf[end + 4 + length:]
             method, path, _ = head[0].split(" ", 2)
+            if self.server.s.api_key and fields.get("authorization") != f"Bearer {self.server.s.api_key}":
+                self.write(_json_answer("401 Unauthorized", {"error": {"message": "bad API key"}}))
+                continue
             self.server.answer(self, method, path, body, t_recv)
 
 
@@ -188,7 +192,7 @@ class FakeServer:
 
 async def _serve(args: argparse.Namespace) -> None:
     script = Script(model=args.model, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, per_chunk=args.per_chunk,
-                    fault=args.fault)
+                    fault=args.fault, api_key=args.api_key)
     with open(args.log, "w", buffering=1 << 20) if args.log else open(os.devnull, "w") as log:
         server = FakeServer(script, log)
         srv = await asyncio.get_running_loop().create_server(lambda: _Conn(server), "127.0.0.1", args.port,
@@ -211,6 +215,7 @@ def main() -> None:
     p.add_argument("--per-chunk", type=int, default=1)
     p.add_argument("--fault", choices=FAULTS, default="none")
     p.add_argument("--log", default="")
+    p.add_argument("--api-key", default="")
     p.add_argument("--cpus", default="", help="pin to these CPUs, e.g. 1")
     args = p.parse_args()
     if args.cpus and hasattr(os, "sched_setaffinity"):

@@ -1,6 +1,7 @@
 """One streamed OpenAI completion, as the client saw it and as farm accounts for it: the server-sent-event
-parser (:class:`StreamState`: one ``data:`` line at a time, each stamped with the one monotonic clock), the
-raw record of a request (:class:`RawRequest`, what crosses the process pipe) and :func:`account`, which turns
+parser (:func:`feed_line`: one ``data:`` line at a time, stamped with the arrival time of the bytes that
+completed it, :func:`replay` after the run), the raw record of a request (:class:`RawRequest`, what crosses the
+process pipe) and :func:`account`, which turns
 it into the request's figures (TTFT, per-token ITL, TPOT, e2e, token counts with where they came from).
 
 Token truth: output tokens from the server's ``usage`` (``stream_options.include_usage``), else the
@@ -47,6 +48,8 @@ class RawRequest:
     finish_reason: str | None = None
     done: bool = False
     end: float = 0.0
+    pieces: list[tuple[float, bytes]] = field(default_factory=list)  # (arrival time, bytes) as read, unparsed
+    eof: float = 0.0  # when the response body ended
     error: str | None = None
     error_text: str | None = None
 
@@ -124,6 +127,24 @@ def close_stream(rec: RawRequest, now: float) -> None:
         rec.fail(NO_TOKENS, f"{NO_TOKENS}: the stream ended without generated text", now)
     elif not rec.end:
         rec.end = now
+
+
+def replay(rec: RawRequest) -> None:
+    """Parse the bytes a request received (``rec.pieces``, as the load loop read them, unparsed so that
+    the loop does nothing per chunk but stamp it) into its events: each line takes the arrival time of the
+    read that completed it. Then close the stream (``close_stream``) at the body's end."""
+    buf = b""
+    for t, piece in rec.pieces:
+        buf += piece
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if feed_line(rec, line, t):
+                rec.pieces = []
+                return close_stream(rec, t)
+    if buf:
+        feed_line(rec, buf, rec.eof)
+    rec.pieces = []
+    close_stream(rec, rec.eof)
 
 
 @dataclass(frozen=True, slots=True)

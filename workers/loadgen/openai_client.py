@@ -189,7 +189,9 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
     outcomes = [o for outs in cut.outcomes for o in outs]
     errors: Counter[str] = sum(cut.errors, Counter())
     if not outcomes:
-        counts = ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) or "no request ended in the windows"
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) or (
+            f"no request ended in the windows: {run.sent} sent, {run.in_flight} still in flight at the end, "
+            f"{cut.warm_ok} in the warm-up; lengthen --duration or give --requests")
         raise LoadGenError(f"no request succeeded while measuring ({counts}; first error: "
                            f"{_first_error(run.records) or 'none'}); check the model name, the API "
                            "(--api) and the server log")

@@ -37,8 +37,7 @@ from workers.loadgen.llm_stream import (
     TIMEOUT,
     TRUNCATED,
     RawRequest,
-    close_stream,
-    feed_line,
+    replay,
 )
 from workers.loadgen.llm_workload import Prompt
 from workers.loadgen.patterns import LoadPattern
@@ -55,8 +54,8 @@ DRAIN_S = 1.0  # after [DONE], how long the rest of a response may take to arriv
 @dataclass(frozen=True)
 class HttpJob:
     """What the load process sends: the ``api`` (``openai-chat``/``openai-completions``) at ``base_url``
-    for ``model``, the API key from the environment variable ``api_key_env`` (read in the process, never
-    passed or stored), the prompts in turn, the pattern through the plan; ``requests``: stop after this many
+    for ``model``, the API key from the environment variable ``api_key_env`` (read when the run starts and
+    handed to the load process through its pipe, never stored), the prompts in turn, the pattern through the plan; ``requests``: stop after this many
     measured requests completed (None: at the plan's end); ``warmup_requests`` first sends left out."""
 
     base_url: str
@@ -93,8 +92,9 @@ def api_key(env_name: str | None) -> str | None:
     return os.environ.get(env_name) if env_name else None
 
 
-def headers(env_name: str | None) -> dict[str, str]:
-    key = api_key(env_name)
+def headers(env_name: str | None, key: str | None = None) -> dict[str, str]:
+    """Request headers: JSON, and the bearer token ``key`` (None: read from ``env_name``)."""
+    key = key if key is not None else api_key(env_name)
     return {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
 
 
@@ -184,31 +184,28 @@ class _Loop:
             rec.fail(NOT_STREAMING, f"{NOT_STREAMING}: the server answered {ctype or 'no content type'}, not "
                                     "an event stream; it does not stream this API", now())
             return
-        content = resp.content
-        while True:
-            line = await content.readline()
-            t = now()
-            if not line:
+        # the hot loop only stamps what arrives: parsing waits for the end of the run (``replay``)
+        pieces = rec.pieces
+        async for piece in resp.content.iter_any():
+            pieces.append((now(), piece))
+            if b"[DONE]" in piece:  # read the response's end, so its keep-alive connection is reused
+                await asyncio.wait_for(resp.content.read(), DRAIN_S)
                 break
-            if feed_line(rec, line, t):
-                if rec.error is None:  # read the response's end, so its keep-alive connection is reused
-                    await asyncio.wait_for(content.read(), DRAIN_S)
-                break
-        close_stream(rec, now())
+        rec.eof = now()
 
     async def _one(self, rec: RawRequest, body: bytes) -> None:
         try:
             async with self.session.post(self.url, data=body) as resp:
                 await self._stream(rec, resp)
         except TimeoutError:
-            if rec.error is None and (rec.done or rec.finish_reason):  # only the drain after [DONE] timed out
-                close_stream(rec, time.monotonic())
+            if rec.pieces and b"[DONE]" in rec.pieces[-1][1]:  # only the drain after [DONE] timed out
+                rec.eof = time.monotonic()
             else:
                 rec.fail(TIMEOUT, f"{TIMEOUT}: no end within {self.job.request_timeout_s:g} s", time.monotonic())
         except aiohttp.ClientConnectorError as exc:
             rec.fail(CONNECT_ERROR, f"{CONNECT_ERROR}: {exc}", time.monotonic())
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            name = TRUNCATED if rec.chunk_t else CONNECT_ERROR
+            name = TRUNCATED if rec.pieces else CONNECT_ERROR
             rec.fail(name, f"{name}: {type(exc).__name__}: {exc}", time.monotonic())
         except aiohttp.ClientError as exc:
             rec.fail(type(exc).__name__, f"{type(exc).__name__}: {exc}", time.monotonic())
@@ -267,14 +264,16 @@ class _Loop:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self.out.in_flight = self.out.sent - len(self.out.records)
+        for rec in self.out.records:
+            replay(rec)
         return self.out
 
 
-async def _main(job: HttpJob, t_start: float) -> HttpRun:
+async def _main(job: HttpJob, t_start: float, key: str | None) -> HttpRun:
     limit = job.pattern.outstanding(1) or 0  # closed loop: one connection per slot; open loop: unlimited
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=None)
     timeout = aiohttp.ClientTimeout(total=job.request_timeout_s, sock_connect=min(job.request_timeout_s, 10.0))
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers(job.api_key_env),
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers(job.api_key_env, key),
                                      auto_decompress=False) as session:
         return await _Loop(job, session, t_start).run()
 
@@ -288,11 +287,12 @@ def loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]
     return uvloop.new_event_loop, "uvloop"
 
 
-def run_http(job: HttpJob, t_start: float) -> HttpRun:
-    """Run ``job`` to its end on a fresh event loop of this thread."""
+def run_http(job: HttpJob, t_start: float, key: str | None = None) -> HttpRun:
+    """Run ``job`` to its end on a fresh event loop of this thread (``key``: the API key; None: read from the
+    environment)."""
     factory, name = loop_factory()
     with asyncio.Runner(loop_factory=factory) as runner:
-        out = runner.run(_main(job, t_start))
+        out = runner.run(_main(job, t_start, key))
     out.loop = name
     return out
 
@@ -307,9 +307,9 @@ def _child(job: HttpJob, conn: Connection, cpus: set[int] | None) -> None:
     conn.send(READY)
     if not conn.poll(GO_TIMEOUT_S):
         return
-    t_start = conn.recv()
+    t_start, key = conn.recv()  # the key comes from the caller's environment (a fork server's is older)
     try:
-        conn.send(run_http(job, t_start))
+        conn.send(run_http(job, t_start, key))
     except Exception as exc:  # reported to the parent, which raises LoadGenError
         conn.send(f"the OpenAI load process failed: {type(exc).__name__}: {exc}")
     conn.close()
@@ -344,7 +344,7 @@ def load_process(job: HttpJob, start_timeout_s: float = GO_TIMEOUT_S) -> Iterato
         if ready != READY:
             yield lambda _timeout_s: ready if isinstance(ready, str) else "the OpenAI load process did not start"
             return
-        parent.send(time.monotonic() + START_DELAY_S)
+        parent.send((time.monotonic() + START_DELAY_S, api_key(job.api_key_env)))
         yield wait
     finally:
         proc.join(5.0)
