@@ -5,9 +5,10 @@ chunk was written, same monotonic clock).
 The fake server runs in its own process pinned to one half of the CPUs, farm's client (``run_load`` with
 ``measurement.llm``: its own load process) to the other half. For each concurrency (1, 64, 256) and token
 chunking (1 token a chunk; 4 a chunk without usage, so the client splits each chunk's gap over its tokens):
-a closed loop for a fixed time (at least 3 requests long, after a warm-up of 2); printed: farm's TTFT p50 and ITL p50, the server's true ones over the same
-span, their difference (targets: TTFT < 1 ms, ITL < 0.5 ms), whether every measured request's output count
-is exact, and the client's CPU share (its load process's busy %).
+a closed loop for a fixed time (at least 3 requests long, after a warm-up of 2); printed: farm's TTFT p50 and
+ITL p50, the server's true ones over the same span, their difference (targets: TTFT < 1 ms, ITL < 0.5 ms),
+whether every measured request's output count is exact, and the client's CPU share (its load process's
+busy %).
 
 Run: ``python benchmarks/llm_client.py [--quick]``. Prints the table, asserts nothing.
 """

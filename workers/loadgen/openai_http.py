@@ -55,8 +55,9 @@ DRAIN_S = 1.0  # after [DONE], how long the rest of a response may take to arriv
 class HttpJob:
     """What the load process sends: the ``api`` (``openai-chat``/``openai-completions``) at ``base_url``
     for ``model``, the API key from the environment variable ``api_key_env`` (read when the run starts and
-    handed to the load process through its pipe, never stored), the prompts in turn, the pattern through the plan; ``requests``: stop after this many
-    measured requests completed (None: at the plan's end); ``warmup_requests`` first sends left out."""
+    handed to the load process through its pipe, never stored), the prompts in turn, the pattern through the
+    plan; ``requests``: stop after this many measured requests completed (None: at the plan's end);
+    ``warmup_requests`` first sends left out."""
 
     base_url: str
     api: str

@@ -43,7 +43,8 @@ def test_chat_figures_and_token_truth() -> None:
 
 
 def test_completions_open_loop_chunked_without_usage() -> None:
-    """An open loop at 20 requests/s; 3 tokens a chunk and no usage (as llama.cpp streams): counted one per chunk, noted."""
+    """An open loop at 20 requests/s; 3 tokens a chunk and no usage (as llama.cpp streams): counted one per
+    chunk, and noted."""
     with fake_server(model="fake", ttft_ms=5, itl_ms=1, per_chunk=3, fault="no_usage") as url:
         r = _measure(url, api="openai-completions", rate=20.0)
     m, d = r.metrics, r.details
