@@ -137,6 +137,10 @@ class LlmSettings(_Strict):
     warmup_requests: int = Field(default=0, ge=0, le=1_000_000)
     request_timeout_s: float = Field(default=600.0, gt=0, le=86400)
 
+    def base_url(self, hostport: str) -> str:
+        """``http(s)://HOST:PORT/v1`` of the server at ``hostport``, with this scheme and path."""
+        return f"{'https' if self.tls else 'http'}://{hostport}{self.base_path}"
+
     @field_validator("api_key_env")
     @classmethod
     def _env(cls, v: str | None) -> str | None:

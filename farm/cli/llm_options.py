@@ -9,7 +9,6 @@ from typing import Any
 import typer
 
 from farm.endpoint import Attach
-from farm.errors import RequestError
 from schemas import ProfileRequest
 from schemas.llm import LLM_APIS
 from workers.loadgen.llm_workload import load_workload
@@ -53,7 +52,7 @@ def attach_for(request: ProfileRequest, fallback: Attach) -> Attach:
         return fallback
     if llm.prompts or llm.tokenizer:
         load_workload(llm)  # RequestError names the bad line or file
-    elif request.endpoint is None:
-        raise RequestError("--api profiles a running server: give --endpoint http://HOST:PORT and --model-name")
+    if request.endpoint is None:  # an LLM engine farm launches: nothing runs yet to read
+        return fallback
     from workers.serving.openai_api import attach_openai  # noqa: PLC0415 - aiohttp: LLM submits only, not every CLI start
     return functools.partial(attach_openai, llm=llm)

@@ -29,13 +29,6 @@ Metrics = dict[str, float | int | bool | None]
 WAIT_MARGIN_S = 30.0  # how long past its plan the load process may take to stop and report
 
 
-def base_url(job: LoadJob) -> str:
-    """``http(s)://HOST:PORT/v1`` of an LLM job (``job.url``: HOST:PORT)."""
-    llm = job.settings.llm
-    assert llm is not None
-    return f"{'https' if llm.tls else 'http'}://{job.url}{llm.base_path}"
-
-
 def _pcts(name: str, values: list[float] | np.ndarray) -> Metrics:
     p50, p90, p99 = stats.percentiles(values, (50, 90, 99))
     return {f"{name}_p50_ms": p50, f"{name}_p90_ms": p90, f"{name}_p99_ms": p99}
@@ -158,7 +151,7 @@ class OpenAIClient(LoadClient):
     def run(self, job: LoadJob, plan: WindowPlan) -> LoadRecord:
         llm = job.settings.llm
         assert llm is not None
-        url = base_url(job)
+        url = llm.base_url(job.url)
         try:
             check_model(url, job.model_name, llm.api_key_env, job.connect_timeout_s)
             prompts, tok = load_workload(llm)
@@ -208,7 +201,8 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
                      "server ignores or overruns the limit (output_overrun_count)")
     if "chunks" in _sources(outcomes)["output"]:
         notes.append("output tokens counted one per chunk: the server sent no usage and no --tokenizer was given")
-    own = OpenAIDetails(api=llm.api, base_url=base_url(job), model=job.model_name, token_sources=_sources(outcomes),
+    own = OpenAIDetails(api=llm.api, base_url=llm.base_url(job.url), model=job.model_name,
+                        token_sources=_sources(outcomes),
                         tokens_per_chunk_mean=stats.mean(per_chunk), tokens_per_chunk_max=max(per_chunk, default=None),
                         output_overruns=overruns, slo=llm.slo.model_dump() if llm.slo else None,
                         workload={"input_tokens": llm.input_tokens.text(), "output_tokens": llm.output_tokens.text(),

@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from workers.loadgen.drivers import process_context
+from workers.loadgen.drivers import process_context, reap
 from workers.loadgen.llm_stream import (
     CONNECT_ERROR,
     NOT_STREAMING,
@@ -349,10 +349,5 @@ def load_process(job: HttpJob, start_timeout_s: float = GO_TIMEOUT_S) -> Iterato
         yield wait
     finally:
         proc.join(5.0)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(2.0)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(2.0)
+        reap(proc)
         parent.close()

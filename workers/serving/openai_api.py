@@ -27,15 +27,10 @@ class OpenAIServer:
     outputs: Sequence[Any] = field(default_factory=tuple)
 
 
-def base_url(hostport: str, llm: LlmSettings) -> str:
-    """``http(s)://HOST:PORT/v1`` of ``hostport`` with ``llm``'s scheme and path."""
-    return f"{'https' if llm.tls else 'http'}://{hostport}{llm.base_path}"
-
-
 def attach_openai(hostport: str, model_name: str, timeout_s: float, llm: LlmSettings) -> OpenAIServer:
     """The server at ``hostport`` once it lists ``model_name``; ServerError (one line) otherwise."""
     try:
-        entry = check_model(base_url(hostport, llm), model_name, llm.api_key_env, timeout_s)
+        entry = check_model(llm.base_url(hostport), model_name, llm.api_key_env, timeout_s)
     except ConnectionError as exc:
         raise ServerError(str(exc)) from None
     host, _, port = hostport.rpartition(":")
