@@ -5,7 +5,8 @@ read and the time each token's chunk was written (same clock as the client's on 
 
 Faults on demand (``--fault``): ``http500``, ``not_streaming`` (a JSON answer), ``malformed`` (a data line
 that is not JSON), ``truncate`` (the connection closes mid-stream), ``overrun`` (3 tokens past max_tokens),
-``no_usage`` (no usage chunk, as llama.cpp streams). A wrong model name gets 404 like vLLM's.
+``no_usage`` (no usage chunk, as llama.cpp streams). A wrong model name gets 404 like vLLM's; ``GET /metrics``
+serves vLLM's TTFT and TPOT histograms of what it sent.
 
 Written by hand on an asyncio Protocol with loop timers: the test needs control of every byte and of when
 each one leaves, and a server whose own lag stays well under the client's error budget.
@@ -117,14 +118,39 @@ class _Conn(asyncio.Protocol):
             self.server.answer(self, method, path, body, t_recv)
 
 
+#: the bucket bounds (s) of the fake server's Prometheus histograms (vLLM's names)
+BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, float("inf"))
+
+
 class FakeServer:
     def __init__(self, script: Script, log: Any) -> None:
         self.s = script
         self.log = log
         self.loop = asyncio.get_running_loop()
+        self.hist: dict[str, list[int]] = {"vllm:time_to_first_token_seconds": [0] * len(BUCKETS),
+                                           "vllm:time_per_output_token_seconds": [0] * len(BUCKETS)}
+
+    def _observe(self, name: str, value: float) -> None:
+        counts = self.hist[name]
+        for i, le in enumerate(BUCKETS):
+            if value <= le:
+                counts[i] += 1
+
+    def metrics_text(self) -> bytes:
+        lines = []
+        for name, counts in self.hist.items():
+            lines.append(f"# TYPE {name} histogram")
+            for le, n in zip(BUCKETS, counts, strict=True):
+                lines.append(f'{name}_bucket{{le="{"+Inf" if le == float("inf") else le}"}} {n}')
+            lines.append(f"{name}_count {counts[-1]}")
+        return ("\n".join(lines) + "\n").encode()
 
     def answer(self, conn: _Conn, method: str, path: str, body: bytes, t_recv: float) -> None:
         s = self.s
+        if method == "GET" and path == "/metrics":
+            body = self.metrics_text()
+            conn.write(_head("200 OK", "text/plain; version=0.0.4", len(body)) + body)
+            return
         if method == "GET" and path.endswith("/models"):
             conn.write(_json_answer("200 OK", {"object": "list", "data": [{"id": s.model, "owned_by": "fake"}]}))
             return
@@ -184,6 +210,10 @@ class FakeServer:
             st.conn.write(_event({"choices": [], "usage": {"prompt_tokens": st.prompt_tokens,
                                                            "completion_tokens": st.i, "total_tokens": st.i}}))
         st.conn.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        if st.sent:
+            self._observe("vllm:time_to_first_token_seconds", st.sent[0] - st.t_recv)
+            if len(st.sent) > 1:
+                self._observe("vllm:time_per_output_token_seconds", (st.sent[-1] - st.sent[0]) / (len(st.sent) - 1))
         self._log(st, done=True)
 
     def _log(self, st: _Stream, done: bool = False) -> None:

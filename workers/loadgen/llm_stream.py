@@ -237,4 +237,11 @@ def account(rec: RawRequest, count: Callable[[str], int] | None) -> Outcome:
                    tpot_ms=(e2e - ttft) / (n_out - 1) if n_out > 1 else None,
                    itl_ms=itl_values(rec.chunk_t, counts), input_tokens=n_in, input_source=in_source,
                    output_tokens=n_out, output_source=out_source, chunks=len(rec.chunk_t),
-                   overrun=n_out > rec.max_tokens, server_ttft_ms=server_ttft, server_tpot_ms=server_tpot)
+                   overrun=_overrun(rec, n_out, out_source), server_ttft_ms=server_ttft, server_tpot_ms=server_tpot)
+
+
+def _overrun(rec: RawRequest, n_out: int, source: str) -> bool:
+    """Whether the server generated more than ``max_tokens``: by its own usage; without usage only when the
+    chunks alone outnumber the limit (each holds at least one token). A client tokenizer re-tokenizing the
+    text counts differently from the server (byte-level pieces merge), so its count never flags a server."""
+    return n_out > rec.max_tokens if source == "usage" else len(rec.chunk_t) > rec.max_tokens

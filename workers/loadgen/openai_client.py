@@ -8,6 +8,7 @@ the requests into the plan's windows by their end time (warm-up left out) and co
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,8 +18,10 @@ import numpy as np
 
 from farm.errors import FarmError, LoadGenError
 from schemas.llm import LlmSettings, Slo
+from schemas.measured import LLM_RPC
 from workers.loadgen import stats
 from workers.loadgen.contract import ClientDetails, LoadClient, LoadJob, LoadRecord, RunTotals, WindowFigures
+from workers.loadgen.llm_server_metrics import scrape, server_p50s
 from workers.loadgen.llm_stream import Outcome, RawRequest, account
 from workers.loadgen.llm_workload import load_workload
 from workers.loadgen.openai_http import HttpJob, HttpRun, check_model, load_process
@@ -79,6 +82,7 @@ class OpenAIDetails(ClientDetails):
     warmup_errors: int
     in_flight_at_end: int
     event_loop: str
+    server_metrics: dict[str, float]  # the p50s (ms) read from the server's Prometheus /metrics, by figure
 
 
 def _windows(run: HttpRun, plan: WindowPlan, requests_mode: bool) -> list[tuple[float, float]]:
@@ -162,18 +166,24 @@ class OpenAIClient(LoadClient):
                        warmup_requests=llm.warmup_requests, request_timeout_s=llm.request_timeout_s,
                        time_limit_s=job.settings.timeout_s, seed=job.seed)
         limit = (job.settings.timeout_s if llm.requests is not None else plan.span_s) + WAIT_MARGIN_S + 5.0
-        with load_process(http) as wait:
+        metrics_url = llm.base_url(job.url).removesuffix(llm.base_path) + "/metrics"
+        with load_process(http) as (wait, t_start):
+            if t_start is not None:  # the server's own histograms from the warm-up's end
+                time.sleep(max(0.0, t_start + plan.warmup_s - time.monotonic()))
+            before = scrape(metrics_url) if t_start is not None else None
             got = wait(limit)
         if got is None:
             raise LoadGenError(f"the OpenAI load process did not report within {limit:.0f} s; check the server")
         if isinstance(got, str):
             raise LoadGenError(got)
-        return _record(job, plan, llm, got, tok.count if tok is not None else None)
+        server = server_p50s(before, scrape(metrics_url)) if before is not None else {}
+        return _record(job, plan, llm, got, tok.count if tok is not None else None, server)
 
 
 def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
-            count: Callable[[str], int] | None) -> LoadRecord:
-    """The record of a finished run; LoadGenError when no measured request succeeded."""
+            count: Callable[[str], int] | None, server: dict[str, float]) -> LoadRecord:
+    """The record of a finished run (``server``: the p50s of the server's Prometheus histograms, ms, by
+    figure); LoadGenError when no measured request succeeded."""
     windows = _windows(run, plan, llm.requests is not None)
     cut = _cut(run, windows, count)
     figures = [WindowFigures.measure(k, a - windows[0][0], b - a, np.asarray([o.e2e_ms for o in outs]),
@@ -209,8 +219,12 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
                                   "prefix_tokens": llm.prefix_tokens, "seed": llm.seed, "prompts": llm.prompts,
                                   "tokenizer": llm.tokenizer},
                         first_error=_first_error(run.records), warmup_errors=cut.warm_errors,
-                        in_flight_at_end=run.in_flight, event_loop=run.loop)
+                        in_flight_at_end=run.in_flight, event_loop=run.loop, server_metrics=server)
+    metrics = llm_metrics(outcomes, duration, llm.slo)
+    for figure, value in server.items():  # Prometheus where the server gave no per-request timings
+        if metrics.get(f"server_{figure}_p50_ms") is None:
+            metrics[f"server_{figure}_p50_ms"] = value
     return LoadRecord(client=OpenAIClient.name, label=OpenAIClient.label, client_process="own process",
-                      rpc="sse", processes=1, windows=figures, metric_windows=slice(0, len(figures)), totals=totals,
+                      rpc=LLM_RPC, processes=1, windows=figures, metric_windows=slice(0, len(figures)), totals=totals,
                       stopped_when_stable=False, warmup_requests=cut.warm_ok, notes=notes, own=own,
-                      metrics=llm_metrics(outcomes, duration, llm.slo))
+                      metrics=metrics)

@@ -320,10 +320,10 @@ Waiter = Callable[[float], "HttpRun | str | None"]
 
 
 @contextmanager
-def load_process(job: HttpJob, start_timeout_s: float = GO_TIMEOUT_S) -> Iterator[Waiter]:
+def load_process(job: HttpJob, start_timeout_s: float = GO_TIMEOUT_S) -> Iterator[tuple[Waiter, float | None]]:
     """Start the load process on this thread's CPUs and, once it is ready, its schedule; yields
-    ``wait(timeout_s)``: its :class:`HttpRun`, an error text, or None when it did not finish in time. The
-    process is always reaped on exit."""
+    ``wait(timeout_s)`` (its :class:`HttpRun`, an error text, or None when it did not finish in time) and the
+    schedule's start (monotonic s; None when the process did not start). The process is always reaped."""
     ctx = process_context()
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     parent, child = ctx.Pipe(duplex=True)
@@ -343,10 +343,12 @@ def load_process(job: HttpJob, start_timeout_s: float = GO_TIMEOUT_S) -> Iterato
     try:
         ready = wait(start_timeout_s)
         if ready != READY:
-            yield lambda _timeout_s: ready if isinstance(ready, str) else "the OpenAI load process did not start"
+            why = ready if isinstance(ready, str) else "the OpenAI load process did not start"
+            yield (lambda _timeout_s: why), None
             return
-        parent.send((time.monotonic() + START_DELAY_S, api_key(job.api_key_env)))
-        yield wait
+        t_start = time.monotonic() + START_DELAY_S
+        parent.send((t_start, api_key(job.api_key_env)))
+        yield wait, t_start
     finally:
         proc.join(5.0)
         reap(proc)

@@ -15,8 +15,9 @@ from workers.loadgen.openai_http import check_model
 
 @dataclass(frozen=True)
 class OpenAIServer:
-    """What farm knows of an OpenAI-compatible server (``farm.endpoint.ServedModel``): who owns the model per
-    ``/models`` (vLLM says ``vllm``), the API, and no tensor inputs or outputs."""
+    """What farm knows of an OpenAI-compatible server (``farm.endpoint.ServedModel``): named ``openai-api``, its
+    version what ``/models`` says owns the model (vLLM: ``vllm``, llama-cpp-python: ``me``), the API, and no
+    tensor inputs or outputs."""
 
     host: str
     port: int
@@ -34,5 +35,5 @@ def attach_openai(hostport: str, model_name: str, timeout_s: float, llm: LlmSett
     except ConnectionError as exc:
         raise ServerError(str(exc)) from None
     host, _, port = hostport.rpartition(":")
-    return OpenAIServer(host=host.strip("[]"), port=int(port), server_name=str(entry.get("owned_by") or "openai-api"),
-                        server_version="", platform=llm.api)
+    return OpenAIServer(host=host.strip("[]"), port=int(port), server_name="openai-api",
+                        server_version=str(entry.get("owned_by") or ""), platform=llm.api)

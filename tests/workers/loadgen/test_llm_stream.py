@@ -139,3 +139,13 @@ def test_replay_stamps_each_line_with_the_read_that_completed_it() -> None:
     cut.pieces, cut.eof = [(10.01, _chat("a"))], 10.02
     replay(cut)
     assert cut.error == TRUNCATED and cut.end == 10.02
+
+
+def test_histogram_p50_of_the_difference_between_scrapes() -> None:
+    from workers.loadgen.llm_server_metrics import Scrape, bucket_quantile, server_p50s
+
+    assert bucket_quantile({0.01: 0.0, 0.02: 10.0, float("inf"): 10.0}, 0.5) == pytest.approx(0.015)
+    before = Scrape({"vllm:time_to_first_token_seconds": {0.01: 100.0, 0.02: 100.0, float("inf"): 100.0}})
+    after = Scrape({"vllm:time_to_first_token_seconds": {0.01: 100.0, 0.02: 110.0, float("inf"): 110.0}})
+    assert server_p50s(before, after) == {"ttft": pytest.approx(15.0)}  # the 10 new requests only
+    assert server_p50s(None, None) == {}
