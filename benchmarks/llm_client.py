@@ -8,7 +8,9 @@ chunking (1 token a chunk; 4 a chunk without usage, so the client splits each ch
 a closed loop for a fixed time (at least 3 requests long, after a warm-up of 2); printed: farm's TTFT p50 and
 ITL p50, the server's true ones over the same span, their difference (targets: TTFT < 1 ms, ITL < 0.5 ms),
 whether every measured request's output count is exact, and the client's CPU share (its load process's
-busy %).
+busy %). ``srv lag``, the yardstick: how far the fake server's own per-token gap ran over its script (a host
+that delays the server's timers delays its reading of requests too, which farm's TTFT includes and the
+server's log cannot see).
 
 Run: ``python benchmarks/llm_client.py [--quick]``. Prints the table, asserts nothing.
 """
@@ -75,6 +77,7 @@ def one(concurrency: int, itl_ms: float, per_chunk: int, seconds: float, client_
     src = "/".join(sorted(d["token_sources"]["output"]))
     return (f"{concurrency:>5} {per_chunk:>5} {itl_ms:>6g} {m['ttft_p50_ms']:>9.3f} {ttft:>9.3f} "
             f"{m['ttft_p50_ms'] - ttft:>+8.3f} {m['itl_p50_ms']:>8.3f} {itl:>8.3f} {m['itl_p50_ms'] - itl:>+8.3f} "
+            f"{itl - itl_ms / per_chunk:>+8.3f} "
             f"{'yes' if exact else 'NO':>6} {src:>9} {m['client_busy_pct']:>7.1f} {m['requests_per_s']:>7.1f} "
             f"{m['error_count']:>5}")
 
@@ -90,7 +93,8 @@ def main() -> None:
     print(f"fake server: TTFT {TTFT_MS:g} ms, {OUTPUT} output tokens; client CPUs {sorted(client_cpus or [])}, "
           f"server CPUs {sorted(server_cpus or [])}; {seconds:g} s per case")
     print(f"{'conc':>5} {'k/chk':>5} {'itl':>6} {'farm ttft':>9} {'true':>9} {'err ms':>8} {'farm itl':>8} "
-          f"{'true':>8} {'err ms':>8} {'exact':>6} {'tok from':>9} {'cli %':>7} {'req/s':>7} {'errs':>5}")
+          f"{'true':>8} {'err ms':>8} {'srv lag':>8} {'exact':>6} {'tok from':>9} {'cli %':>7} {'req/s':>7} "
+          f"{'errs':>5}")
     for concurrency, itl_ms, per_chunk in CASES:
         try:
             print(one(concurrency, itl_ms, per_chunk, seconds, client_cpus, server_cpus), flush=True)

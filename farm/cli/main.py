@@ -85,7 +85,8 @@ def submit(
                                      "throughput with p99 within it (the highest concurrency or rate)."),
     client: str | None = typer.Option(None, "--client", help=f"{' | '.join(LOAD_CLIENTS)} (default auto): the "
                                       "load generator. auto: perf_analyzer where installed and able (unary calls, a "
-                                      "server answering ModelConfig), else farm's own."),
+                                      "server answering ModelConfig), else farm's own; with --api: openai, "
+                                      "farm's OpenAI streaming client."),
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
     repeats: int | None = typer.Option(None, "--repeats", help=f"Runs of each cell (1 to {MAX_REPEATS}, default 1), "
                                        "interleaved round by round; `farm results` shows their median and range, "
