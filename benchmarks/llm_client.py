@@ -4,13 +4,15 @@ chunk was written, same monotonic clock).
 
 The fake server runs in its own process pinned to one half of the CPUs, farm's client (``run_load`` with
 ``measurement.llm``: its own load process) to the other half. For each concurrency (1, 64, 256) and token
-chunking (1 token a chunk; 4 a chunk without usage, so the client splits each chunk's gap over its tokens):
+chunking (1 token a chunk; 4 a chunk without usage, counted by a tokenizer of the fake's words, so the client
+splits each chunk's gap over its tokens):
 a closed loop for a fixed time (at least 3 requests long, after a warm-up of 2); printed: farm's TTFT p50 and
 ITL p50, the server's true ones over the same span, their difference (targets: TTFT < 1 ms, ITL < 0.5 ms),
 whether every measured request's output count is exact, and the client's CPU share (its load process's
 busy %). ``srv lag``, the yardstick: how far the fake server's own per-token gap ran over its script (a host
 that delays the server's timers delays its reading of requests too, which farm's TTFT includes and the
-server's log cannot see).
+server's log cannot see). ``send lag``: farm's own p50 delay from a request's scheduled send to aiohttp's write
+of it, the client's share of the TTFT error.
 
 Run: ``python benchmarks/llm_client.py [--quick]``. Prints the table, asserts nothing.
 """
@@ -26,7 +28,7 @@ from _serve import pin, split_cpus  # noqa: I001 (sets sys.path)
 
 from farm.errors import LoadGenError
 from schemas import MeasurementSettings
-from tests.fake_openai import fake_server, read_log
+from tests.fake_openai import fake_server, read_log, word_tokenizer
 from workers.loadgen import run_load
 
 TTFT_MS, OUTPUT = 20.0, 64
@@ -66,7 +68,10 @@ def one(concurrency: int, itl_ms: float, per_chunk: int, seconds: float, client_
             nominal_s = (TTFT_MS + OUTPUT * itl_ms) / 1e3  # one request on an idle server
             seconds = max(seconds, 3 * nominal_s)
             settings = MeasurementSettings(duration_s=seconds, warmup_s=max(1.0, 2 * nominal_s), window_s=seconds,
-                                           llm={"api": "openai-chat", "input_tokens": 64, "output_tokens": OUTPUT})
+                                           llm={"api": "openai-chat", "input_tokens": 64, "output_tokens": OUTPUT,
+                                                # no usage: the tokenizer counts (the fake's words)
+                                                **({"tokenizer": str(word_tokenizer(Path(tmp)))} if fault != "none"
+                                                   else {})})
             t0 = time.monotonic()
             r = run_load(url.split("//")[1], "fake", [], 1, concurrency, settings)
             t1 = time.monotonic()
@@ -77,7 +82,7 @@ def one(concurrency: int, itl_ms: float, per_chunk: int, seconds: float, client_
     src = "/".join(sorted(d["token_sources"]["output"]))
     return (f"{concurrency:>5} {per_chunk:>5} {itl_ms:>6g} {m['ttft_p50_ms']:>9.3f} {ttft:>9.3f} "
             f"{m['ttft_p50_ms'] - ttft:>+8.3f} {m['itl_p50_ms']:>8.3f} {itl:>8.3f} {m['itl_p50_ms'] - itl:>+8.3f} "
-            f"{itl - itl_ms / per_chunk:>+8.3f} "
+            f"{itl - itl_ms / per_chunk:>+8.3f} {d['send_lag_ms']['p50']:>8.3f} "
             f"{'yes' if exact else 'NO':>6} {src:>9} {m['client_busy_pct']:>7.1f} {m['requests_per_s']:>7.1f} "
             f"{m['error_count']:>5}")
 
@@ -93,8 +98,8 @@ def main() -> None:
     print(f"fake server: TTFT {TTFT_MS:g} ms, {OUTPUT} output tokens; client CPUs {sorted(client_cpus or [])}, "
           f"server CPUs {sorted(server_cpus or [])}; {seconds:g} s per case")
     print(f"{'conc':>5} {'k/chk':>5} {'itl':>6} {'farm ttft':>9} {'true':>9} {'err ms':>8} {'farm itl':>8} "
-          f"{'true':>8} {'err ms':>8} {'srv lag':>8} {'exact':>6} {'tok from':>9} {'cli %':>7} {'req/s':>7} "
-          f"{'errs':>5}")
+          f"{'true':>8} {'err ms':>8} {'srv lag':>8} {'send lag':>8} {'exact':>6} {'tok from':>9} {'cli %':>7} "
+          f"{'req/s':>7} {'errs':>5}")
     for concurrency, itl_ms, per_chunk in CASES:
         try:
             print(one(concurrency, itl_ms, per_chunk, seconds, client_cpus, server_cpus), flush=True)

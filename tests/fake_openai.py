@@ -278,6 +278,20 @@ def fake_server(log: Path | None = None, cpus: str = "", **script: Any) -> Itera
             proc.wait(5)
 
 
+def word_tokenizer(folder: Path, words: tuple[str, ...] = ()) -> Path:
+    """A word-level Hugging Face tokenizer (``tokenizer.json`` in ``folder``) that knows the fake server's
+    tokens (``t0``..``t4095``) and ``words``, one token each: the exact count of what the fake sends."""
+    from tokenizers import Tokenizer  # noqa: PLC0415 - the tests' optional tokenizer library
+    from tokenizers.models import WordLevel  # noqa: PLC0415 - idem
+    from tokenizers.pre_tokenizers import Whitespace  # noqa: PLC0415 - idem
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", *dict.fromkeys(words), *[f"t{i}" for i in range(4096)]])}
+    tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
 def read_log(path: Path) -> list[dict[str, Any]]:
     """The fake server's per-request truth: ``recv`` (s), ``tokens`` (send time of each token, s), ``n`` tokens
     sent, ``done``: the stream was sent to its end (not cut off by the client or a fault)."""

@@ -50,6 +50,7 @@ class RawRequest:
     end: float = 0.0
     pieces: list[tuple[float, bytes]] = field(default_factory=list)  # (arrival time, bytes) as read, unparsed
     eof: float = 0.0  # when the response body ended
+    wrote: float = 0.0  # when the client wrote the request's headers (0: not known)
     error: str | None = None
     error_text: str | None = None
 
@@ -167,6 +168,7 @@ class Outcome:
     overrun: bool
     server_ttft_ms: float | None
     server_tpot_ms: float | None
+    send_lag_ms: float | None = None  # from the scheduled send to the request's write: the client's own delay
 
 
 def _spread(total: int, weights: list[int]) -> list[int]:
@@ -237,7 +239,8 @@ def account(rec: RawRequest, count: Callable[[str], int] | None) -> Outcome:
                    tpot_ms=(e2e - ttft) / (n_out - 1) if n_out > 1 else None,
                    itl_ms=itl_values(rec.chunk_t, counts), input_tokens=n_in, input_source=in_source,
                    output_tokens=n_out, output_source=out_source, chunks=len(rec.chunk_t),
-                   overrun=_overrun(rec, n_out, out_source), server_ttft_ms=server_ttft, server_tpot_ms=server_tpot)
+                   overrun=_overrun(rec, n_out, out_source), server_ttft_ms=server_ttft, server_tpot_ms=server_tpot,
+                   send_lag_ms=(rec.wrote - rec.scheduled) * 1e3 if rec.wrote else None)
 
 
 def _overrun(rec: RawRequest, n_out: int, source: str) -> bool:

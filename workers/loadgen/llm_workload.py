@@ -22,7 +22,7 @@ from schemas.llm import LlmSettings, TokenDist
 
 #: how many distinct synthetic prompts a job cycles through (varied, so a server's prefix cache sees new text)
 PROMPT_POOL = 512
-_WORDS = ("time year people way day man thing woman life child world school state family student group "
+WORDS = ("time year people way day man thing woman life child world school state family student group "
           "country problem hand part place case week company system program question work government number "
           "night point home water room mother area money story fact month lot right study book eye job word "
           "business issue side kind head house service friend father power hour game line end member law car "
@@ -94,7 +94,7 @@ def _draw(dist: TokenDist, rng: random.Random) -> int:
 
 
 def _words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(n))
+    return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
 def _synthetic(text_rng: random.Random, n: int, tok: Tokenizer | None) -> tuple[str, int, str]:

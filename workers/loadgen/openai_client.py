@@ -83,6 +83,7 @@ class OpenAIDetails(ClientDetails):
     in_flight_at_end: int
     event_loop: str
     server_metrics: dict[str, float]  # the p50s (ms) read from the server's Prometheus /metrics, by figure
+    send_lag_ms: dict[str, float | None]  # p50/p99 from the scheduled send to the request's write (the client's)
 
 
 def _windows(run: HttpRun, plan: WindowPlan, requests_mode: bool) -> list[tuple[float, float]]:
@@ -219,7 +220,9 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
                                   "prefix_tokens": llm.prefix_tokens, "seed": llm.seed, "prompts": llm.prompts,
                                   "tokenizer": llm.tokenizer},
                         first_error=_first_error(run.records), warmup_errors=cut.warm_errors,
-                        in_flight_at_end=run.in_flight, event_loop=run.loop, server_metrics=server)
+                        in_flight_at_end=run.in_flight, event_loop=run.loop, server_metrics=server,
+                        send_lag_ms=dict(zip(("p50", "p99"), stats.percentiles(
+                            [o.send_lag_ms for o in outcomes if o.send_lag_ms is not None], (50, 99)), strict=True)))
     metrics = llm_metrics(outcomes, duration, llm.slo)
     for figure, value in server.items():  # Prometheus where the server gave no per-request timings
         if metrics.get(f"server_{figure}_p50_ms") is None:

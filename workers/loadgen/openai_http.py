@@ -196,7 +196,7 @@ class _Loop:
 
     async def _one(self, rec: RawRequest, body: bytes) -> None:
         try:
-            async with self.session.post(self.url, data=body) as resp:
+            async with self.session.post(self.url, data=body, trace_request_ctx=rec) as resp:
                 await self._stream(rec, resp)
         except TimeoutError:
             if rec.pieces and b"[DONE]" in rec.pieces[-1][1]:  # only the drain after [DONE] timed out
@@ -270,12 +270,22 @@ class _Loop:
         return self.out
 
 
+async def _headers_sent(_session: aiohttp.ClientSession, ctx: Any, _params: Any) -> None:
+    """When aiohttp wrote a request's headers (the body follows in the same write): the request's ``wrote``.
+    Its lag behind the scheduled send is the client's own share of the TTFT."""
+    rec = ctx.trace_request_ctx
+    if isinstance(rec, RawRequest):
+        rec.wrote = time.monotonic()
+
+
 async def _main(job: HttpJob, t_start: float, key: str | None) -> HttpRun:
     limit = job.pattern.outstanding(1) or 0  # closed loop: one connection per slot; open loop: unlimited
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=None)
     timeout = aiohttp.ClientTimeout(total=job.request_timeout_s, sock_connect=min(job.request_timeout_s, 10.0))
+    trace = aiohttp.TraceConfig()
+    trace.on_request_headers_sent.append(_headers_sent)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers(job.api_key_env, key),
-                                     auto_decompress=False) as session:
+                                     auto_decompress=False, trace_configs=[trace]) as session:
         return await _Loop(job, session, t_start).run()
 
 

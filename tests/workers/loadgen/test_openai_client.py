@@ -12,7 +12,7 @@ import pytest
 from farm.errors import LoadGenError, RequestError
 from schemas import MeasurementSettings
 from schemas.llm import LlmSettings
-from tests.fake_openai import fake_server
+from tests.fake_openai import fake_server, word_tokenizer
 from workers.loadgen import LoadResult, run_load
 from workers.loadgen.llm_workload import Tokenizer, file_prompts, synthetic_prompts
 
@@ -88,17 +88,9 @@ def test_wrong_model_unreachable_and_api_key() -> None:
 
 
 def _word_tokenizer(path: Path) -> Path:
-    from tokenizers import Tokenizer as HfTokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
+    from workers.loadgen.llm_workload import WORDS
 
-    from workers.loadgen.llm_workload import _WORDS
-
-    vocab = {w: i for i, w in enumerate(["[UNK]", *dict.fromkeys(_WORDS), "t", *[f"t{i}" for i in range(64)]])}
-    tok = HfTokenizer(WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = Whitespace()
-    tok.save(str(path / "tokenizer.json"))
-    return path
+    return word_tokenizer(path, tuple(WORDS))
 
 
 def test_prompts_exact_with_a_tokenizer_and_from_files(tmp_path: Path) -> None:
