@@ -68,6 +68,7 @@ class _Stream:
     prompt_tokens: int
     usage: bool
     t_recv: float
+    rid: str = ""
     sent: list[float] = field(default_factory=list)
     i: int = 0
 
@@ -115,7 +116,7 @@ class _Conn(asyncio.Protocol):
             if self.server.s.api_key and fields.get("authorization") != f"Bearer {self.server.s.api_key}":
                 self.write(_json_answer("401 Unauthorized", {"error": {"message": "bad API key"}}))
                 continue
-            self.server.answer(self, method, path, body, t_recv)
+            self.server.answer(self, method, path, body, t_recv, fields.get("x-request-id", ""))
 
 
 #: the bucket bounds (s) of the fake server's Prometheus histograms (vLLM's names)
@@ -145,7 +146,7 @@ class FakeServer:
             lines.append(f"{name}_count {counts[-1]}")
         return ("\n".join(lines) + "\n").encode()
 
-    def answer(self, conn: _Conn, method: str, path: str, body: bytes, t_recv: float) -> None:
+    def answer(self, conn: _Conn, method: str, path: str, body: bytes, t_recv: float, rid: str = "") -> None:
         s = self.s
         if method == "GET" and path == "/metrics":
             body = self.metrics_text()
@@ -169,7 +170,8 @@ class FakeServer:
         want = int(req.get("max_completion_tokens") or req.get("max_tokens") or 16)
         prompt = req["messages"][-1]["content"] if chat else req.get("prompt", "")
         st = _Stream(conn, chat, want + 3 if s.fault == "overrun" else want, len(prompt.split()),
-                     s.fault != "no_usage" and bool((req.get("stream_options") or {}).get("include_usage")), t_recv)
+                     s.fault != "no_usage" and bool((req.get("stream_options") or {}).get("include_usage")), t_recv,
+                     rid)
         conn.write(_head("200 OK", "text/event-stream"))
         if chat:
             conn.write(_event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
@@ -217,7 +219,8 @@ class FakeServer:
         self._log(st, done=True)
 
     def _log(self, st: _Stream, done: bool = False) -> None:
-        self.log.write(json.dumps({"recv": st.t_recv, "tokens": st.sent, "n": st.i, "done": done}) + "\n")
+        self.log.write(json.dumps({"rid": st.rid, "recv": st.t_recv, "tokens": st.sent, "n": st.i, "done": done})
+                       + "\n")
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -293,7 +296,8 @@ def word_tokenizer(folder: Path, words: tuple[str, ...] = ()) -> Path:
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
-    """The fake server's per-request truth: ``recv`` (s), ``tokens`` (send time of each token, s), ``n`` tokens
+    """The fake server's per-request truth: ``rid`` (the X-Request-Id header), ``recv`` (s), ``tokens`` (send
+    time of each token, s), ``n`` tokens
     sent, ``done``: the stream was sent to its end (not cut off by the client or a fault)."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

@@ -51,6 +51,7 @@ class RawRequest:
     pieces: list[tuple[float, bytes]] = field(default_factory=list)  # (arrival time, bytes) as read, unparsed
     eof: float = 0.0  # when the response body ended
     wrote: float = 0.0  # when the client wrote the request's headers (0: not known)
+    seq: int = 0  # the request's number in its run (sent as X-Request-Id)
     error: str | None = None
     error_text: str | None = None
 

@@ -84,6 +84,7 @@ class OpenAIDetails(ClientDetails):
     event_loop: str
     server_metrics: dict[str, float]  # the p50s (ms) read from the server's Prometheus /metrics, by figure
     send_lag_ms: dict[str, float | None]  # p50/p99 from the scheduled send to the request's write (the client's)
+    loop_lag_ms: dict[str, float | None]  # p50/p99 lateness of the load loop's own timer: its (or the host's) delay
 
 
 def _windows(run: HttpRun, plan: WindowPlan, requests_mode: bool) -> list[tuple[float, float]]:
@@ -133,6 +134,10 @@ def _cut(run: HttpRun, windows: list[tuple[float, float]], count: Callable[[str]
 
 def _first_error(records: list[RawRequest]) -> str | None:
     return next((r.error_text for r in records if r.error is not None), None)
+
+
+def _p50_p99(values: list[float]) -> dict[str, float | None]:
+    return dict(zip(("p50", "p99"), stats.percentiles(values, (50, 99)), strict=True))
 
 
 def _sources(outcomes: list[Outcome]) -> dict[str, dict[str, int]]:
@@ -221,8 +226,8 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
                                   "tokenizer": llm.tokenizer},
                         first_error=_first_error(run.records), warmup_errors=cut.warm_errors,
                         in_flight_at_end=run.in_flight, event_loop=run.loop, server_metrics=server,
-                        send_lag_ms=dict(zip(("p50", "p99"), stats.percentiles(
-                            [o.send_lag_ms for o in outcomes if o.send_lag_ms is not None], (50, 99)), strict=True)))
+                        send_lag_ms=_p50_p99([o.send_lag_ms for o in outcomes if o.send_lag_ms is not None]),
+                        loop_lag_ms=_p50_p99(run.loop_lag_ms))
     metrics = llm_metrics(outcomes, duration, llm.slo)
     for figure, value in server.items():  # Prometheus where the server gave no per-request timings
         if metrics.get(f"server_{figure}_p50_ms") is None:

@@ -48,6 +48,7 @@ WAKE_LEAD_S = 0.00075  # wake this early: timers fire up to ~1 ms late
 START_DELAY_S = 0.05  # between the parent's go and the schedule's start
 GO_TIMEOUT_S = 60.0  # how long the load process may take to start (a fresh fork server imports first)
 READY = "ready"  # what the load process says once it can start
+LAG_PROBE_S = 0.005  # the period of the loop-lag probe
 DRAIN_S = 1.0  # after [DONE], how long the rest of a response may take to arrive (keeps the connection reusable)
 
 
@@ -86,6 +87,7 @@ class HttpRun:
     busy_pct: float = 0.0
     t_start: float = 0.0
     loop: str = "asyncio"
+    loop_lag_ms: list[float] = field(default_factory=list)  # how late a 5 ms timer of the loop woke, each time
 
 
 def api_key(env_name: str | None) -> str | None:
@@ -164,14 +166,16 @@ class _Loop:
         self.measured_done = 0
         self.stop = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.run_id = f"{os.getpid():x}{int(t_start * 1e3) & 0xFFFFFF:x}"
 
     def _new(self, scheduled: float, sent: float) -> tuple[RawRequest, bytes]:
         i = self.next()
         p = self.job.prompts[i]
         self.out.sent += 1
+        seq = self.out.sent
         warm = self.out.sent <= self.job.warmup_requests or scheduled < self.warm_end
         return RawRequest(scheduled=scheduled, sent=sent, warm=warm, prompt_tokens=p.input_tokens,
-                          prompt_source=p.input_source, max_tokens=p.max_tokens), self.bodies[i]
+                          prompt_source=p.input_source, max_tokens=p.max_tokens, seq=seq), self.bodies[i]
 
     async def _stream(self, rec: RawRequest, resp: aiohttp.ClientResponse) -> None:
         now = time.monotonic
@@ -196,7 +200,9 @@ class _Loop:
 
     async def _one(self, rec: RawRequest, body: bytes) -> None:
         try:
-            async with self.session.post(self.url, data=body, trace_request_ctx=rec) as resp:
+            # X-Request-Id: the request's number in this run, as many servers log it (vLLM takes it as its id)
+            async with self.session.post(self.url, data=body, trace_request_ctx=rec,
+                                         headers={"X-Request-Id": f"farm-{self.run_id}-{rec.seq}"}) as resp:
                 await self._stream(rec, resp)
         except TimeoutError:
             if rec.pieces and b"[DONE]" in rec.pieces[-1][1]:  # only the drain after [DONE] timed out
@@ -241,6 +247,15 @@ class _Loop:
                 self.out.late += 1
             self._spawn(self._one(*self._new(t, min(t, sent))))
 
+    async def _watch_lag(self) -> None:
+        """The loop's own lateness: a timer every ``LAG_PROBE_S``, and how late it woke (ms). What delays it
+        (this process's work, or a host that leaves it waiting for a CPU) delays every chunk's stamp too."""
+        now = time.monotonic
+        while not self.stop.is_set():
+            t = now()
+            await asyncio.sleep(LAG_PROBE_S)
+            self.out.loop_lag_ms.append((now() - t - LAG_PROBE_S) * 1e3)
+
     def closed_loop(self, slots: int) -> None:
         for _ in range(slots):
             self._spawn(self._slot())
@@ -254,6 +269,7 @@ class _Loop:
         await asyncio.sleep(max(self.t_start - time.monotonic(), 0.0))
         cpu0, wall0 = time.process_time(), time.monotonic()
         job.pattern.start(self, self.t_start, job.seed)
+        self._spawn(self._watch_lag())
         try:
             await asyncio.wait_for(self.stop.wait(), max(end - time.monotonic(), 0.0))
         except TimeoutError:
