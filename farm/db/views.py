@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from schemas.measured import MEASURED_EDGE, MEASURED_SERVING
+from schemas.measured import LLM_RPC, MEASURED_EDGE, MEASURED_LLM, MEASURED_SERVING
 
 VIEW = "job_results"
 #: the serving dimensions each job keeps in ``jobs.spec -> 'measurement'`` (integers; NULL when absent)
@@ -84,7 +84,9 @@ def job_results_sql(dialect: str, metrics: Sequence[str], load: Sequence[str] = 
     and the ``load`` columns."""
     dims = ",\n  ".join(f"CAST({_json_text(dialect, 'j.spec', 'measurement', d)} AS INTEGER) AS {d}"
                         for d in SPEC_DIMENSIONS)
-    rpc = f"COALESCE({_json_text(dialect, 'j.spec', 'measurement', 'rpc')}, 'unary')"
+    llm = _json_text(dialect, 'j.spec', 'measurement', 'llm')  # an LLM job: the OpenAI client's server-sent events
+    rpc = (f"CASE WHEN {llm} IS NOT NULL THEN {_sql_text(LLM_RPC)} "
+           f"ELSE COALESCE({_json_text(dialect, 'j.spec', 'measurement', 'rpc')}, 'unary') END")
     before, after = (_sql_text(part) for part in MEASURED_SERVING.split("{rpc}"))
     cols = ",\n  ".join(f"r.{c}" for c in (*PLACEMENT, *metrics))
     return f"""CREATE VIEW {VIEW} AS SELECT
@@ -93,7 +95,8 @@ def job_results_sql(dialect: str, metrics: Sequence[str], load: Sequence[str] = 
   {rpc} AS rpc,
   {dims},
   j.status, j.attempts, j.worker_id, j.error, j.created_at, j.finished_at,
-  CASE WHEN j.edge_profile IS NULL THEN {before} || {rpc} || {after} ELSE {_sql_text(MEASURED_EDGE)} END AS measured,
+  CASE WHEN j.edge_profile IS NOT NULL THEN {_sql_text(MEASURED_EDGE)}
+       WHEN {llm} IS NOT NULL THEN {_sql_text(MEASURED_LLM)} ELSE {before} || {rpc} || {after} END AS measured,
   {cols}
 FROM jobs j
 JOIN requests q ON q.id = j.request_id

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from schemas.measured import MEASURED_LLM
 from tests.fake_openai import fake_server
 from tests.helpers import farm, farm_env
 
@@ -37,9 +38,10 @@ def test_submit_profiles_an_openai_endpoint(tmp_path: Path) -> None:
         raw = path.read_bytes()
         assert b"s3cret-key-value" not in raw  # the key is never stored
         with sqlite3.connect(path) as con:
-            got = con.execute("SELECT ttft_p50_ms, output_tokens_per_s FROM job_results WHERE request_id = ?",
-                              (rid,)).fetchall()
+            got = con.execute("SELECT ttft_p50_ms, output_tokens_per_s, rpc, measured FROM job_results "
+                              "WHERE request_id = ?", (rid,)).fetchall()
         assert len(got) == 2 and all(v is not None for row in got for v in row)
+        assert {(row[2], row[3]) for row in got} == {("sse", MEASURED_LLM)}
 
 
 def test_bad_llm_input_is_a_one_line_usage_error(tmp_path: Path) -> None:
