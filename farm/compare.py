@@ -7,7 +7,8 @@ host state (a slow minute slows all of them), so only separate runs show what ch
 
 * **Test.** A two-sided Mann-Whitney U test (exact for small samples, scipy) between A's and B's per-run values
   of the verdict's metric: throughput (inferences/s) in closed loop and edge runs, the p50 latency in open loop
-  (there the throughput is the offered rate). The other metric is tested too, as detail.
+  (there the throughput is the offered rate); LLM rows: output tokens/s, and TTFT p50 in open loop. The other
+  metric is tested too, as detail.
 * **Change.** ``change_pct = 100 × (median of B's runs / median of A's runs − 1)`` (+ = B higher).
 * **Verdict.** ``inconclusive`` when a side has fewer than :data:`MIN_REPEATS` runs, when the sample sizes
   cannot reach ``p < alpha`` at all (3 against 3 runs: the smallest two-sided p is 0.1), when any run of either
@@ -36,6 +37,8 @@ VERDICTS = (FASTER, SLOWER, SAME, INCONCLUSIVE)
 MIN_REPEATS = 3
 #: the tested metrics: (metric, higher is better)
 TESTED = (("throughput_infer_per_s", True), ("latency_p50_ms", False))
+#: the tested metrics of LLM rows (the OpenAI client's): generated tokens/s, then TTFT p50 (open loop: primary)
+LLM_TESTED = (("output_tokens_per_s", True), ("ttft_p50_ms", False))
 #: the ratio columns of a comparison: (metric, label); B / A
 RATIOS = (("throughput_infer_per_s", "throughput"), ("latency_p50_ms", "p50"), ("latency_p99_ms", "p99"),
           ("mem_peak_bytes", "memory"))
@@ -124,11 +127,16 @@ def _values(runs: list[dict[str, Any]], metric: str) -> list[float]:
     return [float(r[metric]) for r in runs if r.get(metric) is not None]
 
 
+def tested(runs: list[dict[str, Any]]) -> tuple[tuple[str, bool], ...]:
+    """The metrics a comparison of ``runs`` tests: :data:`LLM_TESTED` for LLM rows, else :data:`TESTED`."""
+    return LLM_TESTED if any(r.get("output_tokens_per_s") is not None for r in runs) else TESTED
+
+
 def run_tests(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]], primary: str, min_effect_pct: float,
               alpha: float) -> list[Test]:
-    """The Mann-Whitney tests of B's runs against A's, one per :data:`TESTED` metric both sides measured."""
+    """The Mann-Whitney tests of B's runs against A's, one per :func:`tested` metric both sides measured."""
     tests = []
-    for metric, higher_better in TESTED:
+    for metric, higher_better in tested(runs_a + runs_b):
         va, vb = _values(runs_a, metric), _values(runs_b, metric)
         if not va or not vb or statistics.median(va) == 0:
             continue
@@ -145,7 +153,8 @@ def judge(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]], min_effect
     """The tests, verdict and its reason (empty when conclusive) of B's succeeded runs against A's (result rows,
     one per run)."""
     open_loop = any(r.get("rate") is not None for r in runs_a + runs_b)
-    primary = "latency_p50_ms" if open_loop else "throughput_infer_per_s"
+    throughput, latency = (metric for metric, _ in tested(runs_a + runs_b))
+    primary = latency if open_loop else throughput
     tests = run_tests(runs_a, runs_b, primary, min_effect_pct, alpha)
     n_a, n_b = len(_values(runs_a, primary)), len(_values(runs_b, primary))
     main = next((t for t in tests if t.primary), None)

@@ -102,7 +102,8 @@ def describe_endpoint(request: ProfileRequest, attach: Attach, timeout_s: float 
         server = attach(request.endpoint, request.model_name, timeout_s)
     except FarmError as exc:
         raise RequestError(f"endpoint {request.endpoint}: {exc}") from None
-    inputs, batch = endpoint_inputs(server.inputs, request.inputs)
+    # an LLM server (measurement.llm) takes text, no tensors
+    inputs, batch = ([], None) if request.measurement.llm else endpoint_inputs(server.inputs, request.inputs)
     descriptor = {
         "endpoint": request.endpoint, "model_name": request.model_name,
         "server": {"name": server.server_name, "version": server.server_version},

@@ -15,7 +15,7 @@ from farm.errors import NotFoundError
 from farm.settings import get_settings
 from schemas import COORDINATE_KEYS, MEASUREMENT_KEYS, SERVING_KEYS
 from schemas.job import JobStatus
-from schemas.measured import how_measured
+from schemas.measured import LLM_RPC, how_measured
 from schemas.metrics import BY_NAME, JOB_METRICS
 from schemas.metrics import merge_repeats as merge_metrics
 from schemas.request import MEASUREMENT_DEFAULTS
@@ -75,6 +75,7 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     names = JOB_COLUMNS + PLACEMENT_COLUMNS + METRIC_NAMES
     measurement = req.spec.get("measurement") or {}  # how every job of it was driven, and by which client
     rpc, client = measurement.get("rpc", "unary"), measurement.get("client", "farm")  # before "auto": farm
+    rpc = LLM_RPC if measurement.get("llm") else rpc
     data = req.spec.get("input_data") or {"kind": "random"}  # which values every job of it sent
     input_data = f"file:{data.get('source')}" if data.get("kind") == "file" else data.get("kind", "random")
     extra: dict[str, Any] = {"rpc": rpc, "client": client, "input_data": input_data,

@@ -6,14 +6,20 @@ from __future__ import annotations
 #: a serving row, in short (table cells) and in full; ``{rpc}``: unary or stream
 SERVING_SHORT = "end-to-end over gRPC"
 MEASURED_SERVING = SERVING_SHORT + " ({rpc} calls: client, network stack, server)"
+#: an LLM row (the OpenAI client's ``rpc``: server-sent events over HTTP)
+LLM_RPC = "sse"
+MEASURED_LLM = "end-to-end over HTTP (OpenAI API, streamed as server-sent events: client, network stack, server)"
 #: an edge row, in short and in full
 EDGE_SHORT = "in-process"
 MEASURED_EDGE = EDGE_SHORT + " on the edge profile (no server, no transport)"
 
 
 def how_measured(edge: bool, rpc: str | None = None) -> str:
-    """The ``measured`` text of a row: an edge run, or a serving job over ``rpc`` calls (default unary)."""
-    return MEASURED_EDGE if edge else MEASURED_SERVING.format(rpc=rpc or "unary")
+    """The ``measured`` text of a row: an edge run, an LLM job (``rpc`` sse) or a serving job over ``rpc``
+    calls (default unary)."""
+    if edge:
+        return MEASURED_EDGE
+    return MEASURED_LLM if rpc == LLM_RPC else MEASURED_SERVING.format(rpc=rpc or "unary")
 
 
 def how_measured_short(edge: bool) -> str:

@@ -12,6 +12,7 @@ from schemas.cpus import parse_cpu_list
 from schemas.dtypes import DTYPES
 from schemas.engines import ENDPOINT_ENGINE, ENGINES
 from schemas.input_data import InputData
+from schemas.llm import LlmSettings, split_endpoint
 from schemas.llm_engines import KnobValue, check_knobs, typed_knob
 
 _MEMORY_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgKMG]?)(?:i?[bB])?$")
@@ -154,7 +155,7 @@ class EdgeProfile(_Strict):
 
 #: the load clients a request may name: ``auto`` (chosen per job by workers.loadgen.clients) and each client
 #: registered in ``workers.loadgen.clients.CLIENTS`` (a test keeps the two in step)
-LoadClientName = Literal["auto", "farm", "perf_analyzer"]
+LoadClientName = Literal["auto", "farm", "perf_analyzer", "openai"]
 LOAD_CLIENTS: tuple[str, ...] = get_args(LoadClientName)
 
 
@@ -204,6 +205,9 @@ class MeasurementSettings(_Strict):
                     "its Python cost shows in the figures), or auto: perf_analyzer where it is installed and "
                     "can run the job, else farm's generator. The result says which one measured it")
 
+    llm: LlmSettings | None = Field(default=None, description="an LLM server driven over the OpenAI API "
+                                    "(schemas.llm); None: KServe v2")
+
     @model_validator(mode="before")
     @classmethod
     def _rate_opens_the_loop(cls, data: object) -> object:
@@ -214,6 +218,10 @@ class MeasurementSettings(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> MeasurementSettings:
+        if self.llm is not None and self.client not in ("auto", "openai"):
+            raise ValueError(f"an LLM job (--api) is measured by the openai client, not {self.client}")
+        if self.llm is None and self.client == "openai":
+            raise ValueError("client openai drives LLM servers: name the API, --api openai-chat|openai-completions")
         if self.mode != "closed" and self.rate is None:
             raise ValueError(f"mode {self.mode!r} needs a rate (requests/s)")
         if self.max_windows < self.min_windows:
@@ -277,6 +285,25 @@ def _one_rate_list(data: object) -> object:
     if first is None or not first > 0 or m.get("rate") is not None:
         return data
     return {**data, "measurement": {**m, "rate": first}}
+
+
+def _llm_endpoint(data: object) -> object:
+    """An ``http://HOST:PORT[/PATH]`` endpoint of an LLM request as ``HOST:PORT``, its path and scheme moved
+    to ``measurement.llm`` (a new dict); an http endpoint without ``measurement.llm`` is refused."""
+    if not isinstance(data, dict) or not isinstance(data.get("endpoint"), str) or "://" not in data["endpoint"]:
+        return data
+    m = data.get("measurement")
+    if isinstance(m, MeasurementSettings):
+        m = m.model_dump(exclude_unset=True)
+    llm = m.get("llm") if isinstance(m, dict) else None
+    if isinstance(llm, LlmSettings):
+        llm = llm.model_dump(exclude_unset=True)
+    if not isinstance(llm, dict):
+        raise ValueError(f"endpoint {data['endpoint']} is an HTTP URL: say which API it serves with --api "
+                         "openai-chat|openai-completions (KServe v2 gRPC endpoints are HOST:PORT)")
+    hostport, path, tls = split_endpoint(data["endpoint"])
+    assert isinstance(m, dict)
+    return {**data, "endpoint": hostport, "measurement": {**m, "llm": {**llm, "base_path": path, "tls": tls}}}
 
 
 class ProfileRequest(_Strict):
@@ -352,6 +379,11 @@ class ProfileRequest(_Strict):
     @classmethod
     def _rates_open_loop(cls, data: object) -> object:
         return _one_rate_list(data)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _llm_endpoint(cls, data: object) -> object:
+        return _llm_endpoint(data)
 
     @model_validator(mode="before")
     @classmethod

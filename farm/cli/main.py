@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from farm import export, lifecycle
-from farm.cli import cluster, compare_cmd, ops, report_cmd, request_options, views
+from farm.cli import cluster, compare_cmd, llm_options, ops, report_cmd, request_options, views
 from farm.cli.embedded import run_embedded
 from farm.cli.errors import run_app, run_cli
 from farm.cli.prepare import prepare_db
@@ -86,7 +86,8 @@ def submit(
                                      "throughput with p99 within it (the highest concurrency or rate)."),
     client: str | None = typer.Option(None, "--client", help=f"{' | '.join(LOAD_CLIENTS)} (default auto): the "
                                       "load generator. auto: perf_analyzer where installed and able (unary calls, a "
-                                      "server answering ModelConfig), else farm's own."),
+                                      "server answering ModelConfig), else farm's own; with --api: openai, "
+                                      "farm's OpenAI streaming client."),
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
     repeats: int | None = typer.Option(None, "--repeats", help=f"Runs of each cell (1 to {MAX_REPEATS}, default 1), "
                                        "interleaved round by round; `farm results` shows their median and range, "
@@ -94,10 +95,22 @@ def submit(
     input_data: str | None = typer.Option(None, "--input-data", help="random (default) | zeros | FILE (.npz or "
                                           ".json, one array per input, rows cycled)."),
     endpoint: str | None = typer.Option(None, "--endpoint", help="HOST:PORT of a running KServe v2 gRPC server "
-                                        "to profile instead of a model file (with --model-name)."),
+                                        "to profile instead of a model file (with --model-name); with --api: "
+                                        "http://HOST:PORT[/v1] of an OpenAI-compatible LLM server."),
     served_name: str | None = typer.Option(None, "--model-name", help="The model to profile on --endpoint."),
     knob: list[str] | None = typer.Option(None, "--knob", help=f"NAME=V1[,V2...] (repeatable): an LLM engine's "
                                           f"setting as a matrix dimension. {knob_help()}."),
+    api: str | None = llm_options.API,
+    api_key_env: str | None = llm_options.API_KEY_ENV,
+    input_tokens: str | None = llm_options.INPUT_TOKENS,
+    output_tokens: str | None = llm_options.OUTPUT_TOKENS,
+    prefix_tokens: int | None = llm_options.PREFIX_TOKENS,
+    seed: int | None = llm_options.SEED,
+    prompts: str | None = llm_options.PROMPTS,
+    tokenizer: str | None = llm_options.TOKENIZER,
+    slo: str | None = llm_options.SLO,
+    requests: int | None = llm_options.REQUESTS,
+    warmup_requests: int | None = llm_options.WARMUP_REQUESTS,
     wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"request_id\": ...} (and results with --wait)."),
 ) -> None:
@@ -115,10 +128,13 @@ def submit(
                                    client=client),
                               extra=dict(input_data=input_data, endpoint=endpoint, model_name=served_name,
                                          repeats=repeats, knobs=parse_knobs(knob)))
+    data = llm_options.apply(data, api=api, api_key_env=api_key_env, input_tokens=input_tokens,
+                             output_tokens=output_tokens, prefix_tokens=prefix_tokens, seed=seed, prompts=prompts,
+                             tokenizer=tokenizer, slo=slo, requests=requests, warmup_requests=warmup_requests)
     request = ProfileRequest.model_validate(data)
     prepare_db()
     settings = get_settings()
-    sub = do_submit(request, attach=attach)
+    sub = do_submit(request, attach=llm_options.attach_for(request, attach))
     rid = sub.request_id
     if not as_json:
         left_out = len(sub.expansion.excluded)

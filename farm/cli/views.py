@@ -34,10 +34,16 @@ TABLE_METRICS: tuple[tuple[str, str], ...] = (
     ("server_compute_p50_ms", "srv p50"), ("stable", "stable"), ("cpu_pct_avg", "cpu %"),
     ("mem_peak_bytes", "mem MiB"),
 )
+#: the results table of LLM rows (the OpenAI client's), in place of ``TABLE_METRICS``
+LLM_TABLE_METRICS: tuple[tuple[str, str], ...] = (
+    ("output_tokens_per_s", "tok/s"), ("ttft_p50_ms", "ttft50 ms"), ("ttft_p99_ms", "ttft99 ms"),
+    ("itl_p50_ms", "itl50 ms"), ("tpot_p50_ms", "tpot50 ms"), ("latency_p50_ms", "e2e50 ms"),
+    ("goodput_req_per_s", "good r/s"), ("error_count", "errors"),
+)
 #: metrics whose range over a cell's runs the table shows beside the median (``farm.results.merge_repeats``)
 RANGE_METRICS = ("throughput_infer_per_s", "latency_p50_ms")
 #: the load client, short, in the results table (``-``: an edge row, or not measured yet)
-CLIENT_LABELS = {"farm": "farm", "perf_analyzer": "pa"}
+CLIENT_LABELS = {"farm": "farm", "perf_analyzer": "pa", "openai": "openai"}
 
 
 def say(text: str, style: str | None = None, to: Console | None = None, soft_wrap: bool = False) -> None:
@@ -62,13 +68,14 @@ def results_table(rows: list[dict[str, Any]], title: str = "") -> Table:
     for col in ("job", "device", "engine", *(("serving",) if serving else ()), "b x c", "edge", "client", "status",
                 *(("n",) if runs else ())):
         table.add_column(col, no_wrap=True)
-    for _, head in TABLE_METRICS:
+    metrics = LLM_TABLE_METRICS if any(r.get("output_tokens_per_s") is not None for r in rows) else TABLE_METRICS
+    for _, head in metrics:
         table.add_column(head, justify="right")
     for r in rows:
         safe_row(table, job_label(r), r["device"], r["engine"], *((serving_label(r),) if serving else ()),
                  load_label(r), r["edge_profile"] or "-", client_label(r), r["status"],
                  *((str(r.get("repeats", 1)),) if runs else ()),
-                 *(metric_cell(r, n) for n, _ in TABLE_METRICS))
+                 *(metric_cell(r, n) for n, _ in metrics))
     return table
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from schemas.measured import MEASURED_EDGE, MEASURED_SERVING
+from schemas.measured import LLM_RPC, MEASURED_EDGE, MEASURED_LLM, MEASURED_SERVING
 
 VIEW = "job_results"
 #: the serving dimensions each job keeps in ``jobs.spec -> 'measurement'`` (integers; NULL when absent)
@@ -38,6 +38,17 @@ METRICS_0004 = (
 HOST_METRICS_0007 = ('host_speed_index', 'host_speed_change_pct', 'foreign_cpu_pct')
 #: the metric columns of results at migration 0007, frozen
 METRICS_0007 = METRICS_0004 + HOST_METRICS_0007
+#: the metric columns migration 0008 added (generative serving: the OpenAI client's figures)
+LLM_METRICS_0008 = (
+    'ttft_p50_ms', 'ttft_p90_ms', 'ttft_p99_ms', 'itl_p50_ms', 'itl_p90_ms', 'itl_p99_ms', 'tpot_p50_ms',
+    'tpot_p90_ms', 'tpot_p99_ms', 'output_tokens_per_s', 'output_tokens_per_s_per_user', 'input_tokens_per_s',
+    'mean_input_tokens', 'mean_output_tokens', 'goodput_req_per_s', 'output_overrun_count', 'server_ttft_p50_ms',
+    'server_tpot_p50_ms',
+)
+#: the integer ones among them
+LLM_INT_METRICS_0008 = ('output_overrun_count',)
+#: the metric columns of results at migration 0008, frozen
+METRICS_0008 = METRICS_0007 + LLM_METRICS_0008
 
 
 def _json_text(dialect: str, column: str, *path: str) -> str:
@@ -73,7 +84,9 @@ def job_results_sql(dialect: str, metrics: Sequence[str], load: Sequence[str] = 
     and the ``load`` columns."""
     dims = ",\n  ".join(f"CAST({_json_text(dialect, 'j.spec', 'measurement', d)} AS INTEGER) AS {d}"
                         for d in SPEC_DIMENSIONS)
-    rpc = f"COALESCE({_json_text(dialect, 'j.spec', 'measurement', 'rpc')}, 'unary')"
+    llm = _json_text(dialect, 'j.spec', 'measurement', 'llm')  # an LLM job: the OpenAI client's server-sent events
+    rpc = (f"CASE WHEN {llm} IS NOT NULL THEN {_sql_text(LLM_RPC)} "
+           f"ELSE COALESCE({_json_text(dialect, 'j.spec', 'measurement', 'rpc')}, 'unary') END")
     before, after = (_sql_text(part) for part in MEASURED_SERVING.split("{rpc}"))
     cols = ",\n  ".join(f"r.{c}" for c in (*PLACEMENT, *metrics))
     return f"""CREATE VIEW {VIEW} AS SELECT
@@ -82,7 +95,8 @@ def job_results_sql(dialect: str, metrics: Sequence[str], load: Sequence[str] = 
   {rpc} AS rpc,
   {dims},
   j.status, j.attempts, j.worker_id, j.error, j.created_at, j.finished_at,
-  CASE WHEN j.edge_profile IS NULL THEN {before} || {rpc} || {after} ELSE {_sql_text(MEASURED_EDGE)} END AS measured,
+  CASE WHEN j.edge_profile IS NOT NULL THEN {_sql_text(MEASURED_EDGE)}
+       WHEN {llm} IS NOT NULL THEN {_sql_text(MEASURED_LLM)} ELSE {before} || {rpc} || {after} END AS measured,
   {cols}
 FROM jobs j
 JOIN requests q ON q.id = j.request_id

@@ -10,13 +10,14 @@ from farm.errors import LoadGenError
 from schemas import MeasurementSettings, TensorSpec
 from schemas.input_data import InputData
 from workers.loadgen.contract import LoadClient, LoadJob, LoadResult
+from workers.loadgen.openai_client import OpenAIClient
 from workers.loadgen.patterns import pattern_for
 from workers.loadgen.perf_analyzer_client import PerfAnalyzerClient
 from workers.loadgen.plan import WindowPlan
 from workers.loadgen.result import to_result
 from workers.loadgen.run import FarmClient
 
-CLIENTS: dict[str, type[LoadClient]] = {c.name: c for c in (FarmClient, PerfAnalyzerClient)}
+CLIENTS: dict[str, type[LoadClient]] = {c.name: c for c in (FarmClient, PerfAnalyzerClient, OpenAIClient)}
 #: ``auto``: the first of these that can measure the job; the last one always measures it
 AUTO = (PerfAnalyzerClient.name, FarmClient.name)
 
@@ -26,7 +27,7 @@ def measure(job: LoadJob) -> LoadResult:
     can (the result's notes say why the ones before it did not). Raises LoadGenError when the named client
     cannot measure the job or fails."""
     wanted = job.settings.client
-    names = AUTO if wanted == "auto" else (wanted,)
+    names = ((OpenAIClient.name,) if job.settings.llm is not None else AUTO) if wanted == "auto" else (wanted,)
     skipped: list[tuple[str, str]] = []
     for name in names:
         client = CLIENTS[name]()

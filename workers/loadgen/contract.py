@@ -102,7 +102,7 @@ class LoadRecord:
     """What a client measured, for ``result.to_result``: who measured (``client``, its ``label`` in notes,
     ``client_process``: where it ran), how (``rpc``, ``processes``), its windows and the ones the metrics use,
     the totals, whether it stopped early on stability, the warm-up's successful requests, its own notes (before
-    the ones every result gets) and its own details."""
+    the ones every result gets), its own details and its own metrics (registry names, e.g. the LLM figures)."""
 
     client: str
     label: str
@@ -116,6 +116,7 @@ class LoadRecord:
     warmup_requests: int
     notes: list[str] = field(default_factory=list)
     own: ClientDetails = field(default_factory=ClientDetails)
+    metrics: dict[str, float | int | bool | None] = field(default_factory=dict)  # the client's own metrics
 
 
 @dataclass

@@ -164,6 +164,16 @@ def _process_main(cfg: WorkerConfig, conn: Connection, cpus: set[int] | None) ->
     conn.close()
 
 
+def reap(proc: Any, grace_s: float = 2.0) -> None:
+    """End a load process that did not exit when asked: SIGTERM, then SIGKILL, each given ``grace_s``."""
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(grace_s)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(grace_s)
+
+
 def process_context() -> Any:
     """Where load processes come from: a fork server that has imported the load worker once (a fresh
     process per measurement then starts in milliseconds instead of the ~0.7 s a spawned one spends
@@ -247,12 +257,7 @@ class ProcessDriver(Driver):
         for proc in self._procs:
             proc.join(max(0.0, deadline - time.monotonic()))
         for proc in self._procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(2.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(2.0)
+            reap(proc)
         for conn in self._conns:
             try:
                 conn.close()

@@ -42,6 +42,7 @@ def _metrics(job: LoadJob, record: LoadRecord) -> Metrics:
         "stable": bool(t.stable),
         "windows": len(record.windows),
         "duration_s": t.duration_s,
+        **record.metrics,
     }
 
 

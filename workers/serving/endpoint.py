@@ -14,6 +14,7 @@ from schemas import JobSpec
 from schemas.engines import ENDPOINT_ENGINE
 from workers.engines.triton import attach
 from workers.serving.base import Launch, ServingEngine, ServingTarget, Site
+from workers.serving.openai_api import attach_openai
 
 
 @contextmanager
@@ -24,11 +25,13 @@ def endpoint_target(spec: JobSpec, descriptor_path: Path) -> Iterator[ServingTar
         url, model_name = str(desc["endpoint"]), str(desc["model_name"])
     except (OSError, ValueError, KeyError) as exc:
         raise ServerError(f"job {spec.job_id}: the endpoint descriptor is unreadable ({exc}); submit again") from None
-    server = attach(url, model_name, get_settings().server_ready_timeout_s)
+    llm = spec.measurement.llm
+    timeout_s = get_settings().server_ready_timeout_s
+    server = attach_openai(url, model_name, timeout_s, llm) if llm is not None else attach(url, model_name, timeout_s)
     facts = {"name": server.server_name, "version": server.server_version, "url": url, "model_name": model_name,
              "platform": server.platform}
-    notes = [f"profiled the running {server.server_name} {server.server_version} at {url} (model {model_name}); "
-             "its resources are not sampled"]
+    who = f"{server.server_name} {server.server_version}".rstrip()
+    notes = [f"profiled the running {who} at {url} (model {model_name}); its resources are not sampled"]
     was = desc.get("server") or {}
     if (was.get("name"), was.get("version")) != (server.server_name, server.server_version):
         notes.append(f"the endpoint was {was.get('name')} {was.get('version')} at submission")

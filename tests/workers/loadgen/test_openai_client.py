@@ -1,0 +1,128 @@
+"""farm's OpenAI streaming client against the scripted fake server (tests/fake_openai.py, its own process):
+figures, token truth, open loop, and every kind of bad answer as a counted error or a one-line LoadGenError."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from farm.errors import LoadGenError, RequestError
+from schemas import MeasurementSettings
+from schemas.llm import LlmSettings
+from tests.fake_openai import fake_server, word_tokenizer
+from workers.loadgen import LoadResult, run_load
+from workers.loadgen.llm_workload import Tokenizer, file_prompts, synthetic_prompts
+
+OUT = 12
+
+
+def _measure(url: str, concurrency: int = 4, model: str = "fake", **llm: Any) -> LoadResult:
+    rate = llm.pop("rate", None)
+    settings = MeasurementSettings(duration_s=1.0, warmup_s=0.3, window_s=0.5, rate=rate,
+                                   llm={"api": "openai-chat", "input_tokens": 16, "output_tokens": OUT, **llm})
+    return run_load(url.split("//")[1], model, [], 1, concurrency, settings)
+
+
+def test_chat_figures_and_token_truth() -> None:
+    with fake_server(model="fake", ttft_ms=15, itl_ms=2) as url:
+        r = _measure(url, slo="ttft=10000,tpot=1000")
+    m, d = r.metrics, r.details
+    assert m["error_count"] == 0 and m["requests_per_s"] and m["requests_per_s"] > 0
+    assert m["mean_output_tokens"] == OUT and m["mean_input_tokens"] == 16  # the server's usage
+    assert d["token_sources"] == {"input": {"usage": d["token_sources"]["input"]["usage"]},
+                                  "output": {"usage": d["token_sources"]["output"]["usage"]}}
+    assert m["ttft_p50_ms"] >= 15 and m["itl_p50_ms"] >= 2 and m["tpot_p50_ms"] >= 2
+    assert m["latency_p50_ms"] > m["ttft_p50_ms"]  # e2e is the result's latency
+    assert m["output_tokens_per_s"] == pytest.approx(OUT * m["requests_per_s"])
+    assert m["goodput_req_per_s"] == pytest.approx(m["requests_per_s"])  # every request within a loose SLO
+    assert m["output_overrun_count"] == 0 and d["tokens_per_chunk_mean"] == 1.0
+    assert d["client"] == "openai" and d["rpc"] == "sse" and d["api"] == "openai-chat"
+    # the server's own view, from its Prometheus histograms (vLLM's names): TTFT 15 ms falls in 10-20 ms
+    assert 10 <= m["server_ttft_p50_ms"] <= 20 and 1 <= m["server_tpot_p50_ms"] <= 5
+
+
+def test_completions_open_loop_chunked_without_usage() -> None:
+    """An open loop at 20 requests/s; 3 tokens a chunk and no usage (as llama.cpp streams): counted one per
+    chunk, and noted."""
+    with fake_server(model="fake", ttft_ms=5, itl_ms=1, per_chunk=3, fault="no_usage") as url:
+        r = _measure(url, api="openai-completions", rate=20.0)
+    m, d = r.metrics, r.details
+    assert d["mode"] == "constant" and d["rate"] == 20.0
+    assert m["late_send_pct"] is not None and m["error_count"] == 0
+    assert m["mean_output_tokens"] == OUT / 3 and d["token_sources"]["output"].keys() == {"chunks"}
+    assert any("one per chunk" in n for n in d["notes"])
+
+
+def test_overrun_is_flagged_on_the_row() -> None:
+    with fake_server(model="fake", ttft_ms=2, itl_ms=1, fault="overrun") as url:
+        r = _measure(url, concurrency=2)
+    assert r.metrics["output_overrun_count"] and r.metrics["mean_output_tokens"] == OUT + 3
+    assert any("max_tokens" in n for n in r.details["notes"])
+
+
+@pytest.mark.parametrize(("fault", "name"), [("http500", "HTTP_500"), ("not_streaming", "NOT_STREAMING"),
+                                             ("malformed", "MALFORMED_SSE"), ("truncate", "TRUNCATED")])
+def test_bad_answers_are_counted_errors(fault: str, name: str) -> None:
+    with fake_server(model="fake", ttft_ms=2, itl_ms=1, fault=fault) as url, \
+            pytest.raises(LoadGenError, match=name) as err:
+        _measure(url, concurrency=2)
+    assert "\n" not in str(err.value)
+
+
+def test_wrong_model_unreachable_and_api_key() -> None:
+    with fake_server(model="fake", api_key="s3cret") as url:
+        with pytest.raises(LoadGenError, match="401.*--api-key-env"):
+            _measure(url)
+        os.environ["FARM_TEST_KEY"] = "s3cret"
+        try:
+            with pytest.raises(LoadGenError, match="does not serve model 'nope'.*fake"):
+                _measure(url, model="nope", api_key_env="FARM_TEST_KEY")
+            assert _measure(url, api_key_env="FARM_TEST_KEY").metrics["error_count"] == 0
+        finally:
+            del os.environ["FARM_TEST_KEY"]
+    with pytest.raises(LoadGenError, match="cannot reach"):
+        _measure(url)
+
+
+def _word_tokenizer(path: Path) -> Path:
+    from workers.loadgen.llm_workload import WORDS
+
+    return word_tokenizer(path, tuple(WORDS))
+
+
+def test_prompts_exact_with_a_tokenizer_and_from_files(tmp_path: Path) -> None:
+    tok = Tokenizer(str(_word_tokenizer(tmp_path)))
+    llm = LlmSettings(input_tokens="20:40", prefix_tokens=5, seed=3)
+    prompts = synthetic_prompts(llm, tok, 20)
+    assert all(tok.count(p.text) == p.input_tokens for p in prompts) and {p.input_source for p in prompts} == {
+        "tokenizer"}
+    assert all(25 <= p.input_tokens <= 45 for p in prompts)
+    assert len({p.text.split()[0:5].__str__() for p in prompts}) == 1  # the shared prefix
+    assert [p.text for p in synthetic_prompts(llm, tok, 20)] == [p.text for p in prompts]  # same seed, same prompts
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "hello there", "output_tokens": 7}\n\n{"text": "x y z"}\n')
+    got = file_prompts(LlmSettings(prompts=str(jsonl), output_tokens=9), None)
+    assert [(p.text, p.max_tokens, p.input_tokens) for p in got] == [("hello there", 7, 2), ("x y z", 9, 3)]
+    share = tmp_path / "sg.json"
+    share.write_text(json.dumps([{"conversations": [{"from": "human", "value": "hi you"},
+                                                    {"from": "gpt", "value": "hello"}]}]))
+    assert file_prompts(LlmSettings(prompts=str(share)), tok)[0].text == "hi you"
+    jsonl.write_text('{"prompt": "ok"}\n{"prompt": \n')
+    with pytest.raises(RequestError, match="line 2 is not JSON"):
+        file_prompts(LlmSettings(prompts=str(jsonl)), None)
+    jsonl.write_text('{"prompt": "ok"}\n{"nope": 1}\n')
+    with pytest.raises(RequestError, match="item 2 has no prompt text"):
+        file_prompts(LlmSettings(prompts=str(jsonl)), None)
+    with pytest.raises(RequestError, match="no such file"):
+        Tokenizer(str(tmp_path / "missing"))
+
+
+def test_tokenizer_counts_output_without_usage(tmp_path: Path) -> None:
+    folder = _word_tokenizer(tmp_path)
+    with fake_server(model="fake", ttft_ms=2, itl_ms=1, per_chunk=2, fault="no_usage") as url:
+        r = _measure(url, concurrency=2, tokenizer=str(folder))
+    assert r.metrics["mean_output_tokens"] == OUT and r.details["token_sources"]["output"].keys() == {"tokenizer"}
+    assert r.details["tokens_per_chunk_mean"] == 2.0

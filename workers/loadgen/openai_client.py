@@ -1,0 +1,238 @@
+"""farm's OpenAI streaming client: drives an LLM server's ``/v1/chat/completions`` or ``/v1/completions``
+(``schemas.llm.LlmSettings``) through the job's load pattern and window plan, and turns each streamed answer
+into TTFT, per-token ITL, TPOT and e2e latency with token counts whose source is recorded (``llm_stream``).
+
+The load runs in its own process (``openai_http``); this side checks the server, builds the workload, cuts
+the requests into the plan's windows by their end time (warm-up left out) and computes the LLM metrics that
+``result.to_result`` adds to every client's (the e2e latencies are the result's ``latency_*``).
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from farm.errors import FarmError, LoadGenError
+from schemas.llm import LlmSettings, Slo
+from schemas.measured import LLM_RPC
+from workers.loadgen import stats
+from workers.loadgen.contract import ClientDetails, LoadClient, LoadJob, LoadRecord, RunTotals, WindowFigures
+from workers.loadgen.llm_server_metrics import scrape, server_p50s
+from workers.loadgen.llm_stream import Outcome, RawRequest, account
+from workers.loadgen.llm_workload import load_workload
+from workers.loadgen.openai_http import HttpJob, HttpRun, check_model, load_process
+from workers.loadgen.plan import WindowPlan
+from workers.loadgen.result import judge_stable
+
+Metrics = dict[str, float | int | bool | None]
+WAIT_MARGIN_S = 30.0  # how long past its plan the load process may take to stop and report
+
+
+def _pcts(name: str, values: list[float] | np.ndarray) -> Metrics:
+    p50, p90, p99 = stats.percentiles(values, (50, 90, 99))
+    return {f"{name}_p50_ms": p50, f"{name}_p90_ms": p90, f"{name}_p99_ms": p99}
+
+
+def llm_metrics(outcomes: list[Outcome], duration_s: float, slo: Slo | None) -> Metrics:
+    """The LLM metrics of the measured requests' outcomes over ``duration_s`` (s)."""
+    d = max(duration_s, 1e-9)
+    out_tok = [o.output_tokens for o in outcomes]
+    in_tok = [o.input_tokens for o in outcomes]
+    tpot = [o.tpot_ms for o in outcomes if o.tpot_ms is not None]
+    server_ttft = [o.server_ttft_ms for o in outcomes if o.server_ttft_ms is not None]
+    server_tpot = [o.server_tpot_ms for o in outcomes if o.server_tpot_ms is not None]
+    good = sum(slo.met(o.ttft_ms, o.tpot_ms, o.e2e_ms) for o in outcomes) if slo is not None else None
+    return {
+        **_pcts("ttft", [o.ttft_ms for o in outcomes]),
+        **_pcts("itl", np.concatenate([np.asarray(o.itl_ms) for o in outcomes]) if outcomes else []),
+        **_pcts("tpot", tpot),
+        "output_tokens_per_s": sum(out_tok) / d,
+        # per user: what one stream sees while generating, the median request's tokens/s after its first token
+        "output_tokens_per_s_per_user": stats.percentile([1e3 / t for t in tpot if t > 0], 50),
+        "input_tokens_per_s": sum(in_tok) / d,
+        "mean_input_tokens": stats.mean(in_tok),
+        "mean_output_tokens": stats.mean(out_tok),
+        "goodput_req_per_s": None if good is None else good / d,
+        "output_overrun_count": sum(o.overrun for o in outcomes),
+        "server_ttft_p50_ms": stats.percentile(server_ttft, 50) if server_ttft else None,
+        "server_tpot_p50_ms": stats.percentile(server_tpot, 50) if server_tpot else None,
+    }
+
+
+@dataclass(frozen=True)
+class OpenAIDetails(ClientDetails):
+    """The OpenAI client's own details: the API, URL and model; where token counts came from (request counts by
+    source), tokens per chunk (mean, max: the server's chunking), requests over their output limit, the SLO,
+    the workload, the first error, warm-up errors, requests cut off in flight at the end and the event loop."""
+
+    api: str
+    base_url: str
+    model: str
+    token_sources: dict[str, dict[str, int]]
+    tokens_per_chunk_mean: float | None
+    tokens_per_chunk_max: float | None
+    output_overruns: int
+    slo: dict[str, Any] | None
+    workload: dict[str, Any]
+    first_error: str | None
+    warmup_errors: int
+    in_flight_at_end: int
+    event_loop: str
+    server_metrics: dict[str, float]  # the p50s (ms) read from the server's Prometheus /metrics, by figure
+    send_lag_ms: dict[str, float | None]  # p50/p99 from the scheduled send to the request's write (the client's)
+    loop_lag_ms: dict[str, float | None]  # p50/p99 lateness of the load loop's own timer: its (or the host's) delay
+
+
+def _windows(run: HttpRun, plan: WindowPlan, requests_mode: bool) -> list[tuple[float, float]]:
+    """The measurement windows (monotonic s, start and end): the plan's after its warm-up, or in request-count
+    mode one window from the warm-up's end to the last measured request's end."""
+    t0 = run.t_start + plan.warmup_s
+    if requests_mode:
+        ends = [r.end for r in run.records if not r.warm]
+        return [(t0, max([*ends, t0 + 1e-3]))]
+    edges = [run.t_start + e for e in plan.edges_s()]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+def _window_of(t: float, windows: list[tuple[float, float]]) -> int | None:
+    for k, (a, b) in enumerate(windows):
+        if a <= t <= b:
+            return k
+    return None
+
+
+@dataclass
+class _Cut:
+    """The measured requests by window: outcomes and error counts; the warm-up's successes and errors."""
+
+    outcomes: list[list[Outcome]]
+    errors: list[Counter[str]]
+    warm_ok: int = 0
+    warm_errors: int = 0
+
+
+def _cut(run: HttpRun, windows: list[tuple[float, float]], count: Callable[[str], int] | None) -> _Cut:
+    cut = _Cut([[] for _ in windows], [Counter() for _ in windows])
+    for rec in run.records:
+        if rec.warm:
+            cut.warm_ok += rec.error is None
+            cut.warm_errors += rec.error is not None
+            continue
+        k = _window_of(rec.end, windows)
+        if k is None:
+            continue
+        if rec.error is None:
+            cut.outcomes[k].append(account(rec, count))
+        else:
+            cut.errors[k][rec.error] += 1
+    return cut
+
+
+def _first_error(records: list[RawRequest]) -> str | None:
+    return next((r.error_text for r in records if r.error is not None), None)
+
+
+def _p50_p99(values: list[float]) -> dict[str, float | None]:
+    return dict(zip(("p50", "p99"), stats.percentiles(values, (50, 99)), strict=True))
+
+
+def _sources(outcomes: list[Outcome]) -> dict[str, dict[str, int]]:
+    return {"input": dict(Counter(o.input_source for o in outcomes)),
+            "output": dict(Counter(o.output_source for o in outcomes))}
+
+
+class OpenAIClient(LoadClient):
+    """Streams OpenAI chat or completion requests from a process of its own (``openai_http``)."""
+
+    name = "openai"
+    label = "farm's OpenAI client"
+    title = "farm's OpenAI streaming client"
+    stops_when_stable = False
+
+    def why_not(self, job: LoadJob) -> str | None:
+        if job.settings.llm is None:
+            return "it drives LLM servers over the OpenAI API: give --api openai-chat|openai-completions"
+        return None
+
+    def run(self, job: LoadJob, plan: WindowPlan) -> LoadRecord:
+        llm = job.settings.llm
+        assert llm is not None
+        url = llm.base_url(job.url)
+        try:
+            check_model(url, job.model_name, llm.api_key_env, job.connect_timeout_s)
+            prompts, tok = load_workload(llm)
+        except (ConnectionError, FarmError) as exc:
+            raise LoadGenError(str(exc)) from None
+        http = HttpJob(base_url=url, api=llm.api, model=job.model_name, prompts=tuple(prompts), pattern=job.pattern,
+                       plan=plan, api_key_env=llm.api_key_env, requests=llm.requests,
+                       warmup_requests=llm.warmup_requests, request_timeout_s=llm.request_timeout_s,
+                       time_limit_s=job.settings.timeout_s, seed=job.seed)
+        limit = (job.settings.timeout_s if llm.requests is not None else plan.span_s) + WAIT_MARGIN_S + 5.0
+        metrics_url = llm.base_url(job.url).removesuffix(llm.base_path) + "/metrics"
+        with load_process(http) as (wait, t_start):
+            if t_start is not None:  # the server's own histograms from the warm-up's end
+                time.sleep(max(0.0, t_start + plan.warmup_s - time.monotonic()))
+            before = scrape(metrics_url) if t_start is not None else None
+            got = wait(limit)
+        if got is None:
+            raise LoadGenError(f"the OpenAI load process did not report within {limit:.0f} s; check the server")
+        if isinstance(got, str):
+            raise LoadGenError(got)
+        server = server_p50s(before, scrape(metrics_url)) if before is not None else {}
+        return _record(job, plan, llm, got, tok.count if tok is not None else None, server)
+
+
+def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
+            count: Callable[[str], int] | None, server: dict[str, float]) -> LoadRecord:
+    """The record of a finished run (``server``: the p50s of the server's Prometheus histograms, ms, by
+    figure); LoadGenError when no measured request succeeded."""
+    windows = _windows(run, plan, llm.requests is not None)
+    cut = _cut(run, windows, count)
+    figures = [WindowFigures.measure(k, a - windows[0][0], b - a, np.asarray([o.e2e_ms for o in outs]),
+                                     sum(errs.values()), 1)
+               for k, ((a, b), outs, errs) in enumerate(zip(windows, cut.outcomes, cut.errors, strict=True))]
+    outcomes = [o for outs in cut.outcomes for o in outs]
+    errors: Counter[str] = sum(cut.errors, Counter())
+    if not outcomes:
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) or (
+            f"no request ended in the windows: {run.sent} sent, {run.in_flight} still in flight at the end, "
+            f"{cut.warm_ok} in the warm-up; lengthen --duration or give --requests")
+        raise LoadGenError(f"no request succeeded while measuring ({counts}; first error: "
+                           f"{_first_error(run.records) or 'none'}); check the model name, the API "
+                           "(--api) and the server log")
+    duration = sum(b - a for a, b in windows)
+    totals = RunTotals(lat_ms=np.asarray([o.e2e_ms for o in outcomes]), queue_ms=np.empty(0),
+                       compute_ms=np.empty(0), duration_s=duration, errors=dict(errors), sent=run.sent,
+                       late=run.late, busy_by_process=[run.busy_pct],
+                       stable=judge_stable(figures, job.settings))
+    per_chunk = [o.output_tokens / o.chunks for o in outcomes if o.chunks]
+    overruns = sum(o.overrun for o in outcomes)
+    notes = []
+    if overruns:
+        notes.append(f"{overruns} of {len(outcomes)} requests generated more tokens than their max_tokens: the "
+                     "server ignores or overruns the limit (output_overrun_count)")
+    if "chunks" in _sources(outcomes)["output"]:
+        notes.append("output tokens counted one per chunk: the server sent no usage and no --tokenizer was given")
+    own = OpenAIDetails(api=llm.api, base_url=llm.base_url(job.url), model=job.model_name,
+                        token_sources=_sources(outcomes),
+                        tokens_per_chunk_mean=stats.mean(per_chunk), tokens_per_chunk_max=max(per_chunk, default=None),
+                        output_overruns=overruns, slo=llm.slo.model_dump() if llm.slo else None,
+                        workload={"input_tokens": llm.input_tokens.text(), "output_tokens": llm.output_tokens.text(),
+                                  "prefix_tokens": llm.prefix_tokens, "seed": llm.seed, "prompts": llm.prompts,
+                                  "tokenizer": llm.tokenizer},
+                        first_error=_first_error(run.records), warmup_errors=cut.warm_errors,
+                        in_flight_at_end=run.in_flight, event_loop=run.loop, server_metrics=server,
+                        send_lag_ms=_p50_p99([o.send_lag_ms for o in outcomes if o.send_lag_ms is not None]),
+                        loop_lag_ms=_p50_p99(run.loop_lag_ms))
+    metrics = llm_metrics(outcomes, duration, llm.slo)
+    for figure, value in server.items():  # Prometheus where the server gave no per-request timings
+        if metrics.get(f"server_{figure}_p50_ms") is None:
+            metrics[f"server_{figure}_p50_ms"] = value
+    return LoadRecord(client=OpenAIClient.name, label=OpenAIClient.label, client_process="own process",
+                      rpc=LLM_RPC, processes=1, windows=figures, metric_windows=slice(0, len(figures)), totals=totals,
+                      stopped_when_stable=False, warmup_requests=cut.warm_ok, notes=notes, own=own,
+                      metrics=metrics)

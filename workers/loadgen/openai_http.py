@@ -1,0 +1,381 @@
+"""The OpenAI streaming load loop: one asyncio event loop in a process of its own, pinned to the caller's
+CPUs (a job's load-generator cores), sending chat or completion requests with ``stream: true`` and reading
+their server-sent events line by line, each line stamped with ``time.monotonic()`` as it is read.
+
+HTTP stack: aiohttp on uvloop (asyncio's own loop where uvloop is missing). aiohttp's C HTTP parser and a
+TCPConnector sized to the concurrency (``limit``: one keep-alive HTTP/1.1 connection per closed-loop slot,
+unlimited in open loop; its default of 100 is what caps other clients' streams) keep the per-chunk cost
+small; measured with ``benchmarks/llm_client.py`` against a fake server that logs its per-token send times:
+see docs/llm.md for the figures at concurrency 1, 64 and 256 on 2 cores. A separate process keeps the
+job's samplers and the coordinator off this loop and its GIL, as farm's gRPC generator does.
+
+Closed loop: ``concurrency`` tasks, each sending its next request as soon as the last one ended. Open loop:
+requests at the pattern's send times whatever is in flight; latency counts from the scheduled time, and a
+send that leaves over ``LATE_S`` after it is late (coordinated omission is visible, never hidden).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import aiohttp
+
+from workers.loadgen.drivers import process_context, reap
+from workers.loadgen.llm_stream import (
+    CONNECT_ERROR,
+    NOT_STREAMING,
+    TIMEOUT,
+    TRUNCATED,
+    RawRequest,
+    replay,
+)
+from workers.loadgen.llm_workload import Prompt
+from workers.loadgen.patterns import LoadPattern
+from workers.loadgen.plan import WindowPlan
+
+LATE_S = 0.001  # an open-loop send leaving more than 1 ms after its schedule is late
+WAKE_LEAD_S = 0.00075  # wake this early: timers fire up to ~1 ms late
+START_DELAY_S = 0.05  # between the parent's go and the schedule's start
+GO_TIMEOUT_S = 60.0  # how long the load process may take to start (a fresh fork server imports first)
+READY = "ready"  # what the load process says once it can start
+LAG_PROBE_S = 0.005  # the period of the loop-lag probe
+DRAIN_S = 1.0  # after [DONE], how long the rest of a response may take to arrive (keeps the connection reusable)
+
+
+@dataclass(frozen=True)
+class HttpJob:
+    """What the load process sends: the ``api`` (``openai-chat``/``openai-completions``) at ``base_url``
+    for ``model``, the API key from the environment variable ``api_key_env`` (read when the run starts and
+    handed to the load process through its pipe, never stored), the prompts in turn, the pattern through the
+    plan; ``requests``: stop after this many measured requests completed (None: at the plan's end);
+    ``warmup_requests`` first sends left out."""
+
+    base_url: str
+    api: str
+    model: str
+    prompts: tuple[Prompt, ...]
+    pattern: LoadPattern
+    plan: WindowPlan
+    api_key_env: str | None = None
+    requests: int | None = None
+    warmup_requests: int = 0
+    request_timeout_s: float = 600.0
+    time_limit_s: float = 600.0
+    seed: int = 0
+
+
+@dataclass
+class HttpRun:
+    """What the load process measured: every request that ended (complete or failed) in send order, the sends,
+    late sends, requests still in flight at the stop, the process's CPU busy % over the run, when the
+    schedule started (monotonic s) and whether uvloop ran it."""
+
+    records: list[RawRequest] = field(default_factory=list)
+    sent: int = 0
+    late: int = 0
+    in_flight: int = 0
+    busy_pct: float = 0.0
+    t_start: float = 0.0
+    loop: str = "asyncio"
+    loop_lag_ms: list[float] = field(default_factory=list)  # how late a 5 ms timer of the loop woke, each time
+
+
+def api_key(env_name: str | None) -> str | None:
+    """The API key in the environment variable ``env_name`` (None: no key)."""
+    return os.environ.get(env_name) if env_name else None
+
+
+def headers(env_name: str | None, key: str | None = None) -> dict[str, str]:
+    """Request headers: JSON, and the bearer token ``key`` (None: read from ``env_name``)."""
+    key = key if key is not None else api_key(env_name)
+    return {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+
+
+def request_body(api: str, model: str, prompt: Prompt) -> bytes:
+    """The JSON body of one streamed request: both ``max_tokens`` and (chat) ``max_completion_tokens``, and
+    ``stream_options.include_usage`` so the server reports its own token counts."""
+    body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
+                            "max_tokens": prompt.max_tokens}
+    if api == "openai-chat":
+        body["messages"] = [{"role": "user", "content": prompt.text}]
+        body["max_completion_tokens"] = prompt.max_tokens
+    else:
+        body["prompt"] = prompt.text
+    return json.dumps(body).encode()
+
+
+def route(api: str) -> str:
+    return "/chat/completions" if api == "openai-chat" else "/completions"
+
+
+def served_models(base_url: str, env_name: str | None, timeout_s: float) -> list[dict[str, Any]] | None:
+    """The models ``GET {base_url}/models`` lists (each with its ``id``); None when the server has no such
+    route (404/405).
+    ConnectionError (one line) when the server cannot be reached or refuses the key."""
+    req = urllib.request.Request(f"{base_url}/models", headers=headers(env_name))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - http(s) URL built by farm
+            data = json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        if exc.code in (404, 405):
+            return None
+        hint = "; check the API key (--api-key-env)" if exc.code in (401, 403) else ""
+        raise ConnectionError(f"GET {base_url}/models answered HTTP {exc.code}{hint}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ConnectionError(f"cannot reach the OpenAI API at {base_url} ({reason}); check that the server "
+                              "runs and listens there") from None
+    items = data.get("data") if isinstance(data, dict) else None
+    return [m for m in items if isinstance(m, dict)] if isinstance(items, list) else None
+
+
+def check_model(base_url: str, model: str, env_name: str | None, timeout_s: float) -> dict[str, Any]:
+    """The server's entry for ``model`` in ``/models`` (empty for a server without that route);
+    ConnectionError (one line) when the server does not answer or does not list ``model``."""
+    models = served_models(base_url, env_name, timeout_s)
+    if models is None:
+        return {}
+    entry = next((m for m in models if str(m.get("id")) == model), None)
+    if entry is None:
+        raise ConnectionError(f"the server at {base_url} does not serve model {model!r} (it serves: "
+                              f"{', '.join(str(m.get('id')) for m in models) or 'none'}); give one of them with "
+                              "--model-name")
+    return entry
+
+
+class _Loop:
+    """The traffic of one :class:`HttpJob` on the running loop."""
+
+    def __init__(self, job: HttpJob, session: aiohttp.ClientSession, t_start: float) -> None:
+        self.job, self.session, self.t_start = job, session, t_start
+        self.url = job.base_url + route(job.api)
+        self.bodies = [request_body(job.api, job.model, p) for p in job.prompts]
+        self.next = itertools.cycle(range(len(job.prompts))).__next__
+        self.warm_end = t_start + job.plan.warmup_s
+        self.out = HttpRun(t_start=t_start)
+        self.measured_done = 0
+        self.stop = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.run_id = f"{os.getpid():x}{int(t_start * 1e3) & 0xFFFFFF:x}"
+
+    def _new(self, scheduled: float, sent: float) -> tuple[RawRequest, bytes]:
+        i = self.next()
+        p = self.job.prompts[i]
+        self.out.sent += 1
+        seq = self.out.sent
+        warm = self.out.sent <= self.job.warmup_requests or scheduled < self.warm_end
+        return RawRequest(scheduled=scheduled, sent=sent, warm=warm, prompt_tokens=p.input_tokens,
+                          prompt_source=p.input_source, max_tokens=p.max_tokens, seq=seq), self.bodies[i]
+
+    async def _stream(self, rec: RawRequest, resp: aiohttp.ClientResponse) -> None:
+        now = time.monotonic
+        if resp.status >= 400:
+            text = (await resp.read())[:200].decode(errors="replace").replace("\n", " ")
+            rec.fail(f"HTTP_{resp.status}", f"HTTP {resp.status}: {text}", now())
+            return
+        ctype = resp.headers.get("Content-Type", "")
+        if "text/event-stream" not in ctype:
+            await resp.read()
+            rec.fail(NOT_STREAMING, f"{NOT_STREAMING}: the server answered {ctype or 'no content type'}, not "
+                                    "an event stream; it does not stream this API", now())
+            return
+        # the hot loop only stamps what arrives: parsing waits for the end of the run (``replay``)
+        pieces = rec.pieces
+        async for piece in resp.content.iter_any():
+            pieces.append((now(), piece))
+            if b"[DONE]" in piece:  # read the response's end, so its keep-alive connection is reused
+                await asyncio.wait_for(resp.content.read(), DRAIN_S)
+                break
+        rec.eof = now()
+
+    async def _one(self, rec: RawRequest, body: bytes) -> None:
+        try:
+            # X-Request-Id: the request's number in this run, as many servers log it (vLLM takes it as its id)
+            async with self.session.post(self.url, data=body, trace_request_ctx=rec,
+                                         headers={"X-Request-Id": f"farm-{self.run_id}-{rec.seq}"}) as resp:
+                await self._stream(rec, resp)
+        except TimeoutError:
+            if rec.pieces and b"[DONE]" in rec.pieces[-1][1]:  # only the drain after [DONE] timed out
+                rec.eof = time.monotonic()
+            else:
+                rec.fail(TIMEOUT, f"{TIMEOUT}: no end within {self.job.request_timeout_s:g} s", time.monotonic())
+        except aiohttp.ClientConnectorError as exc:
+            rec.fail(CONNECT_ERROR, f"{CONNECT_ERROR}: {exc}", time.monotonic())
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            name = TRUNCATED if rec.pieces else CONNECT_ERROR
+            rec.fail(name, f"{name}: {type(exc).__name__}: {exc}", time.monotonic())
+        except aiohttp.ClientError as exc:
+            rec.fail(type(exc).__name__, f"{type(exc).__name__}: {exc}", time.monotonic())
+        self._done(rec)
+
+    def _done(self, rec: RawRequest) -> None:
+        self.out.records.append(rec)
+        if not rec.warm and rec.error is None:
+            self.measured_done += 1
+            if self.job.requests is not None and self.measured_done >= self.job.requests:
+                self.stop.set()
+
+    async def _slot(self) -> None:
+        now = time.monotonic
+        while not self.stop.is_set():
+            t = now()
+            await self._one(*self._new(t, t))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _open(self, send_times: Iterator[float]) -> None:
+        now = time.monotonic
+        for t in send_times:
+            await asyncio.sleep(max(t - WAKE_LEAD_S - now(), 0.0))
+            if self.stop.is_set():
+                return
+            sent = now()
+            if sent - t > LATE_S:
+                self.out.late += 1
+            self._spawn(self._one(*self._new(t, min(t, sent))))
+
+    async def _watch_lag(self) -> None:
+        """The loop's own lateness: a timer every ``LAG_PROBE_S``, and how late it woke (ms). What delays it
+        (this process's work, or a host that leaves it waiting for a CPU) delays every chunk's stamp too."""
+        now = time.monotonic
+        while not self.stop.is_set():
+            t = now()
+            await asyncio.sleep(LAG_PROBE_S)
+            self.out.loop_lag_ms.append((now() - t - LAG_PROBE_S) * 1e3)
+
+    def closed_loop(self, slots: int) -> None:
+        for _ in range(slots):
+            self._spawn(self._slot())
+
+    def open_loop(self, send_times: Iterator[float]) -> None:
+        self._spawn(self._open(send_times))
+
+    async def run(self) -> HttpRun:
+        job = self.job
+        end = self.t_start + (job.time_limit_s if job.requests is not None else job.plan.span_s)
+        await asyncio.sleep(max(self.t_start - time.monotonic(), 0.0))
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        job.pattern.start(self, self.t_start, job.seed)
+        self._spawn(self._watch_lag())
+        try:
+            await asyncio.wait_for(self.stop.wait(), max(end - time.monotonic(), 0.0))
+        except TimeoutError:
+            pass
+        self.stop.set()
+        self.out.busy_pct = 100.0 * (time.process_time() - cpu0) / max(time.monotonic() - wall0, 1e-9)
+        pending = list(self.tasks)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        self.out.in_flight = self.out.sent - len(self.out.records)
+        for rec in self.out.records:
+            replay(rec)
+        return self.out
+
+
+async def _headers_sent(_session: aiohttp.ClientSession, ctx: Any, _params: Any) -> None:
+    """When aiohttp wrote a request's headers (the body follows in the same write): the request's ``wrote``.
+    Its lag behind the scheduled send is the client's own share of the TTFT."""
+    rec = ctx.trace_request_ctx
+    if isinstance(rec, RawRequest):
+        rec.wrote = time.monotonic()
+
+
+async def _main(job: HttpJob, t_start: float, key: str | None) -> HttpRun:
+    limit = job.pattern.outstanding(1) or 0  # closed loop: one connection per slot; open loop: unlimited
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=None)
+    timeout = aiohttp.ClientTimeout(total=job.request_timeout_s, sock_connect=min(job.request_timeout_s, 10.0))
+    trace = aiohttp.TraceConfig()
+    trace.on_request_headers_sent.append(_headers_sent)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers(job.api_key_env, key),
+                                     auto_decompress=False, trace_configs=[trace]) as session:
+        return await _Loop(job, session, t_start).run()
+
+
+def loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
+    """uvloop's event loop where installed (cheaper per chunk), else asyncio's."""
+    try:
+        import uvloop  # noqa: PLC0415 - optional (the llm extra); the load process only
+    except ImportError:
+        return None, "asyncio"
+    return uvloop.new_event_loop, "uvloop"
+
+
+def run_http(job: HttpJob, t_start: float, key: str | None = None) -> HttpRun:
+    """Run ``job`` to its end on a fresh event loop of this thread (``key``: the API key; None: read from the
+    environment)."""
+    factory, name = loop_factory()
+    with asyncio.Runner(loop_factory=factory) as runner:
+        out = runner.run(_main(job, t_start, key))
+    out.loop = name
+    return out
+
+
+def _child(job: HttpJob, conn: Connection, cpus: set[int] | None) -> None:
+    """The load process: report ready (imports done), take the schedule's start time, run, send the run."""
+    import signal  # noqa: PLC0415 - the child's own setup
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops this process
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    loop_factory()  # import uvloop before saying ready
+    conn.send(READY)
+    if not conn.poll(GO_TIMEOUT_S):
+        return
+    t_start, key = conn.recv()  # the key comes from the caller's environment (a fork server's is older)
+    try:
+        conn.send(run_http(job, t_start, key))
+    except Exception as exc:  # reported to the parent, which raises LoadGenError
+        conn.send(f"the OpenAI load process failed: {type(exc).__name__}: {exc}")
+    conn.close()
+
+
+Waiter = Callable[[float], "HttpRun | str | None"]
+
+
+@contextmanager
+def load_process(job: HttpJob, start_timeout_s: float = GO_TIMEOUT_S) -> Iterator[tuple[Waiter, float | None]]:
+    """Start the load process on this thread's CPUs and, once it is ready, its schedule; yields
+    ``wait(timeout_s)`` (its :class:`HttpRun`, an error text, or None when it did not finish in time) and the
+    schedule's start (monotonic s; None when the process did not start). The process is always reaped."""
+    ctx = process_context()
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    parent, child = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=_child, args=(job, child, cpus), name="farm-openai-load", daemon=True)
+    proc.start()
+    child.close()
+
+    def wait(timeout_s: float) -> HttpRun | str | None:
+        if not parent.poll(timeout_s):
+            return None
+        try:
+            got: HttpRun | str = parent.recv()
+        except (EOFError, OSError):
+            return f"the OpenAI load process exited early (exit code {proc.exitcode})"
+        return got
+
+    try:
+        ready = wait(start_timeout_s)
+        if ready != READY:
+            why = ready if isinstance(ready, str) else "the OpenAI load process did not start"
+            yield (lambda _timeout_s: why), None
+            return
+        t_start = time.monotonic() + START_DELAY_S
+        parent.send((t_start, api_key(job.api_key_env)))
+        yield wait, t_start
+    finally:
+        proc.join(5.0)
+        reap(proc)
+        parent.close()
