@@ -31,7 +31,7 @@ from schemas.llm import LlmSettings
 from tests.fake_openai import fake_server, read_log, word_tokenizer
 from workers.loadgen.llm_stream import account
 from workers.loadgen.llm_workload import Tokenizer, synthetic_prompts
-from workers.loadgen.openai_http import HttpJob, HttpRun, load_process
+from workers.loadgen.openai_http import HttpJob, HttpRun, load_process, request_seq
 from workers.loadgen.patterns import ClosedLoop
 from workers.loadgen.plan import WindowPlan
 
@@ -74,8 +74,8 @@ def one(concurrency: int, itl_ms: float, per_chunk: int, seconds: float, server_
             with load_process(job) as (wait, t_start):
                 run = wait(warmup_s + seconds + 60)
         assert isinstance(run, HttpRun) and t_start is not None, run
-        # X-Request-Id farm-RUN-SEQ: by SEQ, the request's number in the run
-        truth = {int(r["rid"].rsplit("-", 1)[1]): r for r in read_log(log) if r["done"] and r["rid"]}
+        # X-Request-Id: a UUID whose last group is the request's number in the run
+        truth = {request_seq(r["rid"]): r for r in read_log(log) if r["done"] and r["rid"]}
     t0, t1 = t_start + warmup_s, t_start + warmup_s + seconds
     farm_ttft, true_ttft, farm_itl, true_itl, lag = [], [], [], [], []
     exact, errors = True, 0

@@ -23,7 +23,8 @@ from typing import Any
 from farm.errors import RequestError
 from scheduler.search_rules import first_level
 from schemas import JobSpec, ProfileRequest, TensorSpec
-from schemas.engines import FORMAT_ENGINE, IN_PROCESS, LLM_FORMAT_ENGINE, incompatibility
+from schemas.engines import FORMAT_ENGINE, IN_PROCESS, LLM_FORMAT_ENGINE, OPENAI_ENGINES, incompatibility
+from schemas.llm import LlmSettings
 from schemas.llm_engines import check_knobs
 from schemas.queues import EDGE_QUEUE, queue_for
 from schemas.request import PLAIN_SERVING, device_slug
@@ -123,7 +124,7 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
                                     f"{model.static_batch}; export it with a dynamic batch axis"})
     for device in devices:
         for engine in request_engines(request, model.format):
-            reason = incompatibility(engine, model.format, device)
+            reason = incompatibility(engine, model.format, device) or _api_mismatch(request, engine)
             if reason:
                 result.excluded.append({"device": device, "engine": engine, "reason": reason})
                 continue
@@ -131,6 +132,21 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
     _add_edge_jobs(result, request, model.format, batches, common)
     result.jobs = interleave(result.jobs, request.repeats, request_id)
     return result
+
+
+def _llm_for(request: ProfileRequest, engine: str) -> LlmSettings | None:
+    """The OpenAI-API settings of a job on ``engine``: the request's, or the defaults (chat API, 128 in / 128 out)
+    for an LLM engine farm launches when the request gave no LLM option."""
+    llm = request.measurement.llm
+    return llm if llm is not None or engine not in OPENAI_ENGINES else LlmSettings()
+
+
+def _api_mismatch(request: ProfileRequest, engine: str) -> str | None:
+    """Why LLM options (``measurement.llm``) cannot apply to ``engine``; None where they can."""
+    if request.measurement.llm is None or engine in OPENAI_ENGINES or request.endpoint is not None:
+        return None
+    return (f"{engine} serves KServe v2 tensors, not the OpenAI API: LLM options (--api, tokens, --slo) need an LLM "
+            "model (.gguf or a Hugging Face folder)")
 
 
 def _serving_jobs(request: ProfileRequest, device: str, engine: str, batches: list[int],
@@ -148,7 +164,8 @@ def _serving_jobs(request: ProfileRequest, device: str, engine: str, batches: li
         for serving in request.serving_configs():
             for knobs in knob_configs:
                 for c, rate in _levels(request):
-                    m = request.measurement.model_copy(update={**serving, "rate": rate})
+                    m = request.measurement.model_copy(
+                        update={**serving, "rate": rate, "llm": _llm_for(request, engine)})
                     jobs.append(JobSpec(
                         job_id=job_id_for(request_id, device, engine, b, c, None, {**serving, "rate": rate}, knobs),
                         device=device, engine=engine, batch_size=b, concurrency=c, queue=queue_for(device),

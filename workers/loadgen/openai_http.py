@@ -22,6 +22,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -114,6 +115,11 @@ def request_body(api: str, model: str, prompt: Prompt) -> bytes:
     return json.dumps(body).encode()
 
 
+def request_seq(request_id: str) -> int:
+    """The request's number in its run from the X-Request-Id farm sent (a UUID whose last group holds it)."""
+    return int(request_id.rsplit("-", 1)[1], 16)
+
+
 def route(api: str) -> str:
     return "/chat/completions" if api == "openai-chat" else "/completions"
 
@@ -166,7 +172,9 @@ class _Loop:
         self.measured_done = 0
         self.stop = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
-        self.run_id = f"{os.getpid():x}{int(t_start * 1e3) & 0xFFFFFF:x}"
+        # X-Request-Id is a UUID: llama-cpp-python's server answers 400 to any other form; the run in its high
+        # bits, the request's number in its last 48 (the last group of the written form: see request_seq)
+        self.run_id = uuid.uuid4().int >> 48 << 48
 
     def _new(self, scheduled: float, sent: float) -> tuple[RawRequest, bytes]:
         i = self.next()
@@ -202,7 +210,7 @@ class _Loop:
         try:
             # X-Request-Id: the request's number in this run, as many servers log it (vLLM takes it as its id)
             async with self.session.post(self.url, data=body, trace_request_ctx=rec,
-                                         headers={"X-Request-Id": f"farm-{self.run_id}-{rec.seq}"}) as resp:
+                                         headers={"X-Request-Id": str(uuid.UUID(int=self.run_id | rec.seq))}) as resp:
                 await self._stream(rec, resp)
         except TimeoutError:
             if rec.pieces and b"[DONE]" in rec.pieces[-1][1]:  # only the drain after [DONE] timed out
