@@ -8,6 +8,7 @@ import time
 import typer
 
 from farm.cli.prepare import prepare_db
+from farm.cli.request_options import ID_ARGS
 from farm.cli.views import console, err_console
 from farm.errors import ConfigError
 from farm.logs import setup_logging
@@ -54,7 +55,7 @@ def scheduler(
 
 
 def cancel(
-    request_id: str = typer.Argument(..., help="Request id (or a unique prefix)."),
+    request_id: str = typer.Argument(..., help="Request id (a unique prefix, latest, -1, ...)."),
     wait: float = typer.Option(30.0, "--wait", help="Seconds to wait for running jobs' servers to stop "
                                "(0: do not wait)."),
     as_json: bool = typer.Option(False, "--json"),
@@ -80,4 +81,4 @@ def cancel(
 def register(app: typer.Typer) -> None:
     """Attach the cluster commands to the CLI."""
     app.command()(scheduler)
-    app.command()(cancel)
+    app.command(context_settings=ID_ARGS)(cancel)  # -1, -2: request ids

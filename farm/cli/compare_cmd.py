@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from farm.cli.prepare import prepare_db
+from farm.cli.request_options import ID_ARGS
 from farm.cli.views import console, err_console, fmt_value, load_label, safe_row, say
 from farm.compare import FASTER, MIN_REPEATS, RATIOS, SLOWER, Comparison
 from farm.compare import as_json as comparison_json
@@ -20,7 +21,8 @@ from schemas.measured import how_measured_short
 
 
 def compare(
-    request_a: str = typer.Argument(..., help="The baseline request id (or a unique prefix)."),
+    request_a: str = typer.Argument(..., help="The baseline request id (a unique prefix, latest, -1, "
+                                   "-2, ...)."),
     request_b: str = typer.Argument(..., help="The request compared against it."),
     fail_on_regression: float | None = typer.Option(
         None, "--fail-on-regression", metavar="PCT",
@@ -101,7 +103,7 @@ def _print(c: Comparison, a: str, b: str) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(compare)
+    app.command(context_settings=ID_ARGS)(compare)  # -1, -2: request ids
 
 
 def _verdict_cell(verdict: str, colour: str | None, flags: list[str]) -> Text:
