@@ -8,7 +8,7 @@ import time
 import typer
 
 from farm.cli.prepare import prepare_db
-from farm.cli.request_options import ID_ARGS
+from farm.cli.request_options import ID_ARGS, ID_HELP, request_ids
 from farm.cli.views import console, err_console
 from farm.errors import ConfigError
 from farm.logs import setup_logging
@@ -55,7 +55,7 @@ def scheduler(
 
 
 def cancel(
-    request_id: str = typer.Argument(..., help="Request id (a unique prefix, latest, -1, ...)."),
+    request_id: str = typer.Argument(..., callback=request_ids, help=ID_HELP),
     wait: float = typer.Option(30.0, "--wait", help="Seconds to wait for running jobs' servers to stop "
                                "(0: do not wait)."),
     as_json: bool = typer.Option(False, "--json"),

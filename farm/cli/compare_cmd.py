@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from farm.cli.prepare import prepare_db
-from farm.cli.request_options import ID_ARGS
+from farm.cli.request_options import ID_ARGS, ID_HELP, request_ids
 from farm.cli.views import console, err_console, fmt_value, load_label, safe_row, say
 from farm.compare import FASTER, MIN_REPEATS, RATIOS, SLOWER, Comparison
 from farm.compare import as_json as comparison_json
@@ -21,9 +21,8 @@ from schemas.measured import how_measured_short
 
 
 def compare(
-    request_a: str = typer.Argument(..., help="The baseline request id (a unique prefix, latest, -1, "
-                                   "-2, ...)."),
-    request_b: str = typer.Argument(..., help="The request compared against it."),
+    request_a: str = typer.Argument(..., callback=request_ids, help="The baseline request. " + ID_HELP),
+    request_b: str = typer.Argument(..., callback=request_ids, help="The request compared against it."),
     fail_on_regression: float | None = typer.Option(
         None, "--fail-on-regression", metavar="PCT",
         help="Exit 1 when a matched configuration is conclusively slower by PCT % or more (a CI gate); "

@@ -152,7 +152,8 @@ def submit(
 
 
 @app.command(context_settings=ID_ARGS)
-def resume(request_id: str = typer.Argument(..., help="Request id (a unique prefix, latest, -1, ...)."),
+def resume(request_id: str = typer.Argument(..., callback=request_options.request_ids,
+                                           help=request_options.ID_HELP),
            wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
            as_json: bool = typer.Option(False, "--json", help="Print the results (or the re-sent count) as JSON."),
            ) -> None:
@@ -221,8 +222,8 @@ def _wait(request_id: str, quiet: bool, poll_s: float = 1.0) -> None:
 
 
 @app.command(context_settings=ID_ARGS)
-def results(request_ids: list[str] = typer.Argument(..., help="Request id (a unique prefix, latest, -1, -2, ...); "
-                                                   "several with --merge-repeats."),
+def results(request_ids: list[str] = typer.Argument(..., callback=request_options.request_ids,
+                                                   help=request_options.ID_HELP + " Several with --merge-repeats."),
             fmt: str = typer.Option("table", "--format", help="table | wide | csv | json | parquet (parquet "
                                     "needs -o)."),
             merge: bool = typer.Option(False, "--merge-repeats",
@@ -250,8 +251,8 @@ def results(request_ids: list[str] = typer.Argument(..., help="Request id (a uni
 
 
 @app.command(context_settings=ID_ARGS)
-def status(request_id: str | None = typer.Argument(None, help="Request id (a unique prefix, latest, -1, ...); "
-                                                   "omit for recent requests."),
+def status(request_id: str | None = typer.Argument(None, callback=request_options.request_ids,
+                                                   help=request_options.ID_HELP + " Omit it for the recent requests."),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """One request: each job's state, coordinates and time, its quick searches' answers and jobs no live
     worker can serve; without an id, the recent requests."""

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from farm.cli.followups import next_hint
 from farm.cli.prepare import prepare_db
-from farm.cli.request_options import ID_ARGS
+from farm.cli.request_options import ID_ARGS, ID_HELP, request_ids
 from farm.cli.views import (
     config_label,
     console,
@@ -35,7 +35,7 @@ from schemas.result import shared_unisolated
 
 
 def report(
-    request_id: str = typer.Argument(..., help="Request id (a unique prefix, latest, -1, ...)."),
+    request_id: str = typer.Argument(..., callback=request_ids, help=ID_HELP),
     objective: str = typer.Option("throughput_infer_per_s", "--objective", help="Metric to rank by; its "
                                   "direction (higher/lower is better) comes from the metric registry."),
     constraint: list[str] | None = typer.Option(None, "--constraint", "-C",

@@ -1,15 +1,18 @@
 """Building a ProfileRequest from ``farm submit`` options and an optional YAML/JSON request file."""
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from pathlib import Path
 from typing import Any
 
+import typer
 import yaml
 
 from farm.errors import RequestError
 from farm.models.info import tensor_spec
+from farm.results import RECENT_RE
 from schemas import ProfileRequest
 from schemas.engines import ENGINES, IN_PROCESS, MODEL_FORMATS
 from schemas.request import MEASUREMENT_DEFAULTS
@@ -27,6 +30,17 @@ STABILITY_HELP = f"Stability bound, % (default {MEASUREMENT_DEFAULTS['stability_
 #: context settings of the commands taking a request id: ``-1``, ``-2`` (the newest requests) reach it as an id,
 #: not as an unknown option (``farm.results.find_request`` resolves them; any other unknown option is refused there)
 ID_ARGS: dict[str, Any] = {"ignore_unknown_options": True}
+#: the help of a request-id argument
+ID_HELP = "Request id: the id, a unique prefix, latest, or -1, -2, ... (the newest requests)."
+
+
+def request_ids(value: Any) -> Any:
+    """The callback of a request-id argument: ``-1``, ``-2`` pass (``ID_ARGS`` lets them through as ids); any other
+    text starting with ``-`` is the unknown option it is, a usage error (exit 2) as without ``ID_ARGS``."""
+    for v in value if isinstance(value, list) else [value]:
+        if isinstance(v, str) and v.startswith("-") and not RECENT_RE.match(v):
+            raise importlib.import_module(typer.BadParameter.__module__).NoSuchOption(v)
+    return value
 
 
 def request_default(field: str) -> str:
