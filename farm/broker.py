@@ -286,8 +286,9 @@ class Broker:
         self.register(handle)
         if on_shutdown is not None:
             worker_shutting_down.connect(lambda **_: on_shutdown(), weak=False)
-        worker = self.app.Worker(queues=queues, concurrency=1, pool="solo", prefetch_multiplier=1,
-                                 hostname=hostname, loglevel=loglevel, without_heartbeat=False, without_mingle=True,
-                                 without_gossip=True, quiet=True)  # `farm worker` prints its own banner line
-        with quiet_root_warning():
+        with quiet_root_warning():  # Celery checks the user as it builds the worker
+            worker = self.app.Worker(queues=queues, concurrency=1, pool="solo", prefetch_multiplier=1,
+                                     hostname=hostname, loglevel=loglevel, without_heartbeat=False,
+                                     without_mingle=True, without_gossip=True,
+                                     quiet=True)  # `farm worker` prints its own banner line
             worker.start()

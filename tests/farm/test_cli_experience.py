@@ -153,3 +153,28 @@ def test_dockerignore_leaves_user_files_at_the_root_out() -> None:
     lines = (Path(__file__).parents[2] / ".dockerignore").read_text().splitlines()
     assert {"*.onnx", "*.pt", "*.gguf", "*.parquet"} <= set(lines)
     assert not any(ln.startswith(("farm", "workers", "schemas", "**/*.onnx")) for ln in lines)
+
+
+@pytest.mark.slow
+def test_wait_on_a_cluster_prints_headlines_and_the_worker_no_celery_banner(
+        cluster_env: dict[str, str], example_onnx: Path, tmp_path: Path) -> None:
+    """``submit --wait`` against a real worker (Postgres, Redis, Celery): a headline per job as results land, then
+    the table and the hints; the worker's log has farm's own lines, not Celery's banner or SecurityWarning."""
+    import signal
+
+    from tests.helpers import start_worker
+
+    env = farm_env(**cluster_env, **NARROW)
+    log = tmp_path / "worker.log"
+    worker = start_worker(env, "--worker-id", "w-ux", "--runner", "process", log=log)
+    try:
+        out = farm("submit", str(example_onnx), "-c", "1,2", "--wait", *FAST, env=env)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    assert len([ln for ln in out.stderr.splitlines() if ln.startswith("✓ ")]) == 2, out.stderr
+    assert "next: farm report" in out.stderr and "infer/s" in out.stdout
+    text = log.read_text()
+    assert "ready." in text and "w-ux" in text  # it ran
+    assert "[config]" not in text and "-------------- " not in text  # Celery's banner
+    assert "SecurityWarning" not in text and "superuser privileges" not in text
