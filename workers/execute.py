@@ -39,7 +39,7 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     # the worker opens only models from its artifact store (a symlink or path trick is refused)
     model_path = ensure_in_store(fetch_model(spec.model_sha256, spec.model_filename))
     if spec.is_edge:
-        announce(f"running the edge benchmark under profile {spec.edge_profile}")
+        announce(f"edge run under {spec.edge_profile.name if spec.edge_profile else 'its'} limits")
         return runner.run_edge(spec, model_path)
     started = time.monotonic()
     with Measurement(spec, gpu_uuids or [], slots) as m, runner.serve(spec, model_path, m.server_cpus) as target:

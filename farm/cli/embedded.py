@@ -101,7 +101,9 @@ def _run_jobs(runner: Any, worker_id: str, request_id: str, job_ids: list[str], 
             job_id = todo.pop(0)
             current.append(job_id)
             row = _row(request_id, job_id)
-            live.started(f"job {len(ran) - len(todo)}/{len(ran)} {row['device']} {row['engine']} {load_label(row)}")
+            edge = f" edge {row['edge_profile']}" if row["edge_profile"] else ""
+            live.started(f"job {len(ran) - len(todo)}/{len(ran)} {row['device']} {row['engine']} "
+                         f"{load_label(row)}{edge}")
             t0 = time.monotonic()
             node.run(job_id)
             live.finished(_row(request_id, job_id), time.monotonic() - t0)

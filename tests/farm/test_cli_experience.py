@@ -178,3 +178,42 @@ def test_wait_on_a_cluster_prints_headlines_and_the_worker_no_celery_banner(
     assert "ready." in text and "w-ux" in text  # it ran
     assert "[config]" not in text and "-------------- " not in text  # Celery's banner
     assert "SecurityWarning" not in text and "superuser privileges" not in text
+
+
+@pytest.mark.slow
+def test_an_embedded_run_announces_its_long_steps(sqlite_url: str, example_onnx: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The worker's steps reach whoever listens on ``farm.hooks.job_step`` (the CLI's spinner) in order, and the
+    CLI's own handler is gone once the run ends."""
+    from farm.cli.main import main
+    from farm.hooks import job_step
+
+    monkeypatch.setenv("FARM_RUNNER", "process")
+    seen: list[str] = []
+    job_step.register(seen.append)
+    try:
+        main(["submit", str(example_onnx), *FAST])
+    finally:
+        job_step.unregister(seen.append)
+    steps = [s.split(",")[0].split(" (")[0] for s in seen]
+    assert steps == ["host yardstick", "starting the onnxruntime server", "measuring b=1 c=1", "host yardstick"], seen
+    assert job_step.handlers == ()  # the spinner's handler left with the run
+    assert "✓ " in capsys.readouterr().err
+
+
+def test_the_live_display_shows_a_step_beside_the_job_in_hand() -> None:
+    from rich.console import Console
+
+    from farm.cli.live import LiveRun
+    from farm.hooks import announce
+
+    buf = io.StringIO()
+    with LiveRun(2, console=Console(file=buf, width=80)) as live:
+        live.started("job 1/2 cpu onnxruntime 1x1")
+        announce("starting the onnxruntime server, loading the model" + " and more" * 10)
+        text = live.spinner.text.plain
+        live.finished(_row(), 1.5)
+        assert live.progress.tasks[0].fields["eta"] == "ETA 0:01"
+    assert text.startswith("job 1/2 cpu onnxruntime 1x1: starting") and len(text) <= 76 and text.endswith("…")
+    assert "✓ abcdef" in buf.getvalue() and "1 job(s) in" in buf.getvalue()

@@ -34,7 +34,7 @@ class Runner(ABC):
             with attached as target:
                 yield target
             return
-        announce(f"starting the {spec.engine} server ({self.name} runner) and loading the model")
+        announce(f"starting the {spec.engine} server, loading the model")
         with self.place(spec, engine.launch(spec, model_path, self.site), cpus) as target:
             if cpus:
                 check_threads(target, cpus)

@@ -155,7 +155,7 @@ class DockerRunner(Runner):
         self.orphans_removed: list[str] = (hd.cleanup_orphans(self.client, worker_id)
                                            + sweep_dead_owners(self.client)) if cleanup else []
         if build_image and self.image == DEFAULT_TAG:
-            announce(f"preparing the runtime image {self.image} (a build when farm's code changed, else cached)")
+            announce(f"image {self.image}: built if farm's code changed, else cached")
             build_local_image(self.image, client=self.client)  # cached: ~2 s unless the code changed
         elif not image_exists(self.image, client=self.client):
             raise ContainerError(
@@ -202,7 +202,7 @@ class DockerRunner(Runner):
                 if why is not None:
                     raise ContainerError(why)
                 tag = f"{self.image}-{package.extra}"
-                announce(f"preparing the runtime image {tag} (a build when farm's code changed, else cached)")
+                announce(f"image {tag}: built if farm's code changed, else cached")
                 build_local_image(tag, client=self.client, extra_distributions=list(package.distributions))
                 self._variant_images[package.extra] = tag
             return self._variant_images[package.extra]
