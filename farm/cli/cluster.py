@@ -7,6 +7,7 @@ import time
 
 import typer
 
+from farm.cli.followups import next_hint
 from farm.cli.prepare import prepare_db
 from farm.cli.request_options import ID_ARGS, ID_HELP, request_ids
 from farm.cli.views import console, err_console
@@ -76,6 +77,7 @@ def cancel(
                   f"{out['running_cancelled']} running job(s) stopped"
                   + (f" ({len(remaining)} still stopping: their workers stop them within seconds)"
                      if remaining else ""))
+    next_hint(f"farm status {out['request_id'][:8]}", f"farm resume {out['request_id'][:8]} to run what is left")
 
 
 def register(app: typer.Typer) -> None:
