@@ -239,10 +239,10 @@ def results(request_ids: list[str] = typer.Argument(..., callback=request_option
     exports hold every column."""
     fmt, path, wide = output.parse_output(fmt, out, wide)
     metrics = views.parse_columns(columns) if columns is not None else None
-    prepare_db()
-    rid, *others = [find_request(r).id for r in request_ids]  # first: an unknown option passed through is refused
-    if others and not merge:
+    if len(request_ids) > 1 and not merge:
         raise RequestError("several request ids are only read together with --merge-repeats; pass it or one id")
+    prepare_db()
+    rid, *others = [find_request(r).id for r in request_ids]
     output.show(rid, fmt, path, wide=wide, metrics=metrics, merge_with=others if merge else None)
     if path is not None:
         views.say(f"wrote {path}", to=err_console)
