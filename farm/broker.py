@@ -31,6 +31,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("farm.broker")
 
+
+@contextmanager
+def quiet_root_warning() -> Iterator[None]:
+    """Celery's SecurityWarning for a worker running as root, replaced by one log line of farm's own. Celery warns
+    because a root worker that accepts pickle runs whatever a message holds; farm's app accepts JSON only
+    (``accept_content``), so that risk is absent. What remains (a root process) is said once, with what to do
+    about it, instead of Celery's multi-line warning from every worker."""
+    import warnings  # noqa: PLC0415 - only a worker needs it
+
+    from celery.exceptions import SecurityWarning  # noqa: PLC0415 - as in get_app
+
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        log.warning("worker runs as root: farm accepts only JSON task messages (no pickle), so Celery's root "
+                    "warning does not apply; run workers as a non-root user in the docker group where you can")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=SecurityWarning, module=r"celery\.platforms")
+        yield
+
 RUN_JOB_TASK = "farm.run_job"
 """The one Celery task farm sends: ``farm.run_job(job_id)``."""
 
@@ -268,7 +286,9 @@ class Broker:
         self.register(handle)
         if on_shutdown is not None:
             worker_shutting_down.connect(lambda **_: on_shutdown(), weak=False)
-        worker = self.app.Worker(queues=queues, concurrency=1, pool="solo", prefetch_multiplier=1,
-                                 hostname=hostname, loglevel=loglevel, without_heartbeat=False, without_mingle=True,
-                                 without_gossip=True)
-        worker.start()
+        with quiet_root_warning():  # Celery checks the user as it builds the worker
+            worker = self.app.Worker(queues=queues, concurrency=1, pool="solo", prefetch_multiplier=1,
+                                     hostname=hostname, loglevel=loglevel, without_heartbeat=False,
+                                     without_mingle=True, without_gossip=True,
+                                     quiet=True)  # `farm worker` prints its own banner line
+            worker.start()

@@ -21,8 +21,11 @@ if TYPE_CHECKING:
 FORMATS = ("csv", "json", "parquet")
 #: the request's own columns, added in front of every exported row
 REQUEST_COLUMNS = ("request_id", "model", "model_sha256")
+#: how the request drove its jobs (``farm.results.result_rows``): call kind, load client, input values, the
+#: endpoint's server (``NAME VERSION``; empty for a model file)
+HOW_DRIVEN = ("rpc", "client", "input_data", "server")
 #: every exported column, in order: request, job coordinates, how and where measured, metrics
-EXPORT_COLUMNS: tuple[str, ...] = (REQUEST_COLUMNS + JOB_COLUMNS[:6] + ("rpc",) + MEASUREMENT_COLUMNS
+EXPORT_COLUMNS: tuple[str, ...] = (REQUEST_COLUMNS + JOB_COLUMNS[:6] + HOW_DRIVEN + MEASUREMENT_COLUMNS
                                    + JOB_COLUMNS[6:] + ("measured",) + PLACEMENT_COLUMNS + METRIC_NAMES)
 _FLOAT_COLUMNS = {"rate"}  # the open-loop rate, requests/s (the other measurement columns are integers)
 _INT_COLUMNS = {"batch_size", "concurrency", "attempts", "slot", "repeat", *MEASUREMENT_COLUMNS} - _FLOAT_COLUMNS

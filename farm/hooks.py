@@ -45,3 +45,16 @@ class Hook(Generic[T]):
 
 #: a quick-search step's result was written (argument: the request id); handler: ``scheduler.search.advance``
 search_step_done: Hook[str] = Hook("search_step_done")
+
+#: a worker started a step that may take a while without output (argument: what it is doing, e.g. ``starting the
+#: onnxruntime server (loading the model)``); the CLI shows it beside a spinner during embedded runs
+#: (``farm.cli.live``). Nothing is registered in ``farm worker``: a handler must be cheap and never raise.
+job_step: Hook[str] = Hook("job_step")
+
+
+def announce(what: str) -> None:
+    """Fire ``job_step`` with ``what``; a failing handler is logged, never allowed to stop the job."""
+    try:
+        job_step.fire(what)
+    except Exception:  # a display must not fail a measurement
+        log.debug("job_step handler failed", exc_info=True)

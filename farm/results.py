@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections import Counter
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -11,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from farm.db.models import Job, ModelArtifact, Request, Result, Worker, live_worker
 from farm.db.session import session_scope
-from farm.errors import NotFoundError
+from farm.errors import NotFoundError, RequestError
 from farm.settings import get_settings
 from schemas import COORDINATE_KEYS, MEASUREMENT_KEYS, SERVING_KEYS
 from schemas.job import JobStatus
@@ -39,9 +41,26 @@ def measured(row: dict[str, Any]) -> str:
     return how_measured(bool(row.get("edge_profile")), row.get("rpc"))
 
 
+#: request ids by recency: ``latest`` (or ``-1``) is the newest request, ``-2`` the one before, ...
+RECENT_RE = re.compile(r"^(?:latest|-([1-9][0-9]{0,5}))$")
+
+
 def find_request(request_id: str) -> Request:
-    """The request with id ``request_id`` (a unique prefix of at least 4 characters works)."""
+    """The request with id ``request_id``: a full id, a unique prefix of at least 4 characters, ``latest``
+    (the newest request) or ``-N`` (the Nth newest: ``-1`` is ``latest``). Every command that takes a request
+    id resolves it here."""
+    recent = RECENT_RE.match(request_id.strip())
     with session_scope() as s:
+        if recent:
+            nth = int(recent.group(1) or 1)
+            req = s.execute(select(Request).order_by(Request.created_at.desc(), Request.id)
+                            .offset(nth - 1).limit(1)).scalar_one_or_none()
+            if req is None:
+                raise NotFoundError(f"no request {request_id!r}: there are fewer than {nth} request(s); "
+                                    "`farm status` lists them")
+            return req
+        if request_id.startswith("-"):  # an option the command does not know, passed through as an id
+            raise RequestError(f"no such option: {request_id} (a request id is an id, a prefix, latest or -N)")
         req = s.get(Request, request_id)
         if req is None and len(request_id) >= 4:
             matches = s.execute(select(Request).where(Request.id.startswith(request_id, autoescape=True))
@@ -50,6 +69,13 @@ def find_request(request_id: str) -> Request:
         if req is None:
             raise NotFoundError(f"no request {request_id!r}; `farm status` lists requests")
         return req
+
+
+def job_times(request_id: str) -> dict[str, tuple[datetime | None, datetime | None]]:
+    """Each job of the request: when it started running and when it finished (None: not yet)."""
+    with session_scope() as s:
+        rows = s.execute(select(Job.id, Job.started_at, Job.finished_at).where(Job.request_id == request_id)).all()
+    return {job_id: (started, finished) for job_id, started, finished in rows}
 
 
 def result_rows(request_id: str) -> list[dict[str, Any]]:

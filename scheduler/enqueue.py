@@ -63,10 +63,11 @@ def _model_ref(request: ProfileRequest, attach: Attach | None) -> tuple[Path, Mo
                           inputs=tuple(info.inputs), static_batch=info.static_batch)
 
 
-def plan(request: ProfileRequest, request_id: str | None = None,
-         attach: Attach | None = None) -> tuple[Submission, Path, ModelRef]:
+def plan(request: ProfileRequest, request_id: str | None = None, attach: Attach | None = None,
+         gpu_products: list[str] | None = None) -> tuple[Submission, Path, ModelRef]:
     """Inspect the model (or read the endpoint with ``attach``) and expand the request, touching nothing;
-    raises RequestError on bad input."""
+    raises RequestError on bad input. ``gpu_products``: the GPUs to expand ``gpu`` to (None: those live workers
+    advertise, read from the database)."""
     settings = get_settings()
     if request.measurement.timeout_s >= settings.visibility_timeout_s:
         raise RequestError(f"measurement timeout_s {request.measurement.timeout_s:g} must be below the broker "
@@ -81,8 +82,10 @@ def plan(request: ProfileRequest, request_id: str | None = None,
     if data is not request.input_data:
         request = request.model_copy(update={"input_data": data})
     rid = request_id or str(uuid.uuid4())
-    with session_scope() as s:
-        products = online_gpu_products(s)
+    products = gpu_products
+    if products is None:
+        with session_scope() as s:
+            products = online_gpu_products(s)
     n_jobs = job_count(request, ref, products)  # arithmetic: a huge matrix is refused before it is built
     if n_jobs > settings.job_limit:
         raise RequestError(f"the request expands to {n_jobs} jobs, above the limit of "

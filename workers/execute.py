@@ -10,6 +10,7 @@ from typing import Any
 from farm.artifacts import ensure_in_store, fetch_model
 from farm.broker import Broker
 from farm.errors import FarmError
+from farm.hooks import announce
 from farm.lifecycle import failure_result
 from farm.models.llm_info import unpack_folder
 from farm.settings import get_settings
@@ -42,10 +43,12 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     if spec.model_format in FOLDER_FORMATS:  # a Hugging Face folder, stored as one tar
         model_path = unpack_folder(model_path)
     if spec.is_edge:
+        announce(f"edge run under {spec.edge_profile.name if spec.edge_profile else 'its'} limits")
         return runner.run_edge(spec, model_path)
     started = time.monotonic()
     with Measurement(spec, gpu_uuids or [], slots) as m, runner.serve(spec, model_path, m.server_cpus) as target:
         with m.watch(Served(pid=target.pid, cgroup=target.cgroup_path, reused=target.reused)):
+            announce(f"measuring b={spec.batch_size} c={spec.concurrency} (warm-up, then windows)")
             load = run_load(target.url, target.model_name, spec.inputs, spec.batch_size, spec.concurrency,
                             spec.measurement, data=spec.input_data)
     metrics: dict[str, Any] = {**load.metrics, **m.metrics()}

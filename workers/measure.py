@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from farm.hooks import announce
 from farm.settings import get_settings
 from schemas import JobSpec, Placement
 from schemas.result import host_notes
@@ -171,6 +172,7 @@ class Measurement(AbstractContextManager["Measurement"]):
             if self.lease.waited_s >= 1.0:
                 self.notes.append(f"waited {self.lease.waited_s:.0f} s for cores {cpu_list(self.lease.cores)} "
                                   "(another farm job on this host held them)")
+            announce("host yardstick, before measuring")
             self.calibration["before"] = calibrate(self.server_cpus)
             if self.limits is not None and self.lease.isolation and not self.limits.cpuset:
                 self.limits = replace(self.limits, cpuset=cpu_list(self.lease.cores))
@@ -235,6 +237,7 @@ class Measurement(AbstractContextManager["Measurement"]):
         ``FARM_HOST_DRIFT_PCT`` and ``FARM_HOST_BUSY_PCT``)."""
         if "after" in self.calibration or "before" not in self.calibration:
             return
+        announce("host yardstick, after measuring")
         self.calibration["after"] = calibrate(self.server_cpus)
         settings = get_settings()
         self.notes += host_notes(self.metrics(), settings.host_drift_pct, settings.host_busy_pct)

@@ -7,7 +7,9 @@ import time
 
 import typer
 
+from farm.cli.followups import next_hint
 from farm.cli.prepare import prepare_db
+from farm.cli.request_options import ID_ARGS, ID_HELP, request_ids
 from farm.cli.views import console, err_console
 from farm.errors import ConfigError
 from farm.logs import setup_logging
@@ -54,7 +56,7 @@ def scheduler(
 
 
 def cancel(
-    request_id: str = typer.Argument(..., help="Request id (or a unique prefix)."),
+    request_id: str = typer.Argument(..., callback=request_ids, help=ID_HELP),
     wait: float = typer.Option(30.0, "--wait", help="Seconds to wait for running jobs' servers to stop "
                                "(0: do not wait)."),
     as_json: bool = typer.Option(False, "--json"),
@@ -75,9 +77,10 @@ def cancel(
                   f"{out['running_cancelled']} running job(s) stopped"
                   + (f" ({len(remaining)} still stopping: their workers stop them within seconds)"
                      if remaining else ""))
+    next_hint(f"farm status {out['request_id'][:8]}", f"farm resume {out['request_id'][:8]} to run what is left")
 
 
 def register(app: typer.Typer) -> None:
     """Attach the cluster commands to the CLI."""
     app.command()(scheduler)
-    app.command()(cancel)
+    app.command(context_settings=ID_ARGS)(cancel)  # -1, -2: request ids

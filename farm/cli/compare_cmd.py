@@ -9,19 +9,25 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from farm.cli.followups import next_hint
 from farm.cli.prepare import prepare_db
-from farm.cli.views import console, err_console, fmt_value, load_label, safe_row, say
+from farm.cli.request_options import ID_ARGS, ID_HELP, request_ids
+from farm.cli.views import console, err_console, fmt_value, load_label, safe_row, say, serving_label
 from farm.compare import FASTER, MIN_REPEATS, RATIOS, SLOWER, Comparison
 from farm.compare import as_json as comparison_json
 from farm.compare import compare as run_compare
 from farm.errors import RequestError
 from farm.results import CONFIG_COLUMNS, find_request, result_rows
 from schemas.measured import how_measured_short
+from schemas.metrics import BY_NAME
+
+#: the ratio columns' headers: the metric's short label without its unit (the cells are ratios B / A)
+RATIO_HEADS = {label: BY_NAME[m].label.split()[0] for m, label in RATIOS}
 
 
 def compare(
-    request_a: str = typer.Argument(..., help="The baseline request id (or a unique prefix)."),
-    request_b: str = typer.Argument(..., help="The request compared against it."),
+    request_a: str = typer.Argument(..., callback=request_ids, help="The baseline request. " + ID_HELP),
+    request_b: str = typer.Argument(..., callback=request_ids, help="The request compared against it."),
     fail_on_regression: float | None = typer.Option(
         None, "--fail-on-regression", metavar="PCT",
         help="Exit 1 when a matched configuration is conclusively slower by PCT % or more (a CI gate); "
@@ -34,6 +40,8 @@ def compare(
     ignore: list[str] | None = typer.Option(None, "--ignore", help="A coordinate not to match on, e.g. engine "
                                             "to compare two engines; repeat."),
     as_json: bool = typer.Option(False, "--json"),
+    wide: bool = typer.Option(False, "--wide", help="Add how each configuration was measured and each test's "
+                              "change and p-value (the default table fits 80 columns)."),
 ) -> None:
     """Compare two requests configuration by configuration: ratios B / A and a verdict from their repeated runs
     (faster, slower, same or inconclusive)."""
@@ -49,7 +57,9 @@ def compare(
     if as_json:
         print(json.dumps(comparison_json(result, a, b), indent=2, default=str))
     else:
-        _print(result, a, b)
+        _print(result, a, b, wide)
+        next_hint(f"farm compare {a[:8]} {b[:8]} --wide (the tests)" if not wide else
+                  f"farm report {b[:8]} -o report.html", f"farm results {b[:8]}")
     if fail_on_regression is not None:
         bad = result.regressions(fail_on_regression)
         if bad:
@@ -65,27 +75,33 @@ def _coords(key: dict[str, object]) -> str:
         parts.append(load_label(key))
     if key.get("edge_profile"):
         parts.append(f"edge {key['edge_profile']}")
-    dims = [f"{c}={key[c]}" for c in ("instances", "threads", "max_queue_delay_us", "preferred_batch_size")
-            if key.get(c) is not None]
-    return " ".join(parts + dims)
+    serving = serving_label(key)  # instances, threads, batching: only where not the plain ones
+    return " ".join(parts + ([] if serving == "-" else [serving]))
 
 
-def _print(c: Comparison, a: str, b: str) -> None:
-    """The comparison table, how to read it, then the unmatched configurations of each side."""
-    table = Table(title=f"{b} against {a} (ratios B / A of the run medians)", box=box.SIMPLE_HEAD)
-    for col in ("configuration", "measured", "runs", *(label for _, label in RATIOS), "tests (change, p)",
-                "verdict"):
-        table.add_column(col)
+def _print(c: Comparison, a: str, b: str, wide: bool = False) -> None:
+    """The comparison table (80 columns; ``wide``: with how measured and the tests), how to read it, then the
+    unmatched configurations of each side."""
+    table = Table(title=f"{b[:8]} against {a[:8]} (ratios B / A of the run medians)", box=box.SIMPLE_HEAD,
+                  pad_edge=False, padding=(0, 1))
+    table.add_column("configuration", overflow="fold")
+    if wide:
+        table.add_column("measured")
+    table.add_column("runs", no_wrap=True)
+    for _, label in RATIOS:
+        table.add_column(RATIO_HEADS[label], justify="right", no_wrap=True)
+    if wide:
+        table.add_column("tests (change, p)")
+    table.add_column("verdict", overflow="fold")
     for m in c.matches:
         tests = "; ".join(f"{'thr' if t.metric.startswith('throughput') else 'p50'}{'*' if t.primary else ''} "
                           f"{t.change_pct:+.1f}% p={t.p_value:.2g}" for t in m.tests)
         colour = "red" if m.verdict == SLOWER else "green" if m.verdict == FASTER else ""
         verdict = m.verdict + (f" ({m.reason})" if m.reason else "")
         flags = [] if m.reason == "; ".join(m.flags) else m.flags  # already the reason: not twice
-        safe_row(table, _coords(m.key), how_measured_short(bool(m.a.get("edge_profile"))), f"{m.n_a}/{m.n_b}",
-                 *(fmt_value("", m.ratios[label]) + ("x" if m.ratios[label] is not None else "")
-                   for _, label in RATIOS),
-                 tests or "-", _verdict_cell(verdict, colour, flags))
+        safe_row(table, _coords(m.key), *((how_measured_short(bool(m.a.get("edge_profile"))),) if wide else ()),
+                 f"{m.n_a}/{m.n_b}", *(fmt_value("", m.ratios[label]) for _, label in RATIOS),
+                 *((tests or "-",) if wide else ()), _verdict_cell(verdict, colour, flags, wide))
     console.print(table)
     console.print(f"runs A/B: succeeded runs per side (--repeats). faster/slower: a Mann-Whitney test over the "
                   f"per-run values gives p < {c.alpha:g} and the medians differ by at least {c.min_effect_pct:g} %; "
@@ -101,12 +117,16 @@ def _print(c: Comparison, a: str, b: str) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(compare)
+    app.command(context_settings=ID_ARGS)(compare)  # -1, -2: request ids
 
 
-def _verdict_cell(verdict: str, colour: str | None, flags: list[str]) -> Text:
-    """The verdict in its colour, then the match's host flags (drift, busy) in yellow."""
+def _verdict_cell(verdict: str, colour: str | None, flags: list[str], wide: bool = True) -> Text:
+    """The verdict in its colour, then the match's host flags (drift, busy) in yellow: each one (``wide``), or
+    how many runs have one."""
     cell = Text(verdict, style=colour or "")
-    if flags:
+    if flags and wide:
         cell.append(f" (host {', '.join(flags)})", style="yellow")
+    elif flags:
+        runs = len({" ".join(f.split()[:2]) for f in flags})  # "A 1a2b3c drift -14%": side and job
+        cell.append(f" (host flags on {runs} run(s): --wide)", style="yellow")
     return cell

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from farm import lifecycle
 from farm.cli.hooks import register_hooks
-from farm.cli.views import err_console, rate_text, say
+from farm.cli.live import LiveRun
+from farm.cli.views import err_console, load_label, rate_text, say
 from farm.db.models import Job
 from farm.db.session import session_scope
 from farm.errors import RunInterrupted
+from farm.results import result_rows
 from farm.settings import get_settings
 from workers.runners.select import make_runner
 
@@ -63,9 +64,9 @@ def stop_signals() -> Iterator[None]:
 
 
 def run_embedded(request_id: str, job_ids: list[str], quiet: bool, command: str = "farm submit") -> None:
-    """Run the jobs in this process with the same job runner a worker uses; on SIGINT/SIGTERM stop, cancel
-    the job in hand with the reason (``command`` stopped by the signal) and raise RunInterrupted naming
-    ``farm resume``."""
+    """Run the jobs in this process with the same job runner a worker uses, each job's headline printed as it
+    finishes (``farm.cli.live``); on SIGINT/SIGTERM stop, cancel the job in hand with the reason (``command``
+    stopped by the signal) and raise RunInterrupted naming ``farm resume``."""
     from workers.hardware import detect_gpus  # noqa: PLC0415 - psutil: +0.02 s on every CLI start, measured
     from workers.node import new_worker_id  # noqa: PLC0415 - celery, prometheus_client, psutil: +0.11 s on every CLI start, measured
 
@@ -74,36 +75,47 @@ def run_embedded(request_id: str, job_ids: list[str], quiet: bool, command: str 
     current: list[str] = []  # the job in hand (a list, so the interrupt handler below sees the last one)
     with stop_signals():
         try:
-            runner, why = make_runner(get_settings().runner, worker_id, detect_gpus())
-            if not quiet:
-                err_console.print(f"embedded mode (no FARM_BROKER_URL): jobs run in this process; {why}")
-            _run_jobs(runner, worker_id, request_id, job_ids, current, quiet)
+            with LiveRun(len(job_ids), quiet) as live:
+                live.step("preparing the runner")
+                runner, why = make_runner(get_settings().runner, worker_id, detect_gpus())
+                if not quiet:
+                    live.console.print(f"embedded mode (no FARM_BROKER_URL): jobs run in this process; {why}",
+                                       highlight=False)
+                _run_jobs(runner, worker_id, request_id, job_ids, current, live)
         except (Signalled, KeyboardInterrupt) as exc:  # the server/container is stopped by now
             signum = exc.signum if isinstance(exc, Signalled) else int(signal.SIGINT)
             _interrupted(request_id, worker_id, current[-1] if current else None, f"{command} stopped", signum)
 
 
 def _run_jobs(runner: Any, worker_id: str, request_id: str, job_ids: list[str], current: list[str],
-             quiet: bool) -> None:
+              live: LiveRun) -> None:
     """Run ``job_ids``, then the jobs the request gained meanwhile (the next steps of its quick searches,
     which the scheduler enqueues as each result lands) until none is left."""
     from workers.hardware import detect_hardware  # noqa: PLC0415 - as in run_embedded
     from workers.node import WorkerNode  # noqa: PLC0415 - as in run_embedded
 
     node = WorkerNode(runner=runner, hardware=detect_hardware(docker=runner.name == "docker"), worker_id=worker_id)
-    with node, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err_console, disable=quiet, transient=False) as progress:
-        task = progress.add_task("profiling", total=len(job_ids))
+    with node:
         todo, ran = list(job_ids), set(job_ids)
         while todo:
             job_id = todo.pop(0)
             current.append(job_id)
-            status = node.run(job_id)
-            progress.update(task, advance=1, description=f"profiling (last: {status})")
+            row = _row(request_id, job_id)
+            edge = f" edge {row['edge_profile']}" if row["edge_profile"] else ""
+            live.started(f"job {len(ran) - len(todo)}/{len(ran)} {row['device']} {row['engine']} "
+                         f"{load_label(row)}{edge}")
+            t0 = time.monotonic()
+            node.run(job_id)
+            live.finished(_row(request_id, job_id), time.monotonic() - t0)
             if not todo:
                 todo = [j for j in _queued(request_id) if j not in ran]
                 ran.update(todo)
-                progress.update(task, total=len(ran))
+                live.set_total(len(ran))
+
+
+def _row(request_id: str, job_id: str) -> dict[str, Any]:
+    """The job's results row (``farm.results.result_rows``, the one reader)."""
+    return next(r for r in result_rows(request_id) if r["job_id"] == job_id)
 
 
 def _queued(request_id: str) -> list[str]:

@@ -2,28 +2,25 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from farm import export, lifecycle
-from farm.cli import cluster, compare_cmd, llm_options, ops, report_cmd, request_options, views
+from farm import lifecycle
+from farm.cli import cluster, compare_cmd, followups, llm_options, ops, output, report_cmd, request_options, views
 from farm.cli.embedded import run_embedded
 from farm.cli.errors import run_app, run_cli
+from farm.cli.live import LiveRun
 from farm.cli.prepare import prepare_db
-from farm.cli.request_options import build_request_dict, load_request_file, parse_knobs
+from farm.cli.request_options import ID_ARGS, build_request_dict, load_request_file, parse_knobs
 from farm.cli.views import console, err_console
 from farm.db.models import utcnow
 from farm.db.session import session_scope
 from farm.errors import RequestError
 from farm.results import (
     find_request,
-    merge_repeats,
+    job_times,
     recent_requests,
     result_rows,
     status_counts,
@@ -51,35 +48,42 @@ app.add_typer(db_app, name="db")
 def submit(
     model: str | None = typer.Argument(None, help="Model file (ONNX or TorchScript)."),
     engine: list[str] | None = typer.Option(None, "--engine", "-e", help=request_options.ENGINE_HELP),
-    device: list[str] | None = typer.Option(None, "--device", "-d", help="cpu | gpu | gpu:<product>; repeat."),
-    batch_sizes: str | None = typer.Option(None, "--batch-sizes", "-b", help="e.g. 1,4,16"),
-    concurrency: str | None = typer.Option(None, "--concurrency", "-c", help="e.g. 1,4"),
+    device: list[str] | None = typer.Option(None, "--device", "-d", help="cpu | gpu | gpu:<product>; repeat "
+                                            f"(default {request_options.request_default('devices')})."),
+    batch_sizes: str | None = typer.Option(None, "--batch-sizes", "-b", help="Batch sizes, a list: 1,4,16 "
+                                     f"(default {request_options.request_default('batch_sizes')})."),
+    concurrency: str | None = typer.Option(None, "--concurrency", "-c", help="Requests in flight, a list: 1,4 "
+                                     f"(default {request_options.request_default('concurrency')})."),
     edge: list[str] | None = typer.Option(None, "--edge", help="cpus=1,memory=512m[,name=N][,cpuset=0-1]; repeat."),
     input_spec: list[str] | None = typer.Option(None, "--input", "-i", help="name:dtype:shape, e.g. x:FP32:3x224x224"),
     model_format: str | None = typer.Option(None, "--format", help=request_options.SUBMIT_FORMAT_HELP),
     request_file: Path | None = typer.Option(None, "-f", "--file", help="Request file (YAML or JSON)."),
     name: str | None = typer.Option(None, "--name", help="A name for the request."),
-    duration: float | None = typer.Option(None, "--duration", help="Fixed measurement time per job, s."),
-    windows: int | None = typer.Option(None, "--windows", help="Maximum measurement windows per job."),
-    window: float | None = typer.Option(None, "--window", help="Measurement window length, s."),
+    duration: float | None = typer.Option(None, "--duration", help="Fixed measurement time per job, s (default: "
+                                     "windows until stable)."),
+    windows: int | None = typer.Option(None, "--windows", help="Maximum measurement windows per job "
+                                  f"{request_options.measurement_default('max_windows')}."),
+    window: float | None = typer.Option(None, "--window", help="Measurement window length, s "
+                                  f"{request_options.measurement_default('window_s', 's')}."),
     warmup: float | None = typer.Option(None, "--warmup", help=request_options.WARMUP_HELP),
     stability: float | None = typer.Option(None, "--stability", help=request_options.STABILITY_HELP),
     stability_latency: str | None = typer.Option(None, "--stability-latency", help="mean (default, "
                                                  "perf_analyzer's rule) | p50 | p99: the latency that must "
                                                  "agree across windows, with throughput."),
-    rate: str | None = typer.Option(None, "--rate", help="Open-loop request rates, req/s: 100, a list 50,100,200 "
-                                    "or a range START:END:STEP (50:400:50); one job per rate, or the levels "
-                                    "of --search quick."),
-    mode: str | None = typer.Option(None, "--mode", help="closed | constant | poisson"),
+    rate: str | None = typer.Option(None, "--rate", help=request_options.RATE_HELP),
+    mode: str | None = typer.Option(None, "--mode", help="closed | constant | poisson "
+                                 f"{request_options.measurement_default('mode')}."),
     rpc: str | None = typer.Option(None, "--rpc", help="unary (default) | stream: ModelInfer calls or "
                                       "ModelStreamInfer streams."),
-    threads: str | None = typer.Option(None, "--threads", help="Server intra-op threads (0 = default), e.g. 1,2."),
-    instances: str | None = typer.Option(None, "--instances", help="Server model instances, e.g. 1,2."),
+    threads: str | None = typer.Option(None, "--threads", help="Server intra-op threads, a list: 1,2 (0: engine "
+                                    f"default) {request_options.measurement_default('threads')}."),
+    instances: str | None = typer.Option(None, "--instances", help="Server model instances, a list: 1,2 "
+                                      f"{request_options.measurement_default('instances')}."),
     queue_delay: str | None = typer.Option(None, "--max-queue-delay-us", help="Dynamic batching delays, µs, "
                                            "e.g. 0,500,2000 (default: no dynamic batching)."),
     preferred_batch: int | None = typer.Option(None, "--preferred-batch-size", help="Dynamic batching: run a "
                                                "batch as soon as it has this many rows."),
-    search: str | None = typer.Option(None, "--search", help="brute (every concurrency and rate) | quick (the "
+    search: str | None = typer.Option(None, "--search", help="brute (default: every concurrency and rate) | quick (the "
                                       "scheduler walks or bisects concurrency, or in open loop the --rate "
                                       "list, per serving configuration)."),
     p99: float | None = typer.Option(None, "--p99", help="Quick search latency budget, ms: the highest "
@@ -88,7 +92,8 @@ def submit(
                                       "load generator. auto: perf_analyzer where installed and able (unary calls, a "
                                       "server answering ModelConfig), else farm's own; with --api: openai, "
                                       "farm's OpenAI streaming client."),
-    timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s "
+                                       f"{request_options.measurement_default('timeout_s', 's')}."),
     repeats: int | None = typer.Option(None, "--repeats", help=f"Runs of each cell (1 to {MAX_REPEATS}, default 1), "
                                        "interleaved round by round; `farm results` shows their median and range, "
                                        "`farm compare` needs several to judge."),
@@ -113,6 +118,8 @@ def submit(
     warmup_requests: int | None = llm_options.WARMUP_REQUESTS,
     wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"request_id\": ...} (and results with --wait)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the matrix (jobs, left-out combinations, "
+                                 "searches, estimated time) and exit; nothing is stored or run."),
 ) -> None:
     """Profile MODEL over devices x engines x batch sizes x concurrency or open-loop rates (+ edge runs)."""
     from workers.engines.triton import attach  # noqa: PLC0415 - grpc, tritonclient: +0.12 s on every CLI start, measured; submit only
@@ -132,6 +139,9 @@ def submit(
                              output_tokens=output_tokens, prefix_tokens=prefix_tokens, seed=seed, prompts=prompts,
                              tokenizer=tokenizer, slo=slo, requests=requests, warmup_requests=warmup_requests)
     request = ProfileRequest.model_validate(data)
+    if dry_run:
+        followups.dry_run(request, attach, as_json)
+        return
     prepare_db()
     settings = get_settings()
     sub = do_submit(request, attach=llm_options.attach_for(request, attach))
@@ -145,19 +155,24 @@ def submit(
             views.say(f"  left out {coords}: {ex['reason']}", to=err_console)
     if settings.embedded:
         run_embedded(rid, [j.job_id for j in sub.expansion.jobs], quiet=as_json)
-        _show_results(rid, "json" if as_json else "table", with_id=as_json)
     elif wait:
         _wait(rid, quiet=as_json)
-        _show_results(rid, "json" if as_json else "table", with_id=as_json)
     elif as_json:
         print(json.dumps({"request_id": rid}))
+        return
     else:
-        console.print(f"queued on {mask_url(settings.broker_url)}; `farm status {rid}` to follow, "
-                      f"`farm results {rid}` when done")
+        console.print(f"queued on {mask_url(settings.broker_url)}")
+        followups.next_hint(f"farm status {rid[:8]} to follow", f"farm results {rid[:8]} when done")
+        return
+    output.show(rid, "json" if as_json else "table", with_id=as_json)
+    if not as_json:
+        followups.show_searches(rid)
+        followups.next_hint(*followups.results_hints(rid))
 
 
-@app.command()
-def resume(request_id: str = typer.Argument(..., help="Request id (or a unique prefix)."),
+@app.command(context_settings=ID_ARGS)
+def resume(request_id: str = typer.Argument(..., callback=request_options.request_ids,
+                                           help=request_options.ID_HELP),
            wait: bool = typer.Option(False, "--wait", help="Cluster mode: wait for all jobs and print results."),
            as_json: bool = typer.Option(False, "--json", help="Print the results (or the re-sent count) as JSON."),
            ) -> None:
@@ -181,7 +196,10 @@ def resume(request_id: str = typer.Argument(..., help="Request id (or a unique p
     if settings.embedded or wait:
         if not settings.embedded:
             _wait(rid, quiet=as_json)
-        _show_results(rid, "json" if as_json else "table", with_id=as_json)
+        output.show(rid, "json" if as_json else "table", with_id=as_json)
+        if not as_json:
+            followups.show_searches(rid)
+            followups.next_hint(*followups.results_hints(rid))
     elif as_json:
         print(json.dumps({"request_id": rid, "resent": len(jobs)}))
     else:
@@ -201,122 +219,93 @@ def _poll(request_id: str) -> tuple[dict[str, int], bool]:
 
 
 def _wait(request_id: str, quiet: bool, poll_s: float = 1.0) -> None:
+    """Wait for the request's jobs on the cluster: each job's headline as it lands, above a bar whose ETA uses the
+    measured times of the jobs finished so far and the number running at once (``farm.cli.live``)."""
     counts, finished = _poll(request_id)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, disable=quiet) as progress:
-        task = progress.add_task("waiting for workers", total=sum(counts.values()))
+    seen: set[str] = set()
+    with LiveRun(sum(counts.values()), quiet) as live:
         while True:
-            progress.update(task, completed=sum(counts.get(s, 0) for s in FINAL), total=sum(counts.values()),
-                            description=" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+            live.set_total(sum(counts.values()), parallel=counts.get(JobStatus.running, 0))
+            live.step("waiting for workers: " + " ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+            rows, times = retry_db(lambda: (result_rows(request_id), job_times(request_id)),
+                                   get_settings().db_retry_s, what=f"results read of request {request_id}")
+            for row in rows:
+                if row["status"] in FINAL and row["job_id"] not in seen:
+                    seen.add(row["job_id"])
+                    started, ended = times.get(row["job_id"], (None, None))
+                    live.finished(row, (ended - started).total_seconds() if started and ended else None)
             if finished:
                 return
             time.sleep(poll_s)
             counts, finished = _poll(request_id)
 
 
-def _show_results(request_id: str, fmt: str, with_id: bool = False, merge_with: list[str] | None = None) -> None:
-    """Print the request's results; with ``merge_with`` (other request ids, maybe none), the repeats of
-    each job config across all of them merged into one row (``farm.results.merge_repeats``)."""
-    rows = result_rows(request_id)
-    if merge_with is not None:
-        rows = merge_repeats(rows + [r for rid in merge_with for r in result_rows(rid)])
-    elif fmt == "table" and any(r["repeat"] for r in rows):  # the request's --repeats: median and range per cell
-        rows = merge_repeats(rows, center="median")
-    if fmt == "json":
-        if with_id:
-            print(json.dumps({"request_id": find_request(request_id).id, "results": json.loads(views.to_json(rows))},
-                             indent=2))
-        else:
-            print(views.to_json(rows))
-    elif fmt == "csv":
-        sys.stdout.write(views.to_csv(rows))
-    else:
-        console.print(views.results_table(rows, title=_results_title(request_id, rows, merge_with)))
-        for line in views.measured_lines(rows) + views.repeat_lines(rows):
-            views.say(line)
-        for line in views.error_lines(rows):
-            views.say(line, style="red")
-        for line in (views.steal_lines(rows) + views.host_lines(rows) + views.shared_lines(rows)
-                     + views.client_limited_lines(rows)):
-            views.say(line, style="yellow")
-
-
-def _results_title(request_id: str, rows: list[dict[str, Any]], merge_with: list[str] | None) -> str:
-    """The results table's title: the request, what it was merged with, and what all its rows share."""
-    title = f"request {find_request(request_id).id}"
-    if merge_with:
-        title += f" merged with {', '.join(find_request(rid).id for rid in merge_with)}"
-    if rows and rows[0]["rpc"] == "stream":
-        title += " (load over ModelStreamInfer streams)"
-    clients = sorted({r.get("client") or "farm" for r in rows} - {"auto"})  # auto: not measured yet
-    if clients and clients != ["farm"]:
-        title += f" (load sent by {' and '.join(clients)})"
-    if rows and rows[0].get("server"):
-        title += f"; server {rows[0]['server']}"
-    if rows and rows[0].get("input_data", "random") != "random":
-        title += f"; input data {rows[0]['input_data']}"
-    return title
-
-
-@app.command()
-def results(request_ids: list[str] = typer.Argument(..., help="Request id (or a unique prefix); several "
-                                                   "with --merge-repeats."),
-            fmt: str = typer.Option("table", "--format", help="table | csv | json | parquet (parquet needs -o)"),
+@app.command(context_settings=ID_ARGS)
+def results(request_ids: list[str] = typer.Argument(..., callback=request_options.request_ids,
+                                                   help=request_options.ID_HELP + " Several with --merge-repeats."),
+            fmt: str = typer.Option("table", "--format", help="table | wide | csv | json | parquet (parquet "
+                                    "needs -o)."),
             merge: bool = typer.Option(False, "--merge-repeats",
                                        help="One row per job config over all the requests given: each metric "
                                             "combined by its declared aggregation (mean, max, sum, ...)."),
-            output: Path | None = typer.Option(None, "--output", "-o", help="Export to this file: every "
-                                               "coordinate, how it was measured, placement and metric column.")
+            out: Path | None = typer.Option(None, "--output", "-o", help="Write to this file instead (any format; "
+                                            "the same columns as on stdout). -o wide: the wide table."),
+            wide: bool = typer.Option(False, "--wide", help="The table with every column and more metrics."),
+            columns: str | None = typer.Option(None, "--columns", help="The table's metric columns: names or "
+                                               "labels, e.g. infer/s,p99 ms,CPU % or latency_p90_ms."),
             ) -> None:
-    """Results of one request: one row per job, every metric."""
-    if fmt not in ("table", "csv", "json", "parquet"):
-        raise RequestError(f"--format {fmt!r} is unknown; use table, csv, json or parquet")
+    """Results of one request: one row per job; the table fits 80 columns (--wide, --columns for more), the
+    exports hold every column."""
+    fmt, path, wide = output.parse_output(fmt, out, wide)
+    metrics = views.parse_columns(columns) if columns is not None else None
     if len(request_ids) > 1 and not merge:
         raise RequestError("several request ids are only read together with --merge-repeats; pass it or one id")
     prepare_db()
-    if output is not None or fmt == "parquet":
-        if merge or fmt == "table":
-            raise RequestError("-o exports one request: give --format csv, json or parquet and no --merge-repeats")
-        export.write(export.export_rows(request_ids[0]), fmt, output)
-        views.say(f"wrote {output}")
-        return
-    _show_results(request_ids[0], fmt, merge_with=request_ids[1:] if merge else None)
+    rid, *others = [find_request(r).id for r in request_ids]
+    output.show(rid, fmt, path, wide=wide, metrics=metrics, merge_with=others if merge else None)
+    if path is not None:
+        views.say(f"wrote {path}", to=err_console)
+    elif fmt == "table":
+        followups.next_hint(*followups.results_hints(rid))
 
 
-@app.command()
-def status(request_id: str | None = typer.Argument(None, help="Request id; omit for recent requests."),
+@app.command(context_settings=ID_ARGS)
+def status(request_id: str | None = typer.Argument(None, callback=request_options.request_ids,
+                                                   help=request_options.ID_HELP + " Omit it for the recent requests."),
            as_json: bool = typer.Option(False, "--json")) -> None:
-    """Job counts by status (one request, or the recent ones) and jobs no live worker can serve."""
+    """One request: each job's state, coordinates and time, its quick searches' answers and jobs no live
+    worker can serve; without an id, the recent requests."""
     prepare_db()
     if request_id is None:
         reqs = recent_requests()
         if as_json:
             print(views.to_json([{**r, "counts": r["counts"]} for r in reqs]))
             return
-        table = Table(title="recent requests")
-        for col in ("request", "name", "model", "created", "jobs"):
-            table.add_column(col)
-        for r in reqs:
-            views.safe_row(table, r["request_id"], r["name"] or "-", str(r["model"]), views.age(r["created_at"]),
-                          " ".join(f"{k}={v}" for k, v in sorted(r["counts"].items())))
-        console.print(table)
+        console.print(views.requests_table(reqs))
+        if reqs:
+            followups.next_hint("farm status latest", "farm results latest")
         return
-    counts = status_counts(request_id)
-    waiting = waiting_queues(request_id)
-    searches = search_report(request_id)
+    rid = find_request(request_id).id
+    counts, waiting, searches = status_counts(rid), waiting_queues(rid), search_report(rid)
+    rows, times = result_rows(rid), job_times(rid)
     if as_json:
-        print(json.dumps({"counts": counts, "waiting": waiting, "searches": searches}))
+        jobs = [{"job_id": r["job_id"], "status": r["status"], "device": r["device"], "engine": r["engine"],
+                 "batch_size": r["batch_size"], "concurrency": r["concurrency"], "rate": r["rate"],
+                 "started_at": times[r["job_id"]][0], "finished_at": times[r["job_id"]][1]} for r in rows]
+        print(json.dumps({"request_id": rid, "counts": counts, "waiting": waiting, "searches": searches,
+                          "jobs": followups.job_payload(jobs)}))
         return
-    console.print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-    for sr in searches:  # quick search: where each serving configuration's search stands
-        views.say(f"  search {views.config_label(sr['config'])}: {sr['state']}")
+    console.print(views.status_table(rows, times, title=f"request {rid}: "
+                                     + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))))
+    for sr in searches:  # quick search: where each serving configuration's search stands, or its answer
+        views.say(f"search {views.config_label(sr['config'])}: {sr['state']}", style="bold" if sr["done"] else None)
     for queue, n in waiting.items():
         views.say(f"{n} job(s) wait in queue {queue}: no live worker consumes it", style="yellow")
-    for r in result_rows(request_id):
-        if r["status"] != JobStatus.succeeded:
-            views.say(f"  {r['job_id'][:8]} {r['device']} {r['engine']} b={r['batch_size']} "
-                          f"c={r['concurrency']}{views.rate_text(r)} edge={r['edge_profile'] or '-'}: {r['status']}"
-                          + (f" ({' '.join(str(r['error']).split())})" if r["error"] else ""))
+    for line in views.error_lines(rows):
+        views.say(line, style="red")
+    done = sum(counts.get(s, 0) for s in FINAL) >= sum(counts.values())
+    followups.next_hint(*(followups.results_hints(rid) if done else [f"farm results {rid[:8]}",
+                                                                     f"farm cancel {rid[:8]}"]))
 
 
 @app.command()

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from farm.cli.followups import next_hint
 from farm.cli.hooks import register_hooks
 from farm.cli.request_options import FORMAT_HELP, SERVE_ENGINE_HELP
 from farm.cli.views import console, err_console, safe_row, say
@@ -166,6 +167,9 @@ def example_model(out: Path = typer.Argument(..., help="Output file (a directory
         say(f"wrote {kind} to {path}: {GGUF_NAME} (llama.cpp) and {HF_NAME}/ (transformers)")
         return
     say(f"wrote {kind} model to {path}")
+    inputs = " --input input_ids:INT64:32" if "bert" in kind else ""  # a sequence length the model leaves open
+    next_hint(f"farm submit {path}{inputs} --dry-run (the matrix, nothing run)",
+              f"farm submit {path}{inputs} -b 1,8 -c 1,4")
 
 
 def analyze(model: Path = typer.Argument(..., help="Model file."),

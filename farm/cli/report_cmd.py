@@ -9,7 +9,9 @@ import typer
 from rich import box
 from rich.table import Table
 
+from farm.cli.followups import next_hint
 from farm.cli.prepare import prepare_db
+from farm.cli.request_options import ID_ARGS, ID_HELP, request_ids
 from farm.cli.views import (
     config_label,
     console,
@@ -28,11 +30,12 @@ from farm.models.analysis import headline
 from farm.report import Constraint, Report, build_report, parse_constraint
 from farm.results import find_request, model_static_metrics, result_rows
 from schemas import COORDINATE_KEYS
+from schemas.metrics import BY_NAME
 from schemas.result import shared_unisolated
 
 
 def report(
-    request_id: str = typer.Argument(..., help="Request id (or a unique prefix)."),
+    request_id: str = typer.Argument(..., callback=request_ids, help=ID_HELP),
     objective: str = typer.Option("throughput_infer_per_s", "--objective", help="Metric to rank by; its "
                                   "direction (higher/lower is better) comes from the metric registry."),
     constraint: list[str] | None = typer.Option(None, "--constraint", "-C",
@@ -52,6 +55,7 @@ def report(
 
         output.write_text(render(request_id, objective, constraints, stable), encoding="utf-8")
         say(f"wrote {output}")
+        next_hint(f"open {output} in a browser (it works offline)")
         return
     req = find_request(request_id)
     rep = build_report(result_rows(req.id), objective, constraints, stable)
@@ -64,8 +68,9 @@ def report(
     for line in measured_lines(rep.ranked[:top] + rep.edge):
         say(line)
     if static:
-        console.print("model: " + ", ".join(f"{k} {headline(static, k)}" for k in
+        console.print("model: " + ", ".join(f"{BY_NAME[k].title} {headline(static, k)}" for k in
                                             ("params", "macs_per_sample", "flops_per_sample") if k in static))
+    next_hint(f"farm report {req.id[:8]} -o report.html (plots, every job)", f"farm compare {req.id[:8]} <other id>")
 
 
 def _constraints(texts: list[str], p99: float | None) -> list[Constraint]:
@@ -104,16 +109,19 @@ def _as_json(request_id: str, rep: Report, top: int, static: dict[str, Any]) -> 
 def _print_ranked(request_id: str, rep: Report, top: int) -> None:
     """The table of the ``top`` ranked configurations (or a line saying none qualifies)."""
     objective, constraints = rep.objective, rep.constraints
-    title = f"request {request_id}: best by {objective}" + (f" with {', '.join(map(str, constraints))}"
-                                                             if constraints else "")
-    table = Table(title=safe_text(title), box=box.SIMPLE_HEAD)
-    cols = [objective] + [m for m in ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms",
-                                      "server_compute_p50_ms", "stable") if m != objective]
-    for c in ("rank", "job", "device", "engine", "serving", "b x c", *cols):
-        table.add_column(c, justify="right" if c in cols or c == "rank" else "left")
+    title = f"request {request_id}: best by {BY_NAME[objective].title}" + (
+        f" with {', '.join(map(str, constraints))}" if constraints else "")
+    table = Table(title=safe_text(title), box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    cols = [objective] + [m for m in ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms", "stable")
+                          if m != objective]
+    serving = any(serving_label(r) != "-" for r in rep.ranked[:top])
+    for c in ("#", "job", "device", "engine", *(("serving",) if serving else ()), "b x c"):
+        table.add_column(c, justify="right" if c == "#" else "left", no_wrap=True, overflow="ellipsis")
+    for c in cols:  # the registry's short labels with units (80 columns)
+        table.add_column(BY_NAME[c].label, justify="right", no_wrap=True, min_width=len(BY_NAME[c].label))
     for i, r in enumerate(rep.ranked[:top], 1):
-        safe_row(table, str(i), job_label(r), r["device"], r["engine"], serving_label(r),
-                      load_label(r), *(fmt_value(c, r.get(c)) for c in cols))
+        safe_row(table, str(i), job_label(r), r["device"], r["engine"], *((serving_label(r),) if serving else ()),
+                 load_label(r), *(fmt_value(c, r.get(c)) for c in cols))
     console.print(table)
     if not rep.ranked:
         console.print("[yellow]no configuration meets the constraints[/]")
@@ -126,11 +134,10 @@ def _print_verdicts(rep: Report) -> None:
     objective = rep.objective
     for device, r in rep.best_per_device.items():
         say(f"best on {device}: {r['engine']} batch {r['batch_size']} x concurrency {r['concurrency']}"
-                      f"{rate_text(r)} ({serving_label(r)}) → {fmt_value(objective, r.get(objective))} {objective}")
+                      f"{rate_text(r)} ({serving_label(r)}) → {_figure(objective, r)}")
     if len(rep.best_per_serving) > 1:  # grouped by serving configuration (instances, threads, batching)
         for r in rep.best_per_serving:
-            say(f"  best of {config_label(r)}: concurrency {r['concurrency']}{rate_text(r)} → "
-                f"{fmt_value(objective, r.get(objective))} {objective}")
+            say(f"  best of {config_label(r)}: concurrency {r['concurrency']}{rate_text(r)} → {_figure(objective, r)}")
     if rep.rejected:
         say(f"{len(rep.rejected)} configuration(s) left out: "
             + "; ".join(f"{r['job_id'][:6]} {why}" for r, why in rep.rejected[:5])
@@ -145,5 +152,12 @@ def _print_verdicts(rep: Report) -> None:
             f"{fmt_value('mem_limit_bytes', e.get('mem_limit_bytes'))} MiB")
 
 
+def _figure(name: str, row: dict[str, Any]) -> str:
+    """A metric of a row for a sentence: ``762 infer/s``, ``4.1 ms p99 latency`` (the registry's unit and title)."""
+    m = BY_NAME[name]
+    unit = "MiB" if m.unit == "B" else m.unit
+    return f"{fmt_value(name, row.get(name))} {unit}" + ("" if name.startswith("throughput") else f" {m.title}")
+
+
 def register(app: typer.Typer) -> None:
-    app.command()(report)
+    app.command(context_settings=ID_ARGS)(report)  # -1, -2: request ids

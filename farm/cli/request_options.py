@@ -1,15 +1,19 @@
 """Building a ProfileRequest from ``farm submit`` options and an optional YAML/JSON request file."""
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from pathlib import Path
 from typing import Any
 
+import typer
 import yaml
 
 from farm.errors import RequestError
 from farm.models.info import tensor_spec
+from farm.results import RECENT_RE
+from schemas import ProfileRequest
 from schemas.engines import ENGINES, IN_PROCESS, LLM_FORMAT_ENGINE, MODEL_FORMATS
 from schemas.llm_engines import parse_knob
 from schemas.request import MEASUREMENT_DEFAULTS
@@ -25,6 +29,40 @@ FORMAT_HELP = f"{' | '.join(MODEL_FORMATS)} (default: detected)."
 SUBMIT_FORMAT_HELP = f"{' | '.join((*MODEL_FORMATS, *LLM_FORMAT_ENGINE))} (default: detected)."
 WARMUP_HELP = f"Warm-up time, s (default {MEASUREMENT_DEFAULTS['warmup_s']:g})."
 STABILITY_HELP = f"Stability bound, % (default {MEASUREMENT_DEFAULTS['stability_pct']:g})."
+
+#: context settings of the commands taking a request id: ``-1``, ``-2`` (the newest requests) reach it as an id,
+#: not as an unknown option (``farm.results.find_request`` resolves them; any other unknown option is refused there)
+ID_ARGS: dict[str, Any] = {"ignore_unknown_options": True}
+#: the help of a request-id argument
+ID_HELP = "Request id: the id, a unique prefix, latest, or -1, -2, ... (the newest requests)."
+
+
+def request_ids(value: Any) -> Any:
+    """The callback of a request-id argument: ``-1``, ``-2`` pass (``ID_ARGS`` lets them through as ids); any other
+    text starting with ``-`` is the unknown option it is, a usage error (exit 2) as without ``ID_ARGS``."""
+    for v in value if isinstance(value, list) else [value]:
+        if isinstance(v, str) and v.startswith("-") and not RECENT_RE.match(v):
+            raise importlib.import_module(typer.BadParameter.__module__).NoSuchOption(v)
+    return value
+
+
+def request_default(field: str) -> str:
+    """A ``ProfileRequest`` field's default as ``--help`` shows it: ``1`` for batch_sizes, ``cpu`` for devices."""
+    info = ProfileRequest.model_fields[field]
+    value = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def measurement_default(field: str, unit: str = "") -> str:
+    """A measurement setting's default for ``--help``: ``(default 10)``, ``(default 1 s)``."""
+    value = MEASUREMENT_DEFAULTS[field]
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    return f"(default {shown}{' ' + unit if unit else ''})"
+
+
+#: ``--rate``'s help: ``START:END:STEP`` with Rich's emoji codes broken up (``:END:`` would print as an emoji)
+RATE_HELP = ("Open-loop request rates, req/s: 100, a list 50,100,200 or a range START:END[none]:[/none]STEP "
+             "(50:400:50); one job per rate, or the levels of --search quick.")
 #: serving-configuration options given as comma-separated lists (``--instances 1,2``): request-level lists
 _SERVING_LIST_FLAGS = {"instances": "--instances", "threads": "--threads", "max_queue_delay_us": "--max-queue-delay-us"}
 

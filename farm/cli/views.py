@@ -1,8 +1,10 @@
 """Rendering results, status and workers with Rich (table), CSV or JSON."""
 from __future__ import annotations
 
+import os
 import sys
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from rich import box
@@ -11,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from farm.db.models import utcnow
+from farm.errors import RequestError
 
 # farm.formatting: shared with the reports; to_csv and to_json are re-exported for the CLI's commands
 from farm.formatting import fmt_value, rate_text, safe_text
@@ -18,27 +21,46 @@ from farm.formatting import to_csv as to_csv
 from farm.formatting import to_json as to_json
 from farm.settings import get_settings
 from farm.steal import steal_note
-from schemas.result import CLIENT_LIMITED_NOTE, SHARED_NOTE, client_limited, host_notes, shared_unisolated
+from schemas.metrics import BY_NAME, JOB_METRICS
+from schemas.result import (
+    CLIENT_LIMITED_NOTE,
+    SHARED_NOTE,
+    client_limited,
+    host_flags,
+    host_notes,
+    shared_unisolated,
+)
 from schemas.worker import WorkerStatus
 
 SHARED_MARK = "!"  # after a job id: measured beside another farm job without core isolation
 CLIENT_LIMITED_MARK = "~"  # after a job id: open-loop run whose own late sends exceeded the limit
 
-#: the CLI's consoles; piped output is not squeezed to 80 columns (a terminal keeps its own width)
-console = Console() if sys.stdout.isatty() else Console(width=140)
-err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=140)
+#: piped output's width when COLUMNS does not say (a terminal keeps its own; Rich reads COLUMNS itself)
+PIPE_WIDTH = 140
 
-#: the default results table: (metric, short header); every metric is in csv/json
-TABLE_METRICS: tuple[tuple[str, str], ...] = (
-    ("throughput_infer_per_s", "infer/s"), ("latency_p50_ms", "p50 ms"), ("latency_p99_ms", "p99 ms"),
-    ("server_compute_p50_ms", "srv p50"), ("stable", "stable"), ("cpu_pct_avg", "cpu %"),
-    ("mem_peak_bytes", "mem MiB"),
+
+def _console(stderr: bool = False) -> Console:
+    tty = (sys.stderr if stderr else sys.stdout).isatty()
+    return Console(stderr=stderr, width=None if tty or os.environ.get("COLUMNS") else PIPE_WIDTH)
+
+
+#: the CLI's consoles
+console = _console()
+err_console = _console(stderr=True)
+
+#: the default results table's metrics (fits 80 columns); headers are the registry's short labels (Metric.label)
+TABLE_METRICS: tuple[str, ...] = ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms", "stable")
+#: ``--wide``: these metrics too, each only where some row measured it; every metric is in csv/json/parquet
+WIDE_METRICS: tuple[str, ...] = (
+    "throughput_infer_per_s", "requests_per_s", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
+    "server_queue_p50_ms", "server_compute_p50_ms", "stable", "windows", "error_count", "cpu_pct_avg",
+    "mem_peak_bytes", "gpu_util_avg_pct", "gpu_mem_peak_bytes", "gpu_power_avg_w", "late_send_pct",
 )
-#: the results table of LLM rows (the OpenAI client's), in place of ``TABLE_METRICS``
-LLM_TABLE_METRICS: tuple[tuple[str, str], ...] = (
-    ("output_tokens_per_s", "tok/s"), ("ttft_p50_ms", "ttft50 ms"), ("ttft_p99_ms", "ttft99 ms"),
-    ("itl_p50_ms", "itl50 ms"), ("tpot_p50_ms", "tpot50 ms"), ("latency_p50_ms", "e2e50 ms"),
-    ("goodput_req_per_s", "good r/s"), ("error_count", "errors"),
+#: the results table of LLM rows (the OpenAI client's), in place of ``TABLE_METRICS`` and ``WIDE_METRICS``
+LLM_TABLE_METRICS: tuple[str, ...] = ("output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")
+LLM_WIDE_METRICS: tuple[str, ...] = (
+    "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "tpot_p50_ms", "latency_p50_ms",
+    "goodput_req_per_s", "requests_per_s", "error_count", "cpu_pct_avg", "mem_peak_bytes",
 )
 #: metrics whose range over a cell's runs the table shows beside the median (``farm.results.merge_repeats``)
 RANGE_METRICS = ("throughput_infer_per_s", "latency_p50_ms")
@@ -58,25 +80,151 @@ def safe_row(table: Table, *cells: object) -> None:
     table.add_row(*(c if isinstance(c, Text) else safe_text(c) for c in cells))
 
 
-def results_table(rows: list[dict[str, Any]], title: str = "") -> Table:
+def results_table(rows: list[dict[str, Any]], title: str = "", metrics: tuple[str, ...] | None = None,
+                  wide: bool = False) -> Table:
     """The results as a Rich table; errors are listed under it (see ``error_lines``). ``title`` and the
-    cells are shown literally. Rows merged over repeats (``farm.results.merge_repeats``) get an ``n`` column
-    (their runs) and their spread beside the median (``metric_cell``)."""
+    cells are shown literally. By default it fits 80 columns: the job, its coordinates and ``TABLE_METRICS``
+    (status, edge and serving columns only where they say something); ``wide`` adds the client, every column
+    and ``WIDE_METRICS``; ``metrics`` (``parse_columns``) replaces the metric columns. Headers are the
+    registry's short labels with units. Rows merged over repeats (``farm.results.merge_repeats``) get an ``n``
+    column (their runs) and their spread beside the median (``metric_cell``)."""
     table = Table(title=safe_text(title) if title else None, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    serving = any(serving_label(r) != "-" for r in rows)  # the column only when a serving dimension varies
-    runs = any((r.get("repeats") or 0) > 1 for r in rows)
-    for col in ("job", "device", "engine", *(("serving",) if serving else ()), "b x c", "edge", "client", "status",
-                *(("n",) if runs else ())):
-        table.add_column(col, no_wrap=True)
-    metrics = LLM_TABLE_METRICS if any(r.get("output_tokens_per_s") is not None for r in rows) else TABLE_METRICS
-    for _, head in metrics:
-        table.add_column(head, justify="right")
+    if metrics is None:
+        llm = any(r.get("output_tokens_per_s") is not None for r in rows)
+        base, more = (LLM_TABLE_METRICS, LLM_WIDE_METRICS) if llm else (TABLE_METRICS, WIDE_METRICS)
+        metrics = tuple(n for n in more if n in base or any(r.get(n) is not None for r in rows)) if wide else base
+    cells = _identity_columns(rows, wide)
+    for col in cells:
+        table.add_column(col, no_wrap=True, overflow="ellipsis")
+    for name in metrics:
+        label = BY_NAME[name].label
+        table.add_column(label, justify="right", no_wrap=True, min_width=len(label))
     for r in rows:
-        safe_row(table, job_label(r), r["device"], r["engine"], *((serving_label(r),) if serving else ()),
-                 load_label(r), r["edge_profile"] or "-", client_label(r), r["status"],
-                 *((str(r.get("repeats", 1)),) if runs else ()),
-                 *(metric_cell(r, n) for n, _ in metrics))
+        safe_row(table, *(cells[c](r) for c in cells), *(metric_cell(r, n) for n in metrics))
     return table
+
+
+def _identity_columns(rows: list[dict[str, Any]], wide: bool) -> dict[str, Any]:
+    """The results table's columns before its metrics, each with how to fill it from a row; the serving,
+    edge, status and ``n`` columns only where some row needs them (all but ``n`` in the wide table)."""
+    cols: dict[str, Any] = {"job": job_label, "device": lambda r: r["device"], "engine": lambda r: r["engine"]}
+    if wide or any(serving_label(r) != "-" for r in rows):  # a serving dimension varies
+        cols["serving"] = serving_label
+    cols["b x c"] = load_label
+    if wide or any(r.get("edge_profile") for r in rows):
+        cols["edge"] = lambda r: r["edge_profile"] or "-"
+    if wide:
+        cols["client"] = client_label
+    if wide or any(r["status"] != "succeeded" for r in rows):
+        cols["status"] = lambda r: r["status"]
+    if any((r.get("repeats") or 0) > 1 for r in rows):
+        cols["n"] = lambda r: str(r.get("repeats", 1))
+    return cols
+
+
+#: the metric labels ``--columns`` takes besides metric names (``Metric.label``, case-insensitive)
+_BY_LABEL = {m.label.lower(): m.name for m in JOB_METRICS}
+
+
+def parse_columns(text: str) -> tuple[str, ...]:
+    """``--columns a,b,c``: metric names or their short labels (``p99 ms``, ``infer/s``) -> metric names, in the
+    order given; RequestError naming the unknown one and where the names are listed."""
+    names = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name = part if part in BY_NAME and BY_NAME[part].scope == "job" else _BY_LABEL.get(part.lower())
+        if name is None:
+            raise RequestError(f"--columns: {part!r} is neither a result metric nor its label; e.g. "
+                               "throughput_infer_per_s,latency_p99_ms or 'infer/s,p99 ms' (docs/cli.md lists them)")
+        names.append(name)
+    if not names:
+        raise RequestError("--columns needs at least one metric, e.g. --columns infer/s,p99 ms")
+    return tuple(names)
+
+
+def headline(row: dict[str, Any]) -> Text:
+    """One finished job in a line, as it lands: its configuration, throughput, p50 and p99 latency, and
+    whether it was stable (or why not: unstable windows, a drifting or busy host), or its error."""
+    head = f"{job_label(row)} {row['device']} {row['engine']} {load_label(row)}"
+    if row.get("edge_profile"):
+        head += f" edge {row['edge_profile']}"
+    serving = serving_label(row)
+    head += "" if serving == "-" else f" {serving}"
+    if row["status"] != "succeeded":
+        error = " ".join(str(row.get("error") or "no result").split())
+        return Text.assemble(("✗ ", "red"), safe_text(f"{head}  {row['status']}: {error[:160]}"))
+    figures = [f"{fmt_value(n, row.get(n))} {BY_NAME[n].unit}" if n.startswith("throughput")
+               else f"{BY_NAME[n].label.split()[0]} {fmt_value(n, row.get(n))} {BY_NAME[n].unit}"
+               for n in HEADLINE_METRICS]
+    s = get_settings()
+    flags = host_flags(row, s.host_drift_pct, s.host_busy_pct)
+    stable = row.get("stable")
+    verdict = "stable" if stable else "stability not judged" if stable is None else "unstable"
+    if stable is False:  # the last windows disagreed beyond the stability bound when the windows ran out
+        verdict += f" after {row.get('windows') or '?'} windows"
+    if flags:
+        verdict += f"; host {', '.join(flags)}"
+    style = "green" if stable and not flags else "yellow"
+    return Text.assemble(("✓ ", "green"), safe_text(f"{head}  {'  '.join(figures)}  "), (verdict, style))
+
+
+#: the figures of a job's headline line (``headline``)
+HEADLINE_METRICS = ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms")
+
+
+def jobs_table(jobs: list[Any], title: str) -> Table:
+    """A request's jobs before they run (``farm submit --dry-run``): ``JobSpec``s, one line each."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    for col in ("#", "device", "engine", "serving", "b x c", "edge", "run"):
+        table.add_column(col, no_wrap=True, overflow="ellipsis")
+    for i, j in enumerate(jobs, 1):
+        row = {"batch_size": j.batch_size, "concurrency": j.concurrency, "rate": j.rate,
+               "edge_profile": (j.edge_profile.name or "edge") if j.edge_profile else None,
+               **j.measurement.model_dump(include={"instances", "threads", "max_queue_delay_us",
+                                                   "preferred_batch_size"})}
+        safe_row(table, str(i), j.device, j.engine, serving_label(row), load_label(row), row["edge_profile"] or "-",
+                 str(j.repeat + 1))
+    return table
+
+
+def status_table(rows: list[dict[str, Any]], times: dict[str, tuple[datetime | None, datetime | None]],
+                 title: str) -> Table:
+    """``farm status ID``: each job's state, coordinates and time running (so far, or in all), with its
+    throughput and p99 once measured."""
+    table = Table(title=safe_text(title), box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    serving = any(serving_label(r) != "-" for r in rows)
+    for col in ("job", "state", "device", "engine", *(("serving",) if serving else ()), "b x c", "elapsed"):
+        table.add_column(col, no_wrap=True, overflow="ellipsis")
+    metrics = ("throughput_infer_per_s", "latency_p99_ms")
+    for name in metrics:
+        table.add_column(BY_NAME[name].label, justify="right", no_wrap=True)
+    for r in rows:
+        started, finished = times.get(r["job_id"], (None, None))
+        safe_row(table, job_label(r), r["status"], r["device"], r["engine"],
+                 *((serving_label(r),) if serving else ()), load_label(r), elapsed(started, finished),
+                 *(metric_cell(r, n) for n in metrics))
+    return table
+
+
+def requests_table(reqs: list[dict[str, Any]]) -> Table:
+    """``farm status``: the recent requests, newest first, with their job counts (``-1`` is the first row)."""
+    table = Table(title="recent requests (newest first: latest = -1, then -2, ...)", box=box.SIMPLE_HEAD,
+                  pad_edge=False, padding=(0, 1))
+    for col in ("#", "request", "name", "model", "created", "jobs"):
+        table.add_column(col, overflow="ellipsis", no_wrap=col in ("#", "request", "created"))
+    for i, r in enumerate(reqs, 1):
+        safe_row(table, f"-{i}", r["request_id"][:8], r["name"] or "-", Path(str(r["model"])).name,
+                 age(r["created_at"]), " ".join(f"{k}={v}" for k, v in sorted(r["counts"].items())))
+    return table
+
+
+def elapsed(started: datetime | None, finished: datetime | None) -> str:
+    """A job's time running: ``1:05`` (minutes:seconds) until it finished, or so far; ``-`` before it started."""
+    if started is None:
+        return "-"
+    secs = max(0.0, ((finished or utcnow()) - started).total_seconds())
+    return f"{int(secs // 60)}:{int(secs % 60):02d}"
 
 
 def client_label(row: dict[str, Any]) -> str:

@@ -15,13 +15,13 @@ def test_embedded_default_runs_jobs_in_process_and_prints_results(tmp_path: Path
     farm("example-model", str(model), "--kind", "convnet")
     out = farm("submit", str(model), "--batch-sizes", "1,2", *FAST)
     assert "embedded mode" in out.stderr and "2 jobs" in out.stderr
-    assert out.stdout.count("succeeded") == 2, out.stdout + out.stderr
+    assert out.stderr.count("✓ ") == 2, out.stdout + out.stderr  # a headline per job as it finished
     rid = json.loads(farm("status", "--json").stdout)[0]["request_id"]
     rows = json.loads(farm("results", rid, "--format", "json").stdout)
     assert [r["status"] for r in rows] == ["succeeded", "succeeded"]
     assert all(r["throughput_infer_per_s"] > 0 and r["latency_p99_ms"] > 0 for r in rows)
     csv = farm("results", rid, "--format", "csv").stdout.splitlines()
-    assert csv[0].startswith("job_id,device,engine") and len(csv) == 3
+    assert csv[0].startswith("request_id,model,model_sha256,job_id,device,engine") and len(csv) == 3  # as with -o
     assert (Path(farm_env()["FARM_HOME"]) / "farm.db").is_file()
     rep = json.loads(farm("report", rid, "--p99", "100000", "--json").stdout)
     assert len(rep["ranked"]) == 2 and rep["constraints"] == ["latency_p99_ms <= 100000"]
@@ -168,7 +168,7 @@ def test_repeats_run_interleaved_and_results_show_median_and_spread(tmp_path: Pa
         ran = conn.execute(text("SELECT spec FROM jobs WHERE request_id = :r ORDER BY started_at"), {"r": rid})
         assert [json.loads(spec).get("repeat", 0) for (spec,) in ran] == [0, 0, 1, 1]  # rounds, not back to back
     table = farm("results", rid).stdout
-    assert len([ln for ln in table.splitlines() if "x1 " in ln and "succeeded" in ln]) == 2  # one row per cell
+    assert len([ln for ln in table.splitlines() if "x1 " in ln]) == 2  # one row per cell (status: all succeeded)
     assert "±" in table and "n: the succeeded runs of each cell" in table
     verdicts = json.loads(farm("compare", rid, rid, "--json").stdout)["matches"]
     assert {m["verdict"] for m in verdicts} == {"inconclusive"} and all(m["n_a"] == 2 for m in verdicts)

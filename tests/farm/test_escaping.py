@@ -81,7 +81,7 @@ def test_status_results_and_workers_show_hostile_names_literally(
     _, out, _ = _farm(capsys, "status")
     assert "[/bold]\\x1b[2J" in out
     _, out, _ = _farm(capsys, "status", rid)
-    assert "(boom [/red] \\x1b]8;;http://e\\x07 [/])" in out
+    assert "boom [/red] \\x1b]8;;http://e\\x07 [/]" in out  # the error line under the job table
     _, out, _ = _farm(capsys, "results", rid)
     assert "boom [/red]" in out
     _, out, _ = _farm(capsys, "workers")

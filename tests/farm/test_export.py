@@ -75,7 +75,7 @@ def test_csv_json_and_parquet_exports_equal_the_database(sqlite_url: str, tmp_pa
 @pytest.mark.parametrize("args, message", [
     (["--format", "parquet"], "-o results.parquet"),
     (["--format", "xml", "-o", "x"], "--format 'xml' is unknown"),
-    (["--format", "table", "-o", "x"], "-o exports one request"),
+    (["--columns", "bogus"], "--columns: 'bogus' is neither a result metric nor its label"),
 ])
 def test_bad_export_options_are_one_line_errors(sqlite_url: str, args: list[str], message: str) -> None:
     rid = seed_request(np.random.default_rng(2), edge=False, failed=False, batches=(1,), devices=("cpu",))

@@ -93,8 +93,9 @@ def test_repeats_of_a_request_merge_to_their_median_with_the_spread_and_the_tabl
     assert metric_cell(a, "throughput_infer_per_s") == "100 ±105%"
     assert metric_cell(a, "latency_max_ms") == "9"  # no range for the metrics outside RANGE_METRICS
     assert merge_repeats(rows[:1])[0]["spread"] == {}  # one run: no spread
-    table = results_table([a])
-    assert [c.header for c in table.columns][5:8] == ["client", "status", "n"]
+    table = results_table([a], wide=True)  # the wide table: serving, edge, client and status always
+    assert [c.header for c in table.columns][6:9] == ["client", "status", "n"]
+    assert [c.header for c in results_table([a]).columns][:5] == ["job", "device", "engine", "b x c", "n"]
 
 
 def test_the_results_table_names_the_client_of_each_row() -> None:
@@ -103,5 +104,6 @@ def test_the_results_table_names_the_client_of_each_row() -> None:
     rows = [_row("a1", 1), {**_row("a2", 2), "client": "perf_analyzer"}, {**_row("e1", 1), "edge_profile": "pi"},
             {**_row("q1", 4), "client": "auto", "status": "queued"}]
     assert [client_label(r) for r in rows] == ["farm", "pa", "-", "-"]
-    assert "client" in [c.header for c in results_table(rows).columns]
+    assert "client" in [c.header for c in results_table(rows, wide=True).columns]
+    assert "client" not in [c.header for c in results_table(rows).columns]  # 80 columns: in the title instead
     assert repeat_lines(rows) == ["client pa: perf_analyzer"]

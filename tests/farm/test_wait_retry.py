@@ -26,6 +26,8 @@ def test_wait_retries_the_database_until_it_answers(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(cli_main, "status_counts", status_counts)
     monkeypatch.setattr(cli_main, "searches_done", lambda request_id: True)
+    monkeypatch.setattr(cli_main, "result_rows", lambda request_id: [])  # the headlines' read: no job here
+    monkeypatch.setattr(cli_main, "job_times", lambda request_id: {})
     cli_main._wait("r1", quiet=True, poll_s=0.01)
     assert answers == [] and calls == ["r1"] * 4
 

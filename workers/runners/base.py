@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
+from farm.hooks import announce
 from schemas import JobResult, JobSpec
 from workers.serving.base import Launch, ServingTarget, Site
 from workers.serving.confine import check_threads
@@ -33,6 +34,7 @@ class Runner(ABC):
             with attached as target:
                 yield target
             return
+        announce(f"starting the {spec.engine} server, loading the model")
         with self.place(spec, engine.launch(spec, model_path, self.site), cpus) as target:
             if cpus:
                 check_threads(target, cpus)

@@ -31,6 +31,7 @@ import psutil
 
 import docker
 from farm.errors import ContainerError, ServerError
+from farm.hooks import announce
 from farm.settings import get_settings
 from schemas import GpuInfo, JobResult, JobSpec
 from workers.cores import cpu_list
@@ -154,6 +155,7 @@ class DockerRunner(Runner):
         self.orphans_removed: list[str] = (hd.cleanup_orphans(self.client, worker_id)
                                            + sweep_dead_owners(self.client)) if cleanup else []
         if build_image and self.image == DEFAULT_TAG:
+            announce(f"image {self.image}: built if farm's code changed, else cached")
             build_local_image(self.image, client=self.client)  # cached: ~2 s unless the code changed
         elif not image_exists(self.image, client=self.client):
             raise ContainerError(
@@ -200,6 +202,7 @@ class DockerRunner(Runner):
                 if why is not None:
                     raise ContainerError(why)
                 tag = f"{self.image}-{package.extra}"
+                announce(f"image {tag}: built if farm's code changed, else cached")
                 build_local_image(tag, client=self.client, extra_distributions=list(package.distributions))
                 self._variant_images[package.extra] = tag
             return self._variant_images[package.extra]
