@@ -13,7 +13,7 @@ from rich.table import Table
 
 from farm import export, lifecycle
 from farm.cli import cluster, compare_cmd, ops, report_cmd, request_options, views
-from farm.cli.embedded import run_embedded
+from farm.cli.embedded import refuse_commands, run_embedded
 from farm.cli.errors import run_app, run_cli
 from farm.cli.prepare import prepare_db
 from farm.cli.request_options import build_request_dict, load_request_file
@@ -113,6 +113,7 @@ def submit(
                               extra=dict(input_data=input_data, endpoint=endpoint, model_name=served_name,
                                          repeats=repeats))
     request = ProfileRequest.model_validate(data)
+    refuse_commands(request)
     prepare_db()
     settings = get_settings()
     sub = do_submit(request, attach=attach)

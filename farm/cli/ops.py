@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from farm.models.analysis import analyze as run_analysis
 from farm.models.analysis import headline
 from farm.models.examples import EXAMPLE_KINDS, build_example
 from farm.models.info import detect_format, inspect_model, tensor_spec
-from farm.settings import get_settings, mask_url
+from farm.settings import get_settings, mask_url, reset_settings
 from schemas.engines import FORMAT_ENGINE
 from schemas.metrics import MODEL_METRICS
 from workers.runners.select import make_runner
@@ -38,12 +39,18 @@ def worker(
                                     "for its slot processes)."),
     worker_id: str | None = typer.Option(None, "--worker-id", envvar="FARM_WORKER_ID"),
     loglevel: str = typer.Option("INFO", "--loglevel", envvar="FARM_LOGLEVEL"),
+    allow_commands: bool = typer.Option(False, "--allow-commands", help="Run edge profiles' own `command:` "
+                                        "(code from the request's submitter, with a clean environment); "
+                                        "default: such jobs fail. Same as FARM_ALLOW_COMMANDS=1."),
 ) -> None:
     """Run a worker: register hardware, heartbeat, consume the queues this host can serve (one slot per GPU)."""
     from farm.telemetry import serve_metrics, slot_port  # noqa: PLC0415 - prometheus_client: +0.035 s on every CLI start, measured
     from workers.hardware import detect_hardware  # noqa: PLC0415 - psutil: +0.02 s on every CLI start, measured
     from workers.node import WorkerNode, new_worker_id  # noqa: PLC0415 - celery, prometheus_client, psutil: +0.11 s on every CLI start, measured
 
+    if allow_commands:  # a setting, so that slot processes and every job of this worker see it
+        os.environ["FARM_ALLOW_COMMANDS"] = "1"
+        reset_settings()
     settings = get_settings()
     if settings.embedded:
         raise ConfigError("farm worker needs a broker: set FARM_BROKER_URL (e.g. redis://127.0.0.1:6379/0)")
