@@ -128,14 +128,16 @@ def test_no_sandbox_refuses_code_running_models(hostile: tuple[Path, Path], monk
 def test_hostile_torchscript_writes_nothing_on_submit_and_process_runner_job(
         hostile: tuple[Path, Path], tmp_path: Path) -> None:
     """farm submit's checks (inspection, analysis) and the process runner's server (its dry run and every
-    request) all load the model: none of them writes the marker."""
+    request) all load the model: none of them writes the marker. (In the jail the model's write may fail, and
+    its job with it: either way the job ran and the host holds no marker.)"""
     model, marker = hostile
     done = _farm("submit", str(model), "--engine", "torchscript", "--batch-sizes", "1", "--concurrency", "1",
                  "--duration", "1", "--json", env={"FARM_RUNNER": "process"}, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)
     statuses = [r["status"] for r in (rows["results"] if isinstance(rows, dict) else rows)]
-    assert statuses == ["succeeded"], done.stdout
+    assert len(statuses) == 1 and statuses[0] in ("succeeded", "failed"), done.stdout
+    assert statuses[0] == "succeeded" or "TorchScript interpreter" in done.stdout, done.stdout  # the model ran
     assert not marker.exists(), "the model's code wrote on the host during farm submit or its job"
 
 
