@@ -1,19 +1,21 @@
 """The jailed side of a model's parse, dry run or analysis (``farm.sandbox.run_jailed``): run inside the jail as
-``python -m farm.models.probe inspect|analyze MODEL INPUTS_JSON`` (``INPUTS_JSON``: the given inputs as a
-JSON list of TensorSpec objects, or ``null``); prints one JSON object (the result, or ``{"error", "kind"}``)."""
+``python -m farm.models.probe inspect|analyze|report MODEL INPUTS_JSON`` (``report``: ``farm.models.analysis``'s
+whole report, the check included; ``INPUTS_JSON``: the given inputs as a JSON list of TensorSpec objects, or
+``null``); prints one JSON object (the result, or ``{"error", "kind"}``)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from farm.errors import FarmError
+from farm.models.analysis import analyze_here
 from farm.models.torch_counter import analyze_torchscript_here
-from farm.models.torchscript import inspect_torchscript_here, probe_args
+from farm.models.torchscript import inspect_torchscript_here
+from farm.settings import reset_settings
 from schemas import TensorSpec
-
-__all__ = ["main", "probe_args"]
 
 
 def _run(op: str, path: Path, inputs: list[TensorSpec] | None) -> dict[str, Any]:
@@ -21,10 +23,14 @@ def _run(op: str, path: Path, inputs: list[TensorSpec] | None) -> dict[str, Any]
         return inspect_torchscript_here(path, inputs).to_json()
     if op == "analyze":
         return analyze_torchscript_here(path, inputs or [])
+    if op == "report":
+        return analyze_here(path, None, inputs)
     raise FarmError(f"unknown probe {op!r}")
 
 
 def main(argv: list[str]) -> int:
+    os.environ["FARM_TRUSTED_MODELS"] = "1"  # inside the jail already: what it loads runs here, not in one more
+    reset_settings()
     op, path, given = argv
     raw = json.loads(given)
     inputs = None if raw is None else [TensorSpec.model_validate(t) for t in raw]
