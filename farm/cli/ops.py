@@ -20,7 +20,8 @@ from farm.logs import setup_logging
 from farm.models.analysis import analyze as run_analysis
 from farm.models.analysis import headline
 from farm.models.examples import EXAMPLE_KINDS, build_example
-from farm.models.info import detect_format, inspect_model, tensor_spec
+from farm.models.info import detect_format, tensor_spec
+from farm.sandbox import jail_argv, model_jail
 from farm.settings import get_settings, mask_url, reset_settings
 from schemas.engines import FORMAT_ENGINE
 from schemas.metrics import MODEL_METRICS
@@ -108,11 +109,17 @@ def serve(
     """Serve MODEL over the KServe v2 gRPC protocol (farm's built-in server)."""
     from workers.engines.repository import default_model_name  # noqa: PLC0415 - grpc, tritonclient: +0.12 s on every CLI start, measured
     from workers.engines.server import ServerConfig, run_server  # noqa: PLC0415 - as above
+    from workers.serving.builtin import server_argv  # noqa: PLC0415 - as above (it imports the server)
 
     fmt = model_format or detect_format(model)
+    name = model_name or default_model_name(model)
+    if model_jail(fmt, model.name):  # the same server, in the jail: the model's code gets no secret, no host write
+        argv = server_argv(str(model.resolve()), model_format=fmt, engine=engine or FORMAT_ENGINE[fmt], host=host,
+                           port=port, device=device, threads=threads, instances=instances, model_name=name)
+        jailed = jail_argv(argv, network=True, read_only=[model])
+        os.execvp(jailed[0], jailed)
     run_server(ServerConfig(model_path=model, model_format=fmt, engine=engine or FORMAT_ENGINE[fmt], host=host,
-                            port=port, device=device, threads=threads, instances=instances,
-                            model_name=model_name or default_model_name(model)))
+                            port=port, device=device, threads=threads, instances=instances, model_name=name))
 
 
 def db_upgrade(revision: str = typer.Argument("head")) -> None:
@@ -158,12 +165,11 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Static metrics: parameters, size, MACs/FLOPs per sample, activation memory."""
     given = [tensor_spec(t) for t in input_spec] if input_spec else None
-    info = inspect_model(model, model_format, given)
-    report = run_analysis(model, info.format, info.inputs)
+    report = run_analysis(model, model_format, given)  # checks the file and inputs first (one jailed run, if any)
     if as_json:
         print(json.dumps(report, indent=2, default=str))
         return
-    table = Table(title=safe_text(f"{model.name} ({info.format}, {', '.join(report['inputs'])})"))
+    table = Table(title=safe_text(f"{model.name} ({report['format']}, {', '.join(report['inputs'])})"))
     for col in ("metric", "value", "unit"):
         table.add_column(col, justify="right" if col == "value" else "left")
     for m in MODEL_METRICS:
