@@ -193,3 +193,33 @@ def test_allowed_edge_command_sees_no_secret_and_none_is_stored(tmp_path: Path, 
     assert "url=" in stored  # the command ran, and its stderr was kept
     for secret in ("hunter2-db-pw", "tok-abcdef-123", "FARM_API_TOKEN", "FARM_DATABASE_URL=postgres"):
         assert secret not in stored, f"{secret} reached the database"
+
+
+# -- scrubbing on the write path ------------------------------------------------------------------------------
+def test_a_finished_jobs_error_and_details_are_scrubbed_when_written(sqlite_url: str, example_onnx: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever a job printed, ``jobs.error`` and ``results.details`` keep no secret of the worker's: the one
+    write of a job's end (lifecycle._settle) masks them, for the worker's path and reconciliation's alike."""
+    from farm import lifecycle
+    from farm.db.models import Job, Result
+    from farm.db.session import session_scope
+    from scheduler.enqueue import submit
+    from schemas import JobResult, ProfileRequest
+    from schemas.job import JobStatus
+
+    monkeypatch.setenv("FARM_BROKER_PASSWORD", "br0ker-s3cret")
+    monkeypatch.setenv("FARM_CLOUD_URL", "https://svc:cl0ud-pw@example.invalid/x")
+    leak = "stderr: br0ker-s3cret https://svc:cl0ud-pw@example.invalid/x postgresql://u:other-pw@db/x"
+    ids = [j.job_id for j in submit(ProfileRequest(model=str(example_onnx), batch_sizes=[1, 2]),
+                                    send=False).expansion.jobs]
+    with session_scope() as s:
+        spec = lifecycle.claim(s, ids[0], "w1")
+        assert spec is not None
+        result = JobResult(job_id=ids[0], details={"error": leak, "notes": [leak], "stdout": {"tail": leak}})
+        assert lifecycle.finish(s, spec, "w1", result, JobStatus.failed, leak)
+        assert lifecycle.fail(s, ids[1], spec.request_id, leak, None, statuses=(JobStatus.queued,))
+    with session_scope() as s:
+        stored = json.dumps([[s.get(Job, i).error, s.get(Result, i).details] for i in ids])  # type: ignore[union-attr]
+    for secret in ("br0ker-s3cret", "cl0ud-pw", "other-pw"):
+        assert secret not in stored
+    assert stored.count("***") >= 8
