@@ -101,7 +101,9 @@ def jail_argv(argv: Sequence[str], *, network: bool, read_only: Iterable[Path | 
     args += _binds(_python_paths(), "--ro-bind-try")
     args += _binds((str(Path(p).resolve()) for p in read_only), "--ro-bind")
     args += ["--chdir", "/tmp"]
-    args += _binds(sorted(glob.glob("/dev/nvidia*")), "--dev-bind-try")  # a GPU job's devices, when present
+    gpus = sorted(glob.glob("/dev/nvidia*"))
+    if gpus:  # a GPU host: its devices, and /sys read-only for the CUDA driver's PCI lookups (not run on a GPU yet)
+        args += _binds(gpus, "--dev-bind-try") + ["--ro-bind-try", "/sys", "/sys"]
     for key, value in sorted(environment.items()):
         args += ["--setenv", key, value]
     return [*args, "--", *argv]
