@@ -107,7 +107,7 @@ def inspect_torchscript(path: Path, given: list[TensorSpec] | None) -> ModelInfo
 
 
 def probe_args(op: str, path: Path, inputs: list[TensorSpec] | None) -> list[str]:
-    """The arguments of ``python -m farm.models.probe`` for ``op`` (inspect, analyze) on ``path``."""
+    """The arguments of ``python -m farm.models.probe`` for ``op`` (inspect, analyze, report) on ``path``."""
     given = None if inputs is None else [t.model_dump(mode="json") for t in inputs]
     return [op, str(Path(path).resolve()), json.dumps(given)]
 

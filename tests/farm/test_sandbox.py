@@ -15,6 +15,7 @@ from sqlalchemy import create_engine, text
 from farm import sandbox
 from farm.errors import SandboxError
 from farm.secrets import clean_env, scrub, secret_values
+from farm.settings import reset_settings
 from schemas import JobSpec
 from workers.execute import refuse_command
 
@@ -158,14 +159,18 @@ def test_edge_command_refused_up_front_without_allow_commands(tmp_path: Path, ex
     assert "Traceback" not in done.stderr
 
 
-def test_a_worker_refuses_a_request_command(example_onnx: Path) -> None:
+def test_a_worker_refuses_a_request_command(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = JobSpec.model_validate({
         "job_id": "j" * 16, "request_id": "r", "model_sha256": "0" * 64, "model_filename": "m.onnx",
         "model_format": "onnx", "engine": "onnxruntime", "device": "cpu", "batch_size": 1, "concurrency": 1,
-        "inputs": [{"name": "input", "dtype": "FP32", "shape": [256]}],
+        "queue": "farm.edge", "measurement": {}, "inputs": [{"name": "input", "dtype": "FP32", "shape": [256]}],
         "edge_profile": {"name": "box", "cpus": 1, "memory": "512m", "command": ["sh", "-c", "env"]}})
     with pytest.raises(SandboxError, match="--allow-commands"):
         refuse_command(spec)
+    monkeypatch.setenv("FARM_ALLOW_COMMANDS", "1")  # the operator's consent, as farm worker --allow-commands gives
+    reset_settings()
+    refuse_command(spec)  # no error
+    refuse_command(spec.model_copy(update={"edge_profile": None}))  # a served job brings no command
 
 
 @pytest.mark.slow
@@ -223,3 +228,18 @@ def test_a_finished_jobs_error_and_details_are_scrubbed_when_written(sqlite_url:
     for secret in ("br0ker-s3cret", "cl0ud-pw", "other-pw"):
         assert secret not in stored
     assert stored.count("***") >= 8
+
+
+def test_farm_worker_allow_commands_is_the_setting(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``farm worker --allow-commands`` turns FARM_ALLOW_COMMANDS on for the worker and its slot processes (here
+    the worker then stops: no broker is set)."""
+    from farm.cli.main import main
+    from farm.settings import get_settings
+
+    monkeypatch.setenv("FARM_ALLOW_COMMANDS", "0")  # restored after the test
+    reset_settings()
+    with pytest.raises(SystemExit):
+        main(["worker", "--allow-commands"])
+    assert "needs a broker" in capsys.readouterr().err
+    assert os.environ["FARM_ALLOW_COMMANDS"] == "1" and get_settings().allow_commands is True
