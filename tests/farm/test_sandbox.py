@@ -96,6 +96,16 @@ def test_hostile_torchscript_writes_nothing_on_analyze(hostile: tuple[Path, Path
 
 
 @needs_jail
+def test_hostile_torchscript_writes_nothing_when_submit_refuses_the_request(hostile: tuple[Path, Path]) -> None:
+    """farm submit checks the model (a dry run) before it finds that no job can run it: the dry run ran in the
+    jail, so the refused request left nothing on the host either."""
+    model, marker = hostile
+    done = _farm("submit", str(model), "--engine", "onnxruntime", "--batch-sizes", "1", "--concurrency", "1")
+    assert done.returncode == 2 and "no runnable job" in done.stderr, done.stderr
+    assert not marker.exists(), "the model's code wrote on the host during farm submit's checks"
+
+
+@needs_jail
 def test_the_marker_test_detects_unsandboxed_loading(hostile: tuple[Path, Path]) -> None:
     """The operator's FARM_TRUSTED_MODELS=1 loads in-process: the same model then writes its marker, which
     shows the assertion above can fail (as it did before the sandbox)."""
