@@ -18,7 +18,9 @@ from __future__ import annotations
 import functools
 import glob
 import json
+import os
 import shutil
+import site
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
@@ -39,6 +41,8 @@ SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", 
                 "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd",
                 "/etc/group", "/etc/nsswitch.conf", "/etc/hosts")
 INSTALL_HINT = "install bubblewrap (apt-get install bubblewrap)"
+#: where farm's packages (farm, schemas, workers) are imported from: the jail sees it read-only
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
 #: the longest a jailed parse, dry run or analysis of one model may take, s
 PROBE_TIMEOUT_S = 600.0
 #: the errors a jailed probe may report back by name (anything else becomes a ModelError)
@@ -70,12 +74,15 @@ def jail_unavailable() -> str | None:
 
 
 def _python_paths() -> list[str]:
-    """Directories a jailed ``python -m farm...`` / ``workers...`` needs: the interpreter's prefixes and
-    every directory on ``sys.path`` (site-packages, farm's own source tree, editable installs)."""
-    out = [sys.prefix, sys.base_prefix, sys.exec_prefix]
-    out += [p for p in sys.path if p and Path(p).is_dir()]
+    """Directories a jailed ``python -m farm...`` / ``workers...`` needs: the interpreter's prefixes, the
+    site-packages directories, farm's own source tree and ``PYTHONPATH``; never the current directory or
+    the home directory as such (a user's files are not the jail's business)."""
+    out = [sys.prefix, sys.base_prefix, sys.exec_prefix, str(SOURCE_ROOT), *site.getsitepackages(),
+           site.getusersitepackages()]
+    out += [p for p in sys.path if "site-packages" in p or "dist-packages" in p]
+    out += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     home = str(Path.home())
-    return [p for p in dict.fromkeys(out) if p not in ("/", home)]
+    return [p for p in dict.fromkeys(out) if p not in ("/", home) and Path(p).is_dir()]
 
 
 def _binds(paths: Iterable[str], flag: str) -> list[str]:
