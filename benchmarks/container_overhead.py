@@ -3,7 +3,7 @@
 Measures, on the local Docker daemon with the locally built runtime image (``workers.images``):
 
 1. image build: first call (may build) and a cached call (content hash unchanged);
-2. ``DockerRunner.serve()`` entry (container create/start, port publish, server start, model load,
+2. ``DockerRunner.serve()`` entry (container create/start on the internal network, server start, model load,
    ServerReady + ModelReady) for ``--jobs`` consecutive jobs with ``reuse=False`` (a container per job);
 3. the same with ``reuse=True`` (first job starts the container, later jobs reuse it);
 4. teardown (leaving ``serve()``: stop + remove, or keep);

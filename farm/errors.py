@@ -73,3 +73,8 @@ class SamplerError(WorkerError):
 
 class UnsupportedError(WorkerError):
     """This worker cannot run this kind of job (e.g. edge runs without the Docker runner)."""
+
+
+class SandboxError(ConfigError):
+    """Code from a model or request would have to run in a sandbox (farm.sandbox) this host cannot make, or a
+    worker refuses to run a request's own command; the message says what the operator can do."""

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from farm.db.models import Job, Result, utcnow
 from farm.db.session import dialect_insert
+from farm.secrets import scrub, scrub_text
 from schemas import JobResult, JobSpec
 from schemas.job import ACTIVE, JobStatus
 
@@ -78,8 +79,8 @@ def requeue(bind: Bind, job_id: str, worker_id: str | None, reason: str, now: da
 
 def _to_queue(bind: Bind, job_id: str, worker_id: str | None, reason: str, uncount: bool,
               now: datetime | None = None) -> bool:
-    values: dict[str, Any] = {"status": JobStatus.queued, "worker_id": None, "claimed_at": None,
-                              "started_at": None, "enqueued_at": now or utcnow(), "error": reason[:ERROR_CHARS]}
+    values: dict[str, Any] = {"status": JobStatus.queued, "worker_id": None, "claimed_at": None, "started_at": None,
+                              "enqueued_at": now or utcnow(), "error": scrub_text(reason)[:ERROR_CHARS]}
     if uncount:
         values["attempts"] = case((JOBS.c.attempts > 0, JOBS.c.attempts - 1), else_=0)
     res = bind.execute(update(JOBS).where(_held(job_id, worker_id)).values(**values))
@@ -128,10 +129,13 @@ def fail(bind: Bind, job_id: str, request_id: str, reason: str, worker_id: str |
 
 def _settle(bind: Bind, guard: ColumnElement[bool], status: JobStatus, error: str | None,
             row: dict[str, Any], now: datetime | None = None) -> bool:
-    """Move the job matching ``guard`` to a final ``status`` and insert its result ``row``, atomically."""
+    """Move the job matching ``guard`` to a final ``status`` and insert its result ``row``, atomically. The
+    one write of every job's end: its error and details are scrubbed of the worker's secrets here
+    (``farm.secrets.scrub``), whoever wrote them."""
     values: dict[str, Any] = {"status": status, "finished_at": now or utcnow()}
     if error is not None:
-        values["error"] = error[:ERROR_CHARS]
+        values["error"] = scrub_text(error)[:ERROR_CHARS]
+    row = {**row, "details": scrub(row.get("details"))}
     mine = update(JOBS).where(guard).values(**values)
     ins = dialect_insert(bind, RESULTS)
     if _dialect(bind) == "postgresql":

@@ -79,6 +79,11 @@ class Settings(BaseSettings):
     metrics_addr: str = "127.0.0.1"
     #: log lines of `farm worker` / `farm scheduler`: text, or json (one object per line, for log collectors)
     log_format: Literal["text", "json"] = "text"
+    #: the operator trusts every model this host loads: TorchScript is parsed, dry-run and served outside the
+    #: sandbox (farm.sandbox); off by default, where such models load only in a bubblewrap jail or are refused
+    trusted_models: bool = False
+    #: edge profiles' own ``command:`` run on this worker (`farm worker --allow-commands`); off: refused
+    allow_commands: bool = False
     #: TEST/BENCHMARK HARNESS ONLY: workers complete jobs without serving or measuring anything (dispatch
     #: tests and the dispatch benchmark); results carry no metrics and details.noop = true
     noop_jobs: bool = False

@@ -9,7 +9,7 @@ from typing import Any
 
 from farm.artifacts import ensure_in_store, fetch_model
 from farm.broker import Broker
-from farm.errors import FarmError
+from farm.errors import FarmError, SandboxError
 from farm.hooks import announce
 from farm.lifecycle import failure_result
 from farm.models.llm_info import unpack_folder
@@ -29,6 +29,18 @@ from workers.spool import Spool, SpooledResult, is_transient, retry_db
 log = logging.getLogger("farm.worker")
 
 
+def refuse_command(spec: JobSpec) -> None:
+    """SandboxError when ``spec``'s edge profile brings its own ``command:`` and this worker's operator has
+    not allowed such commands (``FARM_ALLOW_COMMANDS``, ``farm worker --allow-commands``): a request's command
+    is code from its submitter."""
+    prof = spec.edge_profile
+    if prof is not None and prof.command and not get_settings().allow_commands:
+        raise SandboxError(
+            f"edge profile {prof.name!r} brings its own command, and this worker does not run requests' commands; "
+            "its operator can allow them (farm worker --allow-commands, or FARM_ALLOW_COMMANDS=1), or drop "
+            "`command:` to run farm's edge benchmark")
+
+
 def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, slots: int = 1) -> JobResult:
     """Measure one serving job (or run one edge job) and return its result; raises FarmError on failure.
 
@@ -43,6 +55,7 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     if spec.model_format in FOLDER_FORMATS:  # a Hugging Face folder, stored as one tar
         model_path = unpack_folder(model_path)
     if spec.is_edge:
+        refuse_command(spec)
         announce(f"edge run under {spec.edge_profile.name if spec.edge_profile else 'its'} limits")
         return runner.run_edge(spec, model_path)
     started = time.monotonic()

@@ -22,9 +22,10 @@ from farm.cli.live import LiveRun
 from farm.cli.views import err_console, load_label, rate_text, say
 from farm.db.models import Job
 from farm.db.session import session_scope
-from farm.errors import RunInterrupted
+from farm.errors import RunInterrupted, SandboxError
 from farm.results import result_rows
 from farm.settings import get_settings
+from schemas import ProfileRequest
 from workers.runners.select import make_runner
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -61,6 +62,17 @@ def stop_signals() -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def refuse_commands(request: ProfileRequest) -> None:
+    """In an embedded run, SandboxError before anything is stored when an edge profile brings its own
+    ``command:`` and ``FARM_ALLOW_COMMANDS`` is off (a worker would fail the job: this says it up front)."""
+    settings = get_settings()
+    named = [p.name for p in request.edge if p.command]
+    if settings.embedded and named and not settings.allow_commands:
+        raise SandboxError(f"edge profile(s) {', '.join(named)} bring their own command, which farm runs only where "
+                           "the operator allows it: set FARM_ALLOW_COMMANDS=1 if you trust this request, or drop "
+                           "`command:` to run farm's edge benchmark")
 
 
 def run_embedded(request_id: str, job_ids: list[str], quiet: bool, command: str = "farm submit") -> None:

@@ -9,7 +9,7 @@ import typer
 
 from farm import lifecycle
 from farm.cli import cluster, compare_cmd, followups, llm_options, ops, output, report_cmd, request_options, views
-from farm.cli.embedded import run_embedded
+from farm.cli.embedded import refuse_commands, run_embedded
 from farm.cli.errors import run_app, run_cli
 from farm.cli.live import LiveRun
 from farm.cli.prepare import prepare_db
@@ -139,6 +139,7 @@ def submit(
                              output_tokens=output_tokens, prefix_tokens=prefix_tokens, seed=seed, prompts=prompts,
                              tokenizer=tokenizer, slo=slo, requests=requests, warmup_requests=warmup_requests)
     request = ProfileRequest.model_validate(data)
+    refuse_commands(request)
     if dry_run:
         followups.dry_run(request, attach, as_json)
         return

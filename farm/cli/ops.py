@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -21,9 +22,10 @@ from farm.logs import setup_logging
 from farm.models.analysis import analyze as run_analysis
 from farm.models.analysis import headline
 from farm.models.examples import EXAMPLE_KINDS, LLM_KINDS, build_example
-from farm.models.info import detect_format, inspect_model, tensor_spec
+from farm.models.info import detect_format, tensor_spec
 from farm.models.llm_examples import GGUF_NAME, HF_NAME
-from farm.settings import get_settings, mask_url
+from farm.sandbox import jail_argv, model_jail
+from farm.settings import get_settings, mask_url, reset_settings
 from schemas.engines import FORMAT_ENGINE
 from schemas.metrics import MODEL_METRICS
 from workers.runners.select import make_runner
@@ -41,12 +43,18 @@ def worker(
                                     "for its slot processes)."),
     worker_id: str | None = typer.Option(None, "--worker-id", envvar="FARM_WORKER_ID"),
     loglevel: str = typer.Option("INFO", "--loglevel", envvar="FARM_LOGLEVEL"),
+    allow_commands: bool = typer.Option(False, "--allow-commands", help="Run edge profiles' own `command:` "
+                                        "(code from the request's submitter, with a clean environment); "
+                                        "default: such jobs fail. Same as FARM_ALLOW_COMMANDS=1."),
 ) -> None:
     """Run a worker: register hardware, heartbeat, consume the queues this host can serve (one slot per GPU)."""
     from farm.telemetry import serve_metrics, slot_port  # noqa: PLC0415 - prometheus_client: +0.035 s on every CLI start, measured
     from workers.hardware import detect_hardware  # noqa: PLC0415 - psutil: +0.02 s on every CLI start, measured
     from workers.node import WorkerNode, new_worker_id  # noqa: PLC0415 - celery, prometheus_client, psutil: +0.11 s on every CLI start, measured
 
+    if allow_commands:  # a setting, so that slot processes and every job of this worker see it
+        os.environ["FARM_ALLOW_COMMANDS"] = "1"
+        reset_settings()
     settings = get_settings()
     if settings.embedded:
         raise ConfigError("farm worker needs a broker: set FARM_BROKER_URL (e.g. redis://127.0.0.1:6379/0)")
@@ -108,11 +116,19 @@ def serve(
     extension (load/unload/index) and a /metrics endpoint, so Triton's tools can drive it."""
     from workers.engines.repository import default_model_name  # noqa: PLC0415 - grpc, tritonclient: +0.12 s on every CLI start, measured
     from workers.engines.server import ServerConfig, run_server  # noqa: PLC0415 - as above
+    from workers.serving.builtin import server_argv  # noqa: PLC0415 - as above (it imports the server)
 
     fmt = model_format or detect_format(model)
+    name = model_name or default_model_name(model)
+    if model_jail(fmt, model.name):  # the same server, in the jail: the model's code gets no secret, no host write
+        served_metrics = serve_metrics_port(port, metrics_port)
+        argv = server_argv(str(model.resolve()), model_format=fmt, engine=engine or FORMAT_ENGINE[fmt], host=host,
+                           port=port, device=device, threads=threads, instances=instances, model_name=name,
+                           extra=() if served_metrics is None else ("--metrics-port", str(served_metrics)))
+        jailed = jail_argv(argv, network=True, read_only=[model])
+        os.execvp(jailed[0], jailed)
     run_server(ServerConfig(model_path=model, model_format=fmt, engine=engine or FORMAT_ENGINE[fmt], host=host,
-                            port=port, device=device, threads=threads, instances=instances,
-                            model_name=model_name or default_model_name(model),
+                            port=port, device=device, threads=threads, instances=instances, model_name=name,
                             metrics_port=serve_metrics_port(port, metrics_port)))
 
 
@@ -178,12 +194,11 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Static metrics: parameters, size, MACs/FLOPs per sample, activation memory."""
     given = [tensor_spec(t) for t in input_spec] if input_spec else None
-    info = inspect_model(model, model_format, given)
-    report = run_analysis(model, info.format, info.inputs)
+    report = run_analysis(model, model_format, given)  # checks the file and inputs first (one jailed run, if any)
     if as_json:
         print(json.dumps(report, indent=2, default=str))
         return
-    table = Table(title=safe_text(f"{model.name} ({info.format}, {', '.join(report['inputs'])})"))
+    table = Table(title=safe_text(f"{model.name} ({report['format']}, {', '.join(report['inputs'])})"))
     for col in ("metric", "value", "unit"):
         table.add_column(col, justify="right" if col == "value" else "left")
     for m in MODEL_METRICS:

@@ -29,20 +29,34 @@ Unknown figures are None, never 0.
 """
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
 from farm.errors import ModelError
-from farm.models.info import format_input_spec, inspect_model_full
+from farm.models.info import detect_format, format_input_spec, inspect_model_full
 from farm.models.onnx_counter import analyze_onnx_model
 from farm.models.torch_counter import analyze_torchscript
+from farm.models.torchscript import PROBE_MODULE, probe_args
+from farm.sandbox import model_jail, run_jailed
 from schemas import TensorSpec
 
 __all__ = ["analyze", "headline"]
 
 
 def analyze(path: Path, format: str | None = None, inputs: list[TensorSpec] | None = None) -> dict[str, Any]:
-    """Static metrics of the model at ``path`` for per-sample ``inputs`` (inferred when None)."""
+    """Static metrics of the model at ``path`` for per-sample ``inputs`` (inferred when None). A model whose
+    loading runs code is checked and counted in one jailed run (``farm.sandbox``)."""
+    path = Path(path)
+    fmt = detect_format(path) if zipfile.is_zipfile(path) else None  # a zip: cheap to tell; TorchScript is one
+    if fmt is not None and format in (None, fmt) and model_jail(fmt, path.name):
+        return run_jailed(PROBE_MODULE, probe_args("report", path, inputs), read_only=[path],
+                          what=f"the analysis of {path.name}")
+    return analyze_here(path, format, inputs)
+
+
+def analyze_here(path: Path, format: str | None = None, inputs: list[TensorSpec] | None = None) -> dict[str, Any]:
+    """:func:`analyze` in this process (the jail's side, or a trusted model's)."""
     path = Path(path)
     info, model = inspect_model_full(path, format, inputs)  # validates file and inputs, else ModelError
     if info.format == "onnx":

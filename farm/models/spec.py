@@ -52,6 +52,19 @@ class ModelInfo:
     static_batch: int | None = None
     notes: list[str] = field(default_factory=list)
 
+    def to_json(self) -> dict[str, Any]:
+        """This record as JSON-ready data (it crosses the sandbox's pipe: ``farm.models.probe``)."""
+        return {**{k: getattr(self, k) for k in ("format", "sha256", "size_bytes", "dynamic_batch",
+                                                  "static_batch", "notes")},
+                "inputs": [t.model_dump(mode="json") for t in self.inputs],
+                "outputs": [t.model_dump(mode="json") for t in self.outputs]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelInfo:
+        """The record :meth:`to_json` wrote."""
+        specs = {k: [TensorSpec.model_validate(t) for t in data[k]] for k in ("inputs", "outputs")}
+        return cls(**{**data, **specs})
+
 
 def one_line(text: object, limit: int = 300) -> str:
     """Collapse ``text`` to one line of at most ``limit`` characters (for error messages)."""

@@ -22,7 +22,8 @@ from typing import Any
 from farm.errors import ModelError
 from farm.models.onnx_counter import totals
 from farm.models.spec import one_line
-from farm.models.torchscript import load_torchscript, require_torch, torch_inputs
+from farm.models.torchscript import PROBE_MODULE, load_torchscript, probe_args, require_torch, torch_inputs
+from farm.sandbox import model_jail, run_jailed
 from schemas import TensorSpec
 from schemas.dtypes import TORCH_TO_V2
 
@@ -185,6 +186,14 @@ def _counting_mode() -> Any:
 
 
 def analyze_torchscript(path: Path, inputs: list[TensorSpec]) -> dict[str, Any]:
+    """:func:`analyze_torchscript_here`, in the sandbox unless the operator trusts this host's models."""
+    if model_jail("torchscript", Path(path).name):
+        return run_jailed(PROBE_MODULE, probe_args("analyze", path, inputs), read_only=[path],
+                          what=f"the analysis of {Path(path).name}")
+    return analyze_torchscript_here(path, inputs)
+
+
+def analyze_torchscript_here(path: Path, inputs: list[TensorSpec]) -> dict[str, Any]:
     """Static metrics of a TorchScript file for per-sample ``inputs`` (see ``farm.models.analysis``)."""
     torch = require_torch()
     module = load_torchscript(path)

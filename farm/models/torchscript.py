@@ -26,10 +26,12 @@ from farm.models.spec import (
     sha256_file,
     tensor_spec,
 )
+from farm.sandbox import model_jail, run_jailed
 from schemas import TensorSpec
 from schemas.dtypes import TORCH_TO_V2, V2_NUMPY_NAME
 
 TORCHSCRIPT_EXAMPLES: tuple[str, ...] = ("mlp", "convnet")
+PROBE_MODULE = "farm.models.probe"  # the jailed side of a parse or analysis (run by module name)
 _INPUTS: dict[str, list[str]] = {"mlp": ["input:FP32:256"], "convnet": ["input:FP32:3x32x32"]}
 
 
@@ -96,6 +98,21 @@ def torchscript_declared_inputs(path: Path) -> list[TensorSpec] | None:
 
 
 def inspect_torchscript(path: Path, given: list[TensorSpec] | None) -> ModelInfo:
+    """:func:`inspect_torchscript_here`, in the sandbox unless the operator trusts this host's models
+    (``farm.sandbox``: loading a TorchScript file runs its code)."""
+    if model_jail("torchscript", Path(path).name):
+        return ModelInfo.from_json(run_jailed(PROBE_MODULE, probe_args("inspect", path, given), read_only=[path],
+                                              what=f"the check of {Path(path).name}"))
+    return inspect_torchscript_here(path, given)
+
+
+def probe_args(op: str, path: Path, inputs: list[TensorSpec] | None) -> list[str]:
+    """The arguments of ``python -m farm.models.probe`` for ``op`` (inspect, analyze, report) on ``path``."""
+    given = None if inputs is None else [t.model_dump(mode="json") for t in inputs]
+    return [op, str(Path(path).resolve()), json.dumps(given)]
+
+
+def inspect_torchscript_here(path: Path, given: list[TensorSpec] | None) -> ModelInfo:
     """Inspect a TorchScript file: inputs from ``given`` or the file's declaration, outputs from a dry run
     on a batch of 1 zeros (skipped, with a note, when torch is not installed). Outputs are named
     ``output__<i>`` (Triton's convention); the batch dimension is assumed dynamic (first dim of every input).

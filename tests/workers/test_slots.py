@@ -17,6 +17,7 @@ from sqlalchemy import select
 from farm.db.models import Job, Result, Worker
 from farm.db.session import session_scope
 from farm.errors import ConfigError, ServerError
+from farm.secrets import clean_env
 from schemas import CpuInfo, GpuInfo, JobSpec, MeasurementSettings, TensorSpec, WorkerHardware
 from schemas.queues import CPU_QUEUE, EDGE_QUEUE, gpu_queue
 from tests.helpers import farm, farm_env
@@ -140,7 +141,7 @@ def test_the_process_runner_starts_a_gpu_jobs_server_on_its_slots_gpu_only(tmp_p
     with pytest.raises(ServerError), ProcessRunner(gpus=slot.gpus).serve(_spec(f"gpu:{A100}"), tmp_path):
         pass  # the fake server exits once it has written its environment
     assert seen.read_text() == UUIDS[1]
-    assert server_env(_spec("cpu"), slot.gpus) is None  # CPU jobs keep the worker's environment
+    assert server_env(_spec("cpu"), slot.gpus) == clean_env()  # CPU jobs: the clean environment, no GPU pinned
     with pytest.raises(ServerError, match="no such GPU"):
         server_env(_spec(f"gpu:{T4}"), slot.gpus)
 

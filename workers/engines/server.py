@@ -484,6 +484,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", default=SERVED_MODEL_NAME)
     p.add_argument("--max-queue-delay-us", type=int, default=None, help="dynamic batching delay, µs (default off)")
     p.add_argument("--preferred-batch-size", type=int, default=None, help="dynamic batching: send at this many rows")
+    p.add_argument("--metrics-port", type=int, default=None, help="Triton-style /metrics port (default off; 0: free)")
     p.add_argument(
         "--input", action="append", default=[], metavar="NAME:DTYPE:DIMS",
         help="declare an input (TorchScript), e.g. x:FP32:-1x16; repeat per input",
@@ -503,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         model_path=a.model, model_format=a.model_format, engine=a.engine, host=a.host, port=a.port,
         device=a.device, threads=a.threads, instances=a.instances, model_name=a.model_name,
         inputs=declared, max_queue_delay_us=a.max_queue_delay_us, preferred_batch_size=a.preferred_batch_size,
+        metrics_port=a.metrics_port,
     )
     try:
         model = load_model(cfg)

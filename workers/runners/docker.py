@@ -3,8 +3,9 @@ containers limited like the edge box (``workers.runners.docker_edge``).
 
 Serving: one container per job runs the launch its engine declares (``workers.serving``: farm's built-in
 server in farm's image, or the engine's own image) with the model (or model repository) bind-mounted
-read-only; its gRPC port 8001 is published on 127.0.0.1 at a free host port chosen by Docker, and farm
-talks to it only there. Consecutive jobs with the same launch (image, command, mounts), model sha and
+read-only, on farm's internal network (``hardening.SERVING_NETWORK``: no egress, no traffic between its
+containers); farm talks to its gRPC port 8001 at the container's address on that network, from the host.
+Consecutive jobs with the same launch (image, command, mounts), model sha and
 device reuse the running container (the server is stateless between jobs); a reused container is removed
 after ``idle_timeout_s`` seconds without a job (a timer), at ``close()``, or when the next job needs other
 settings.
@@ -46,8 +47,8 @@ from workers.serving.registry import serving_engine
 
 SERVER_PORT = 8001
 DEFAULT_IDLE_TIMEOUT_S = 120.0
-#: a container: farm's own servers run under the image's ``python``, bind every interface on SERVER_PORT
-#: (published on 127.0.0.1 only), and see a model file under ``/model``
+#: a container: farm's own servers run under the image's ``python``, bind the container's interfaces on
+#: SERVER_PORT (its own network namespace: loopback and the internal network), and see a model file under ``/model``
 SITE = Site(container=True, python="python", host="0.0.0.0", port=SERVER_PORT, model_dir=hd.MODEL_DIR)
 
 
@@ -239,7 +240,7 @@ class DockerRunner(Runner):
             name=hd.container_name("serve", self.worker_id, spec.job_id),
             labels=hd.labels(self.worker_id, spec.job_id, "serve", **{hd.KEY_LABEL: key}, **owner_labels()),
             volumes=volumes,
-            ports={f"{launch.port}/tcp": ("127.0.0.1", None)},
+            network=hd.serving_network(self.client),
             **hd.hardening(self.pids_limit),
             **extra,
         )
@@ -260,8 +261,7 @@ class DockerRunner(Runner):
                 raise ContainerError(
                     f"could not start the serving container for job {spec.job_id} from {image}: {exc}; "
                     "check dockerd's log, and for GPU jobs the NVIDIA container toolkit") from exc
-            port = hd.host_port(container, f"{launch.port}/tcp")
-            target = ServingTarget(host="127.0.0.1", port=port, model_name=launch.model_name,
+            target = ServingTarget(host=hd.container_address(container), port=launch.port, model_name=launch.model_name,
                                    container_id=container.id, cgroup_path=hd.cgroup_path(container.id),
                                    gpu_uuids=uuids)
             self._wait_ready(container, target, self.ready_timeout_s, launch.ready)
@@ -335,8 +335,8 @@ class DockerRunner(Runner):
     @contextmanager
     def place(self, spec: JobSpec, launch: Launch, cpus: set[int] | None) -> Iterator[ServingTarget]:
         """Run ``launch`` for ``spec`` in a container (new or reused) limited to cores ``cpus``
-        (``cpuset_cpus``); yields the ready target on 127.0.0.1. The container is removed on exit unless
-        kept for reuse; after an error in the body it is always removed."""
+        (``cpuset_cpus``); yields the ready target (its address on the internal network). The container is
+        removed on exit unless kept for reuse; after an error in the body it is always removed."""
         if spec.is_edge:
             raise ContainerError(f"job {spec.job_id} is an edge job; call run_edge(), not serve()")
         image = launch.image or self.image_for(spec)

@@ -2,8 +2,9 @@
 
 Every farm container: all capabilities dropped, ``no-new-privileges``, read-only root filesystem with a
 64 MiB tmpfs on ``/tmp``, a pids limit, user ``nobody`` (65534:65534), the model bind-mounted read-only
-under ``/model``. Edge containers have no network at all; serving containers sit on the default bridge
-with exactly one port published on 127.0.0.1.
+under ``/model``, no variable of the worker's environment. Edge containers have no network at all; serving
+containers sit on farm's internal network (``SERVING_NETWORK``: no route out of it, containers on it cannot
+reach each other), where only the worker's host reaches their port, at the container's address.
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ USER = "65534:65534"
 PIDS_LIMIT = 256
 TMPFS = {"/tmp": "size=64m"}
 MODEL_DIR = "/model"
+#: the Docker network of serving containers: internal (no egress, no NAT), no traffic between its containers
+SERVING_NETWORK = "farm-serving"
+NETWORK_OPTIONS = {"com.docker.network.bridge.enable_icc": "false"}
 
 
 #: ``containers.create`` argument for farm's own commands (``python -m workers...``): an image built from
@@ -150,24 +154,36 @@ def cgroup_path(container_id: str) -> Path | None:
         return None
 
 
-def host_port(container: Any, container_port: str = "8001/tcp", timeout_s: float = 5.0) -> int:
-    """The 127.0.0.1 host port Docker published for ``container_port`` (polls until set)."""
+def serving_network(docker_client: Any, name: str = SERVING_NETWORK) -> str:
+    """The internal network serving containers join (created on first use: ``internal``, no traffic
+    between containers); its name. ContainerError when it exists but is not internal (an operator's
+    network of that name must not give jobs a way out)."""
+    found = docker_client.networks.list(names=[name])
+    if not found:
+        try:
+            docker_client.networks.create(name, driver="bridge", internal=True, check_duplicate=True,
+                                          options=dict(NETWORK_OPTIONS), labels={OWNER_LABEL: OWNER})
+        except docker.errors.APIError as exc:
+            if "already exists" not in str(exc):
+                raise ContainerError(f"could not create Docker network {name}: {exc}") from exc
+        found = docker_client.networks.list(names=[name])
+    net = next((n for n in found if n.name == name), None)
+    if net is None or not net.attrs.get("Internal"):
+        raise ContainerError(f"Docker network {name} exists but is not internal, so jobs on it could reach out; "
+                             f"remove it (docker network rm {name}) and farm creates it internal")
+    return name
+
+
+def container_address(container: Any, network: str = SERVING_NETWORK, timeout_s: float = 5.0) -> str:
+    """The container's IP address on ``network`` (polls until set); ContainerError when it exits first."""
     deadline = time.monotonic() + timeout_s
     while True:
         container.reload()
-        bindings = (container.attrs.get("NetworkSettings", {}).get("Ports") or {}).get(container_port)
-        for b in bindings or []:
-            if b.get("HostIp") in ("127.0.0.1", "") and b.get("HostPort"):
-                return int(b["HostPort"])
-        if container.status not in ("created", "running"):
-            code = container.attrs.get("State", {}).get("ExitCode")
+        ip = ((container.attrs.get("NetworkSettings", {}).get("Networks") or {}).get(network) or {}).get("IPAddress")
+        if ip:
+            return str(ip)
+        if container.status not in ("created", "running") or time.monotonic() > deadline:
             raise ContainerError(
-                f"container {container.short_id} exited with code {code} before its port {container_port} "
-                f"was published; last log lines:\n{log_tail(container)}")
-        if time.monotonic() > deadline:
-            raise ContainerError(
-                f"container {container.short_id} has no port published for {container_port} "
-                f"(status {container.status}); last log lines:\n{log_tail(container)}")
+                f"container {container.short_id} has no address on network {network} (status {container.status}); "
+                f"last log lines:\n{log_tail(container)}")
         time.sleep(0.05)
-
-

@@ -13,6 +13,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from farm.errors import ServerError
+from farm.sandbox import code_jail, jail_argv
+from farm.secrets import clean_env
 from farm.settings import get_settings
 from schemas import GpuInfo, JobResult, JobSpec
 from schemas.cpus import cpu_list
@@ -129,16 +131,28 @@ class ServerProcess:
             self.proc.wait(timeout=5)
 
 
-def server_env(spec: JobSpec, gpus: Sequence[GpuInfo] | None) -> dict[str, str] | None:
-    """The server's environment: this one, with ``CUDA_VISIBLE_DEVICES`` set to the UUID of the GPU among
-    ``gpus`` (the worker's or its slot's) that serves a GPU job; None (inherit) when ``gpus`` is None."""
+def server_env(spec: JobSpec, gpus: Sequence[GpuInfo] | None, launch_env: dict[str, str] | None = None
+               ) -> dict[str, str]:
+    """The server's environment: the allowlist of ``farm.secrets.clean_env`` (never the worker's secrets), the
+    launch's own ``launch_env``, and ``CUDA_VISIBLE_DEVICES`` set to the UUID of the GPU among ``gpus`` (the
+    worker's or its slot's) that serves a GPU job (``gpus`` None: as the worker has it)."""
+    env = clean_env(launch_env)
     if gpus is None or not spec.device.startswith("gpu"):
-        return None
+        return env
     uuids = gpu_uuids_for(list(gpus), spec.device)
     if not uuids:
         raise ServerError(f"job wants device {spec.device!r} but this worker has no such GPU "
                           f"(has: {', '.join(g.slug for g in gpus) or 'none'}); it was routed to the wrong queue")
-    return {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(uuids)}
+    return {**env, "CUDA_VISIBLE_DEVICES": ",".join(uuids)}
+
+
+def jailed(launch: Launch, env: dict[str, str]) -> list[str]:
+    """The launch's argv, in a bubblewrap jail (``farm.sandbox``: host network kept for its port, the model
+    read-only, nothing else of the host writable, no secrets) when loading its model runs code and the
+    operator does not trust this host's models; SandboxError when it must be jailed but cannot."""
+    if not launch.runs_model_code or not code_jail(f"the model {Path(launch.model).name}"):
+        return launch.argv
+    return jail_argv(launch.argv, network=True, read_only=[launch.model], env=env)
 
 
 def confine(stack: ExitStack, argv: list[str], cpus: set[int] | None) -> tuple[list[str], list[str]]:
@@ -171,13 +185,12 @@ class ProcessRunner(Runner):
     @contextmanager
     def place(self, spec: JobSpec, launch: Launch, cpus: set[int] | None) -> Iterator[ServingTarget]:
         timeout = get_settings().server_ready_timeout_s
-        env = server_env(spec, self.gpus)
-        if launch.env:
-            env = {**(env or os.environ), **launch.env}
+        env = server_env(spec, self.gpus, launch.env)
+        command = jailed(launch, env)
         if launch.prepare is not None:
             launch.prepare()
         with ExitStack() as stack:
-            argv, notes = confine(stack, launch.argv, cpus)
+            argv, notes = confine(stack, command, cpus)
             server = stack.enter_context(ServerProcess(argv, env=env, listen_prefix=launch.listen_prefix,
                                                        cpu_set=cpus, cwd=launch.cwd))
             port = server.wait_port(timeout) if launch.listen_prefix is not None else launch.port

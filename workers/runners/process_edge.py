@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 from farm.errors import UnsupportedError, WorkerError
+from farm.sandbox import jail_argv, model_jail
+from farm.secrets import clean_env
 from schemas import JobResult, JobSpec
 from workers.measure import Measurement, Served
 from workers.runners.common import MODEL_PLACEHOLDER, bench_command, edge_input_file
@@ -29,7 +31,10 @@ def edge_argv(spec: JobSpec, model_path: Path, data: Path | None = None) -> tupl
     if prof.command:
         return [a.replace(MODEL_PLACEHOLDER, str(model_path)) for a in prof.command], True
     argv = bench_command(spec, str(model_path), str(data) if data is not None else None)
-    return [sys.executable, *argv[1:]], False  # argv[0] is the container's "python"
+    argv = [sys.executable, *argv[1:]]  # argv[0] is the container's "python"
+    if model_jail(spec.model_format, f"the model {model_path.name}"):  # no network, the model and data read-only
+        argv = jail_argv(argv, network=False, read_only=[model_path, *([data] if data is not None else [])])
+    return argv, False
 
 
 def run_edge_process(spec: JobSpec, model_path: Path) -> JobResult:
@@ -57,7 +62,8 @@ def _run_edge_process(spec: JobSpec, model_path: Path, data: Path | None) -> Job
             notes.append(f"limits NOT enforced: {cg.reason}")
         cores = m.server_cpus  # pinned also where the cgroup's cpuset could not be set
         proc = subprocess.Popen(cg.command(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, cores))
+                                env=clean_env(), start_new_session=True,
+                                preexec_fn=lambda: os.sched_setaffinity(0, cores))
         with m.watch(Served(pid=proc.pid, cgroup=cg.cgroups if cg.created else None)):
             try:
                 out, err = proc.communicate(timeout=spec.measurement.timeout_s)

@@ -80,7 +80,9 @@ class Launch:
     path as the server sees it; ``image``: the image a container runs (None: farm's runtime image, with the
     engine's ``package``), ``image_help`` how to get it onto a host (farm never pulls); ``mounts``: host path
     -> path inside, read-only; ``prepare``: what to write before a new server starts (a model repository);
-    ``ready``: the readiness check; ``cwd``: the directory the server starts in (None: the runner's).
+    ``ready``: the readiness check; ``cwd``: the directory the server starts in (None: the runner's);
+    ``runs_model_code``: the model's format runs code from the file when loaded (``farm.sandbox.CODE_FORMATS``),
+    so a runner without containers starts the server in a jail.
     """
 
     argv: list[str]
@@ -93,6 +95,7 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     shm_size: str | None = None
     listen_prefix: str | None = None
+    runs_model_code: bool = False  # loading the model runs code from it: a process runner jails the server
     prepare: Callable[[], object] | None = None
     ready: ReadyCheck = wait_ready
     cwd: str | None = None

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from farm.sandbox import runs_code
 from schemas import JobSpec
 from schemas.engines import SERVED_MODEL_NAME
 from workers.engines.backends import BACKENDS
@@ -66,4 +67,4 @@ class BuiltinServer(ServingEngine):
     def launch(self, spec: JobSpec, model_path: Path, site: Site) -> Launch:
         model = site.path(model_path)
         return Launch(argv=job_argv(spec, model, site), port=site.port, model=model, mounts=site.mounts(model_path),
-                      listen_prefix=LISTEN_LINE)
+                      listen_prefix=LISTEN_LINE, runs_model_code=runs_code(spec.model_format))

@@ -74,6 +74,17 @@ runAsNonRoot: true
 capabilities: {drop: [ALL]}
 seccompProfile: {type: RuntimeDefault}
 {{- end -}}
+{{/* A process-runner worker that jails untrusted models with bubblewrap (farm/sandbox.py): restricted, except
+that bubblewrap needs to create namespaces (seccomp) and mount a fresh /proc (procMount Unmasked, which needs
+the pod's hostUsers: false); the jail then holds each job with no capability, no secret and no writable host path */}}
+{{- define "farm.jailSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities: {drop: [ALL]}
+seccompProfile: {type: Unconfined}
+procMount: Unmasked
+{{- end -}}
 {{/* Init container: wait until the migration job has brought the schema to this image's newest revision */}}
 {{- define "farm.waitForMigrations" -}}
 {{- if .root.Values.migrations.enabled }}

@@ -1,4 +1,5 @@
-"""DockerRunner.serve(): real containers from the locally built image, reached on 127.0.0.1 only."""
+"""DockerRunner.serve(): real containers from the locally built image, on farm's internal network, reached at their
+address there (no port published on the host)."""
 from __future__ import annotations
 
 import time
@@ -27,9 +28,9 @@ def test_serving_container_matches_in_process_onnxruntime(runner: Any, models: d
     x = np.random.default_rng(1).random((4, 256), dtype=np.float32)
     expected = ort.InferenceSession(str(models["mlp"])).run(["output"], {"input": x})[0]
     with runner.serve(make_spec(models["mlp"]), models["mlp"]) as target:
-        assert target.host == "127.0.0.1"
+        assert target.host != "127.0.0.1" and target.port == 8001  # the container's address on farm's network
         assert target.container_id
-        client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{target.port}")
+        client = grpcclient.InferenceServerClient(url=target.url)
         inp = grpcclient.InferInput("input", list(x.shape), "FP32")
         inp.set_data_from_numpy(x)
         got = client.infer(target.model_name, [inp]).as_numpy("output")
@@ -38,7 +39,7 @@ def test_serving_container_matches_in_process_onnxruntime(runner: Any, models: d
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_serving_container_is_hardened_and_published_on_loopback_only(
+def test_serving_container_is_hardened_on_the_internal_network(
     runner: Any, docker_client: Any, models: dict[str, Path], make_spec: Any
 ) -> None:
     spec = make_spec(models["mlp"])
@@ -51,9 +52,10 @@ def test_serving_container_is_hardened_and_published_on_loopback_only(
         assert "/tmp" in hc["Tmpfs"]
         assert hc["PidsLimit"] and hc["PidsLimit"] > 0
         assert c.attrs["Config"]["User"] == "65534:65534"
-        bindings = hc["PortBindings"]
-        assert list(bindings) == ["8001/tcp"]
-        assert all(b["HostIp"] == "127.0.0.1" for b in bindings["8001/tcp"])
+        assert not hc["PortBindings"]  # nothing published on the host
+        assert list(c.attrs["NetworkSettings"]["Networks"]) == ["farm-serving"]
+        assert docker_client.networks.get("farm-serving").attrs["Internal"] is True
+        assert c.attrs["Config"]["Env"] is None or not any(e.startswith("FARM_") for e in c.attrs["Config"]["Env"])
         mounts = c.attrs["Mounts"]
         assert len(mounts) == 1 and mounts[0]["RW"] is False and mounts[0]["Destination"].startswith("/model/")
         labels = c.labels
@@ -251,7 +253,7 @@ def test_torchscript_job_runs_in_the_images_torch_variant(make_runner: Any, dock
         argv = docker_client.containers.get(target.container_id).attrs["Config"]["Cmd"]
         import tritonclient.grpc as grpcclient
 
-        client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{target.port}")
+        client = grpcclient.InferenceServerClient(url=target.url)
         inp = grpcclient.InferInput("input", list(x.shape), "FP32")
         inp.set_data_from_numpy(x)
         got = client.infer(target.model_name, [inp]).as_numpy("output__0")
@@ -307,7 +309,7 @@ def test_openvino_job_runs_in_the_images_openvino_variant(make_runner: Any, dock
         expected = ort.infer({name: x})
     with runner.serve(spec, models["mlp"]) as target:
         image = docker_client.containers.get(target.container_id).attrs["Config"]["Image"]
-        client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{target.port}")
+        client = grpcclient.InferenceServerClient(url=target.url)
         inp = grpcclient.InferInput(name, list(x.shape), "FP32")
         inp.set_data_from_numpy(x)
         result = client.infer(target.model_name, [inp])
