@@ -1,0 +1,62 @@
+"""An LLM model file end to end, as a user runs it: ``farm submit tiny-llama.gguf`` (or the Hugging Face folder)
+makes farm launch the engine (llama.cpp, transformers serve) on its leased cores through the process runner, drive
+it with the OpenAI streaming client, and store the LLM figures; the token counts come from the server or from the
+model's own tokenizer, and every request asked for the output length the workload set."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import farm, farm_env
+
+pytestmark = pytest.mark.llm
+
+SHORT = ["--duration", "2", "--window", "1", "--warmup", "0.5", "--input-tokens", "24", "--output-tokens", "16"]
+
+
+def _rows(env: dict[str, str], *args: str) -> list[dict[str, Any]]:
+    out = farm("submit", *args, *SHORT, "--json", env=env, timeout=420)
+    rid = json.loads(out.stdout)["request_id"]
+    rows: list[dict[str, Any]] = json.loads(farm("results", rid, "--format", "json", env=env).stdout)
+    return rows
+
+
+def test_llama_cpp_launched_by_farm_is_measured_over_the_openai_api(tiny_llama: Any) -> None:
+    """No --api needed: a GGUF file goes to llama.cpp, whose jobs the OpenAI client measures; an SLO gives goodput."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install 'farm[llm]'")
+    env = farm_env()
+    rows = _rows(env, str(tiny_llama.gguf), "--concurrency", "1,2", "--slo", "ttft=5000,tpot=1000")
+    assert sorted(r["concurrency"] for r in rows) == [1, 2]
+    for r in rows:
+        assert r["status"] == "succeeded", r.get("error")
+        assert r["engine"] == "llama.cpp" and r["client"] == "openai"
+        assert r["output_tokens_per_s"] > 0 and r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] > 0
+        assert r["tpot_p50_ms"] > 0 and r["latency_p50_ms"] >= r["ttft_p50_ms"]
+        assert r["error_count"] == 0
+        # the tiny model always runs to max_tokens (its output rows keep it on printable tokens): 16 asked, 16 made
+        assert r["mean_output_tokens"] == pytest.approx(16, abs=1)
+        assert r["goodput_req_per_s"] == pytest.approx(r["requests_per_s"], rel=0.05)
+
+
+@pytest.mark.slow
+def test_transformers_serve_launched_by_farm_on_the_hf_folder(tiny_llama: Any) -> None:
+    """A Hugging Face folder goes to ``transformers serve``, which reports usage: the counts come from the server."""
+    pytest.importorskip("transformers", reason="transformers is not installed: pip install 'farm[llm]'")
+    env = farm_env()
+    rows = _rows(env, str(tiny_llama.hf), "--concurrency", "1")
+    (r,) = rows
+    assert r["status"] == "succeeded", r.get("error")
+    assert r["engine"] == "transformers" and r["client"] == "openai"
+    assert r["output_tokens_per_s"] > 0 and r["ttft_p50_ms"] > 0
+    assert r["mean_output_tokens"] == pytest.approx(16, abs=1)
+
+
+def test_llm_options_on_an_onnx_model_are_left_out_with_the_reason(tmp_path: Path, example_onnx: Path) -> None:
+    """--input-tokens asks for an LLM workload; an ONNX model's engine speaks KServe v2: the job is left out, said."""
+    env = farm_env()
+    proc = farm("submit", str(example_onnx), "--input-tokens", "16", "--dry-run", env=env, check=False)
+    assert "not the OpenAI API" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
