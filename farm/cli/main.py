@@ -87,6 +87,8 @@ def submit(
                                       "load generator. auto: perf_analyzer where installed and able (unary calls, a "
                                       "server answering ModelConfig), else farm's own."),
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s."),
+    op_profile: bool = typer.Option(False, "--op-profile", help="After each job's load measurement, a short "
+                                    "pass with the engine's op profiler: time per node (`farm ops JOB_ID`)."),
     repeats: int | None = typer.Option(None, "--repeats", help=f"Runs of each cell (1 to {MAX_REPEATS}, default 1), "
                                        "interleaved round by round; `farm results` shows their median and range, "
                                        "`farm compare` needs several to judge."),
@@ -109,7 +111,7 @@ def submit(
                                    threads=threads, instances=instances, timeout_s=timeout, rpc=rpc,
                                    max_queue_delay_us=queue_delay,
                                    preferred_batch_size=preferred_batch, search=search, p99_ms=p99,
-                                   client=client),
+                                   client=client, op_profile=op_profile or None),
                               extra=dict(input_data=input_data, endpoint=endpoint, model_name=served_name,
                                          repeats=repeats))
     request = ProfileRequest.model_validate(data)

@@ -55,14 +55,21 @@ def edge_input_file(spec: JobSpec) -> Iterator[Path | None]:
 def bench_command(spec: JobSpec, model_inside: str, data_inside: str | None = None) -> list[str]:
     """argv of the built-in edge bench for ``spec`` (``argv[0]`` is ``python``, as in the runtime image);
     ``data_inside``: where the bench reads the request's input data file (:func:`edge_input_file`)."""
-    zeros = spec.input_data is not None and spec.input_data.kind == "zeros"
-    inputs = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape),
-               **({"value_range": list(t.value_range)} if t.value_range else {}), **({"zeros": True} if zeros else {})}
-              for t in spec.inputs]
     return [
         "python", "-m", "workers.edge_bench", "--model", model_inside, "--format", spec.model_format,
         "--engine", spec.engine, "--batch-size", str(spec.batch_size),
         "--warmup-s", f"{spec.measurement.warmup_s:g}", "--duration-s", f"{edge_duration_s(spec):g}",
-        "--threads", str(edge_threads(spec)), "--inputs", json.dumps(inputs, separators=(",", ":")),
+        "--threads", str(edge_threads(spec)), "--inputs", job_inputs(spec),
         *(("--input-data", data_inside) if data_inside else ()),
+        *(("--op-profile",) if spec.measurement.op_profile else ()),
     ]
+
+
+def job_inputs(spec: JobSpec) -> str:
+    """The job's inputs as the edge bench and the op-profiling pass take them (``--inputs``): a JSON list of
+    name, dtype, per-sample shape, value range, and ``zeros`` for zero-filled input data."""
+    zeros = spec.input_data is not None and spec.input_data.kind == "zeros"
+    inputs = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape),
+               **({"value_range": list(t.value_range)} if t.value_range else {}), **({"zeros": True} if zeros else {})}
+              for t in spec.inputs]
+    return json.dumps(inputs, separators=(",", ":"))
