@@ -9,6 +9,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from farm.cli.op_profile_cmd import compare_ops_cmd
 from farm.cli.prepare import prepare_db
 from farm.cli.views import console, err_console, fmt_value, load_label, safe_row, say
 from farm.compare import FASTER, MIN_REPEATS, RATIOS, SLOWER, Comparison
@@ -34,9 +35,14 @@ def compare(
     ignore: list[str] | None = typer.Option(None, "--ignore", help="A coordinate not to match on, e.g. engine "
                                             "to compare two engines; repeat."),
     as_json: bool = typer.Option(False, "--json"),
+    ops: bool = typer.Option(False, "--ops", help="A and B are job ids: which op types got faster or slower "
+                             "between their op profiles (--op-profile)."),
 ) -> None:
     """Compare two requests configuration by configuration: ratios B / A and a verdict from their repeated runs
     (faster, slower, same or inconclusive)."""
+    if ops:
+        compare_ops_cmd(request_a, request_b, as_json)
+        return
     ignored = tuple(ignore or [])
     unknown = [c for c in ignored if c not in CONFIG_COLUMNS]
     if unknown:

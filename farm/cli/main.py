@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from farm import export, lifecycle
-from farm.cli import cluster, compare_cmd, ops, report_cmd, request_options, views
+from farm.cli import cluster, compare_cmd, op_profile_cmd, ops, report_cmd, request_options, views
 from farm.cli.embedded import run_embedded
 from farm.cli.errors import run_app, run_cli
 from farm.cli.prepare import prepare_db
@@ -318,6 +318,7 @@ ops.register(app, db_app)  # worker, serve, db, example-model, analyze
 report_cmd.register(app)
 compare_cmd.register(app)
 cluster.register(app)  # scheduler, cancel
+op_profile_cmd.register(app)  # ops (op profiles; not ops.py's operator commands)
 
 
 def main(args: list[str] | None = None) -> None:

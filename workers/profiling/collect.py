@@ -30,6 +30,7 @@ Feed = dict[str, np.ndarray]
 #: a trace file larger than this is not parsed (the profile fails and says so), bytes
 MAX_TRACE_FILE = 512 * 1024 * 1024
 TORCH_MARK = "farm::iteration"
+NCHWC = "_nchwc"
 _TORCH_WRAPPERS = ("forward", TORCH_MARK)
 
 
@@ -186,13 +187,16 @@ def _ort_graph(model: Path, optimized: Path, accs: dict[str, NodeAcc]) -> None:
     opt = onnx.load(str(optimized), load_external_data=False).graph
     opt_names = _graph_names(opt)
     producer = {t: name for name, n in zip(opt_names, opt.node, strict=True) for t in n.output}
+    # the NCHWc layout pass renames tensors and names its node "<the original output tensor>_nchwc"
+    producer.update({name[: -len(NCHWC)]: name for name in opt_names if name.endswith(NCHWC)})
     consumers: dict[str, list[Any]] = defaultdict(list)
     for n in orig.node:
         for t in n.input:
             consumers[t].append(n)
-    present = set(opt_names)
+    op_of = {name: n.op_type for name, n in zip(opt_names, opt.node, strict=True)}
     for name, node in zip(_graph_names(orig), orig.node, strict=True):
-        if name in present:
+        out = node.output[0] if node.output else ""
+        if op_of.get(producer.get(out, "")) == node.op_type:  # kept as it was (an unnamed node's name may differ)
             continue
         owner = _downstream_owner(node, producer, consumers)
         if owner is not None and owner in accs:
