@@ -66,7 +66,7 @@ def nodes_table(prof: OpProfile, top: int) -> Table:
     for col, kw in (("node", {"no_wrap": True, "max_width": NAME_WIDTH}), ("op type", {"max_width": 16}),
                     ("p50", {"justify": "right"}), ("p90", {"justify": "right"}), ("share", {"justify": "right"}),
                     ("calls", {"justify": "right"})):
-        table.add_column(col, overflow="ellipsis", **kw)  # type: ignore[arg-type]
+        table.add_column(col, overflow="ellipsis", **kw)
     for n in prof.nodes[:top]:
         mark = "" if n.status == "executed" else f" ({n.status})"
         fused = f" +{len(n.fused)}" if n.fused else ""

@@ -193,12 +193,14 @@ def _ort_graph(model: Path, optimized: Path, accs: dict[str, NodeAcc]) -> None:
     for n in orig.node:
         for t in n.input:
             consumers[t].append(n)
+    constants = {i.name for i in opt.initializer}  # outputs the optimizer computed once: constant-folded
     op_of = {name: n.op_type for name, n in zip(opt_names, opt.node, strict=True)}
     for name, node in zip(_graph_names(orig), orig.node, strict=True):
         out = node.output[0] if node.output else ""
         if op_of.get(producer.get(out, "")) == node.op_type:  # kept as it was (an unnamed node's name may differ)
             continue
-        owner = _downstream_owner(node, producer, consumers)
+        folded = bool(node.output) and all(t in constants for t in node.output)
+        owner = None if folded else _downstream_owner(node, producer, consumers)
         if owner is not None and owner in accs:
             accs[owner].fused.append(name)
         else:

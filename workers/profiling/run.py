@@ -34,6 +34,7 @@ def run_pass(model: Path, engine: str, batch_size: int, threads: int, workdir: P
     ``compute_ms``: the engine call's time measured already in this box (an edge run's p50): then the model is
     loaded once, profiled only (a memory-limited box holds one copy). An engine without a profiler gives a
     ``none`` profile; a crash propagates (the caller records it)."""
+    workdir.mkdir(parents=True, exist_ok=True)
     profiler = profiler_for(engine, model, workdir, warmup, max_events)
     if profiler is None:
         return missing(engine, "none", f"engine {engine} has no op profiler in farm"), None
