@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,8 @@ def header_lines(jid: str, job: dict[str, Any], prof: OpProfile) -> list[str]:
     if prof.status != "ok":
         lines.append(f"no op profile ({prof.status}): {prof.reason}")
         return lines
-    lines.append(f"{prof.iterations} profiled inferences after {prof.warmup} warm-up, {prof.threads or 'lease'} "
-                 f"threads; times per inference (batch call), ms")
+    lines.append(f"{prof.iterations} profiled inferences ({prof.warmup} warm-up), threads "
+                 f"{prof.threads or 'of the lease'}; ms per inference")
     ratio = prof.sum_vs_compute
     lines.append(f"node sum {_ms(prof.node_sum_ms)} ms vs compute {_ms(prof.compute_ms)} ms"
                  + (f" ({100 * ratio:.0f} %)" if ratio is not None else "")
@@ -127,12 +128,13 @@ def ops_cmd(
         _csv(prof)
         return
     for line in header_lines(stored.job_id, stored.job, prof):
-        say(line)
+        for part in textwrap.wrap(line, WIDTH, subsequent_indent="  ", break_long_words=False):
+            say(part)
     if prof.status == "ok":
         console.print(nodes_table(prof, top))
         console.print(types_table(prof))
         if stored.has_trace and trace_out is None:
-            say(f"raw trace: farm ops {stored.job_id[:12]} --trace trace.json (opens in ui.perfetto.dev)")
+            say(f"raw trace: farm ops {stored.job_id[:12]} --trace t.json (open it in ui.perfetto.dev)")
 
 
 def compare_ops_cmd(job_a: str, job_b: str, as_json: bool) -> None:
