@@ -150,3 +150,34 @@ def compare_ops(a: OpProfile, b: OpProfile) -> list[dict[str, Any]]:
         rows.append({"op_type": op, "a_ms": ma, "b_ms": mb, "ratio": ratio, "delta_ms": delta})
     rows.sort(key=lambda r: -abs(r["delta_ms"]))
     return rows
+
+
+def join_layers(layers: list[dict[str, Any]], prof: OpProfile | None) -> list[dict[str, Any]]:
+    """The static per-node costs (``farm.models.onnx_counter.node_costs``) joined with a profile by node name:
+    each profiled node takes the costs of itself and of the graph nodes fused into it, and gets its achieved
+    GFLOP/s and bytes/s (parameters + outputs over its median self time). Without a profile: the layers as
+    they are. Nodes the profile does not name in the graph (layout reorders) keep None costs."""
+    if prof is None:
+        return [dict(r) for r in layers]
+    by_name = {r["name"]: r for r in layers}
+    rows = []
+    for n in prof.nodes:
+        members = [by_name[m] for m in (n.name, *n.fused) if m in by_name]
+        flops = None if not members or any(m["flops"] is None for m in members) else sum(m["flops"] for m in members)
+        nbytes = None if not members or any(m["activation_bytes"] is None for m in members) else sum(
+            m["param_bytes"] + m["activation_bytes"] for m in members)
+        s = n.self_ms_p50 / 1000.0
+        rows.append({"name": n.name, "op_type": n.op_type, "self_ms": n.self_ms_p50, "flops": flops,
+                     "bytes": nbytes, "params": sum(m["params"] for m in members) if members else None,
+                     "gflops_per_s": flops / s / 1e9 if flops is not None and s > 0 else None,
+                     "gbytes_per_s": nbytes / s / 1e9 if nbytes is not None and s > 0 else None})
+    return rows
+
+
+def achieved(layers: list[dict[str, Any]], prof: OpProfile, peak_gflops: float | None) -> dict[str, Any]:
+    """The model's total: FLOPs per batch call over the engine's compute time, and its share of ``peak_gflops``
+    (the device's peak, when the user knows it; farm keeps no table of peaks)."""
+    flops = None if any(r["flops"] is None for r in layers) else sum(r["flops"] for r in layers)
+    rate = flops / (prof.compute_ms / 1000.0) / 1e9 if flops is not None and prof.compute_ms else None
+    return {"flops": flops, "compute_ms": prof.compute_ms, "gflops_per_s": rate, "peak_gflops": peak_gflops,
+            "of_peak": rate / peak_gflops if rate is not None and peak_gflops else None}

@@ -18,6 +18,7 @@ from farm.cli.prepare import prepare_db
 from farm.cli.views import console, err_console, safe_row, say
 from farm.db.session import session_scope
 from farm.errors import RequestError
+from farm.models.onnx_counter import node_costs
 from schemas.op_profile import OVERHEAD, OpProfile
 
 #: the widest a table of these commands gets (columns)
@@ -165,6 +166,54 @@ def compare_ops_cmd(job_a: str, job_b: str, as_json: bool) -> None:
     console.print(table)
     say("faster / slower: B / A beyond ±10 % on one profile each (not a test over runs: compare requests with "
         "--repeats for that)")
+
+
+def layers_cmd(model: Path, model_format: str, inputs: list[Any], batch: int, job: str | None,
+               peak_gflops: float | None, as_json: bool) -> None:
+    """``farm analyze MODEL --layers [--job JOB]``: the layer-wise static view, joined with a job's profile."""
+    if model_format != "onnx":
+        raise RequestError(f"--layers reads ONNX graphs; {model.name} is {model_format} (its op profile names aten "
+                           "calls, not graph nodes): export it to ONNX, or read `farm ops JOB` alone")
+    prof = None
+    if job is not None:
+        prepare_db()
+        with session_scope() as s:
+            stored = op_profile.load(s, job)
+        if stored.profile.status != "ok":
+            raise RequestError(f"job {stored.job_id} has no usable op profile: {stored.profile.reason}")
+        prof, batch = stored.profile, stored.profile.batch_size
+    import onnx  # noqa: PLC0415 - heavy, and only --layers needs the graph itself
+
+    static = node_costs(onnx.load(str(model)), inputs, batch=batch)
+    rows = op_profile.join_layers(static, prof)
+    total = op_profile.achieved(static, prof, peak_gflops) if prof is not None else None
+    if as_json:
+        print(json.dumps({"batch_size": batch, "layers": rows, "total": total}, indent=2))
+        return
+    table = Table(title=f"{model.name}, batch {batch}" + (" (joined with the op profile)" if prof else ""),
+                  box=box.SIMPLE_HEAD, width=WIDTH, title_justify="left")
+    heads = ("node", "op type", "ms", "MFLOP", "GFLOP/s", "GB/s") if prof else ("node", "op type", "MFLOP",
+                                                                             "params", "out KiB")
+    for col in heads:
+        table.add_column(col, justify="left" if col in ("node", "op type") else "right", overflow="ellipsis",
+                         no_wrap=col == "node", max_width=NAME_WIDTH if col == "node" else None)
+    for r in rows:
+        if prof:
+            cells = [_ms(r["self_ms"]), _num(r["flops"], 1e6, 2), _num(r["gflops_per_s"], 1, 1),
+                     _num(r["gbytes_per_s"], 1, 2)]
+        else:
+            cells = [_num(r["flops"], 1e6, 2), f"{r['params']:,}", _num(r["activation_bytes"], 1024, 1)]
+        safe_row(table, _short(r["name"], NAME_WIDTH), r["op_type"], *cells)
+    console.print(table)
+    if total is not None:
+        of_peak = f", {100 * total['of_peak']:.1f} % of the given peak" if total["of_peak"] is not None else \
+            " (give --peak-gflops for its share of the device's peak)"
+        say(f"model: {_num(total['flops'], 1e9, 3)} GFLOP per call in {_ms(total['compute_ms'])} ms = "
+            f"{_num(total['gflops_per_s'], 1, 1)} GFLOP/s{of_peak}")
+
+
+def _num(v: float | None, unit: float, digits: int) -> str:
+    return "-" if v is None else f"{v / unit:,.{digits}f}"
 
 
 def register(app: typer.Typer) -> None:

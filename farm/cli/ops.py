@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from farm.cli.hooks import register_hooks
+from farm.cli.op_profile_cmd import layers_cmd
 from farm.cli.request_options import FORMAT_HELP, SERVE_ENGINE_HELP
 from farm.cli.views import console, err_console, safe_row, say
 from farm.db.migrate import is_current, upgrade
@@ -148,10 +149,21 @@ def example_model(out: Path = typer.Argument(..., help="Output file."),
 def analyze(model: Path = typer.Argument(..., help="Model file."),
             input_spec: list[str] | None = typer.Option(None, "--input", "-i", help="name:dtype:shape"),
             model_format: str | None = typer.Option(None, "--format"),
-            as_json: bool = typer.Option(False, "--json")) -> None:
-    """Static metrics: parameters, size, MACs/FLOPs per sample, activation memory."""
+            as_json: bool = typer.Option(False, "--json"),
+            layers: bool = typer.Option(False, "--layers", help="Per graph node: MACs/FLOPs, params, output bytes "
+                                        "(ONNX); with --job, joined with that job's op profile: GFLOP/s, GB/s."),
+            batch: int = typer.Option(1, "--batch", min=1, help="With --layers: the batch of one call."),
+            job: str | None = typer.Option(None, "--job", help="With --layers: a job id whose op profile "
+                                           "(--op-profile) the layers join; its batch size is used."),
+            peak_gflops: float | None = typer.Option(None, "--peak-gflops", min=0.0, help="With --layers --job: "
+                                                     "the device's peak GFLOP/s, to show the model's share of it.")
+            ) -> None:
+    """Static metrics: parameters, size, MACs/FLOPs per sample, activation memory (--layers: per node)."""
     given = [tensor_spec(t) for t in input_spec] if input_spec else None
     info = inspect_model(model, model_format, given)
+    if layers:
+        layers_cmd(model, info.format, info.inputs, batch, job, peak_gflops, as_json)
+        return
     report = run_analysis(model, info.format, info.inputs)
     if as_json:
         print(json.dumps(report, indent=2, default=str))

@@ -49,6 +49,11 @@ def test_submit_op_profile_then_farm_ops_compare_and_the_trace(tmp_path: Path) -
     assert any(e.get("cat") == "Node" for e in events)  # ORT's own Chrome trace, as Perfetto opens it
     edge_prof = json.loads(farm("ops", edge["job_id"], "--json").stdout)["profile"]
     assert edge_prof["status"] == "ok" and edge_prof["nodes"], edge_prof  # taken inside the edge run's limits
+    joined = json.loads(farm("analyze", str(model), "--layers", "--job", served[1]["job_id"], "--json").stdout)
+    assert joined["batch_size"] == 4  # the job's batch
+    fused = [r for r in joined["layers"] if r["op_type"] == "FusedGemm"]
+    assert fused and all(r["flops"] > 0 and r["gflops_per_s"] > 0 for r in fused)  # static meets measured
+    assert joined["total"]["gflops_per_s"] > 0
     cmp = json.loads(farm("compare", "--ops", served[0]["job_id"], served[1]["job_id"], "--json").stdout)
     assert {r["op_type"] for r in cmp["op_types"]} >= {"FusedGemm", OVERHEAD}
     assert "verdict" in farm("compare", "--ops", served[0]["job_id"], served[1]["job_id"]).stdout
@@ -106,3 +111,13 @@ def test_finish_writes_the_profile_with_the_result_and_the_view_joins_it(db_url:
         stored = op_profile.load(s, job_id[:8])
         assert stored.profile.nodes[0].fused == ["Relu_1"] and stored.has_trace
         assert op_profile.trace(s, job_id) == b"[]"
+
+
+def test_analyze_layers_gives_per_node_costs_under_the_names_the_engine_reports(example_onnx: Path) -> None:
+    got = json.loads(farm("analyze", str(example_onnx), "--layers", "--batch", "2", "--json").stdout)
+    rows = {r["name"]: r for r in got["layers"]}
+    assert list(rows) == ["Gemm_0", "Relu_1", "Gemm_2", "Relu_3", "Gemm_4"]  # ONNX Runtime's names
+    assert rows["Gemm_0"]["macs"] == 2 * 256 * 512 and rows["Gemm_0"]["params"] == 256 * 512 + 512
+    assert rows["Relu_1"]["activation_bytes"] == 2 * 512 * 4 and got["total"] is None
+    table = farm("analyze", str(example_onnx), "--layers").stdout
+    assert "Gemm_0" in table and max(len(line) for line in table.splitlines()) <= 80
