@@ -181,3 +181,31 @@ def achieved(layers: list[dict[str, Any]], prof: OpProfile, peak_gflops: float |
     rate = flops / (prof.compute_ms / 1000.0) / 1e9 if flops is not None and prof.compute_ms else None
     return {"flops": flops, "compute_ms": prof.compute_ms, "gflops_per_s": rate, "peak_gflops": peak_gflops,
             "of_peak": rate / peak_gflops if rate is not None and peak_gflops else None}
+
+
+def request_profiles(session: Session, request_id: str) -> list[Stored]:
+    """The stored op profiles of a request's jobs, in matrix order (engine, device, batch, concurrency)."""
+    ids = session.execute(select(Job.id).join(OpProfileRow, OpProfileRow.job_id == Job.id)
+                          .where(Job.request_id == request_id)
+                          .order_by(Job.edge_profile, Job.engine, Job.device, Job.batch_size, Job.concurrency))
+    return [load(session, jid) for jid in ids.scalars()]
+
+
+def job_label(stored: Stored) -> str:
+    """A job's short label in op-profile views: engine, batch, concurrency, edge profile."""
+    j = stored.job
+    edge = f" edge {j['edge_profile']}" if j.get("edge_profile") else ""
+    return f"{j['engine']} b{j['batch_size']} c{j['concurrency']}{edge}"
+
+
+def breakdown_line(stored: Stored, types: int = 4) -> str:
+    """One line: the job's top op types and their share of the compute time, then the overhead."""
+    prof = stored.profile
+    if prof.status != "ok":
+        return f"{stored.job_id[:8]} {job_label(stored)}: no op profile ({prof.status}: {prof.reason})"
+    whole = prof.compute_ms or prof.node_sum_ms or 0.0
+    rows = by_op_type(prof)
+    parts = [f"{r['op_type']} {100 * r['self_ms'] / whole:.0f}%" for r in rows[:types]
+             if r["op_type"] != OVERHEAD and whole > 0]
+    over = f"; overhead {100 * (prof.overhead_ms or 0.0) / whole:.0f}%" if whole > 0 else ""
+    return f"{stored.job_id[:8]} {job_label(stored)}: {', '.join(parts)}{over} of {prof.compute_ms or 0:.3f} ms"

@@ -54,6 +54,12 @@ def test_submit_op_profile_then_farm_ops_compare_and_the_trace(tmp_path: Path) -
     fused = [r for r in joined["layers"] if r["op_type"] == "FusedGemm"]
     assert fused and all(r["flops"] > 0 and r["gflops_per_s"] > 0 for r in fused)  # static meets measured
     assert joined["total"]["gflops_per_s"] > 0
+    rep = json.loads(farm("report", rid, "--json").stdout)["op_profiles"]
+    assert len(rep) == 3 and all(p["status"] == "ok" and p["op_types"][-1]["op_type"] == OVERHEAD for p in rep)
+    assert "ops " in farm("report", rid).stdout
+    html = tmp_path / "report.html"
+    farm("report", rid, "-o", str(html))
+    assert 'id="op-types"' in html.read_text() and "FusedGemm" in html.read_text()
     cmp = json.loads(farm("compare", "--ops", served[0]["job_id"], served[1]["job_id"], "--json").stdout)
     assert {r["op_type"] for r in cmp["op_types"]} >= {"FusedGemm", OVERHEAD}
     assert "verdict" in farm("compare", "--ops", served[0]["job_id"], served[1]["job_id"]).stdout
