@@ -208,8 +208,10 @@ def layers_cmd(model: Path, model_format: str, inputs: list[Any], batch: int, jo
     if total is not None:
         of_peak = f", {100 * total['of_peak']:.1f} % of the given peak" if total["of_peak"] is not None else \
             " (give --peak-gflops for its share of the device's peak)"
-        say(f"model: {_num(total['flops'], 1e9, 3)} GFLOP per call in {_ms(total['compute_ms'])} ms = "
-            f"{_num(total['gflops_per_s'], 1, 1)} GFLOP/s{of_peak}")
+        line = (f"model: {_num(total['flops'], 1e9, 3)} GFLOP per call in {_ms(total['compute_ms'])} ms = "
+                f"{_num(total['gflops_per_s'], 1, 1)} GFLOP/s{of_peak}")
+        for part in textwrap.wrap(line, WIDTH, subsequent_indent="  "):
+            say(part)
 
 
 def _num(v: float | None, unit: float, digits: int) -> str:
