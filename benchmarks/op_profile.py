@@ -82,13 +82,13 @@ def sum_vs_compute(quick: bool, iterations: int, seq: int) -> list[dict[str, Any
     return rows
 
 
-def _job_throughput(model: Path, home: Path, profile: bool, duration: float) -> float:
+def _job(model: Path, home: Path, profile: bool, duration: float) -> dict[str, Any]:
     env = {**os.environ, "FARM_HOME": str(home), "FARM_RUNNER": "process", "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "farm", "submit", str(model), "--duration", f"{duration:g}", "--warmup", "0.5",
             "--json", *(["--op-profile"] if profile else [])]
     out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=True)
     (row,) = json.loads(out.stdout)["results"]
-    return float(row["throughput_infer_per_s"])
+    return dict(row)
 
 
 def pairs(n: int, duration: float) -> list[float]:
@@ -98,10 +98,12 @@ def pairs(n: int, duration: float) -> list[float]:
         model = build_example("mlp", Path(tmp) / "mlp.onnx")
         for i in range(n):
             order = (False, True) if i % 2 == 0 else (True, False)
-            got = {p: _job_throughput(model, Path(tmp) / f"home-{i}-{p}", p, duration) for p in order}
-            ratios.append(got[True] / got[False])
-            print(f"  pair {i + 1}: without {got[False]:.0f}/s, with {got[True]:.0f}/s, ratio {ratios[-1]:.3f}",
-                  flush=True)
+            got = {p: _job(model, Path(tmp) / f"home-{i}-{p}", p, duration) for p in order}
+            ratios.append(got[True]["throughput_infer_per_s"] / got[False]["throughput_infer_per_s"])
+            host = "; ".join(f"{'with' if p else 'without'}: host speed change {got[p].get('host_speed_change_pct')}"
+                             f" %, foreign load {got[p].get('foreign_cpu_pct')} %" for p in (False, True))
+            print(f"  pair {i + 1}: without {got[False]['throughput_infer_per_s']:.0f}/s, with "
+                  f"{got[True]['throughput_infer_per_s']:.0f}/s, ratio {ratios[-1]:.3f} ({host})", flush=True)
     return ratios
 
 
