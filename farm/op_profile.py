@@ -102,6 +102,7 @@ def load(session: Session, job_id: str) -> Stored:
                      batch_size=row.batch_size, threads=row.threads, warmup=row.warmup, iterations=row.iterations,
                      events=row.events, capped=row.capped, node_sum_ms=row.node_sum_ms, compute_ms=row.compute_ms,
                      profiled_ms=row.profiled_ms, overhead_ms=row.overhead_ms, trace_format=row.trace_format,
+                     cpus=row.cpus,
                      nodes=[OpNode(name=n.name, op_type=n.op_type, exec_type=n.exec_type, provider=n.provider,
                                    calls=n.calls, self_ms_p50=n.self_ms_p50, self_ms_p90=n.self_ms_p90, share=n.share,
                                    input_shapes=n.input_shapes, fused=list(n.fused or []),

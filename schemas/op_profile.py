@@ -77,6 +77,7 @@ class OpProfile(BaseModel):
     profiled_ms: float | None = None
     overhead_ms: float | None = None
     trace_format: str | None = None  # "chrome" (Perfetto / chrome://tracing opens it)
+    cpus: str | None = None  # the cores every thread of the pass was allowed on, read before its sessions closed
     nodes: list[OpNode] = Field(default_factory=list)
 
     @property

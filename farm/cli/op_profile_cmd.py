@@ -51,7 +51,8 @@ def header_lines(jid: str, job: dict[str, Any], prof: OpProfile) -> list[str]:
         lines.append(f"no op profile ({prof.status}): {prof.reason}")
         return lines
     lines.append(f"{prof.iterations} profiled inferences ({prof.warmup} warm-up), threads "
-                 f"{prof.threads or 'of the lease'}; ms per inference")
+                 f"{prof.threads or 'of the lease'}" + (f", cores {prof.cpus}" if prof.cpus else "")
+                 + "; ms per inference")
     ratio = prof.sum_vs_compute
     lines.append(f"node sum {_ms(prof.node_sum_ms)} ms vs compute {_ms(prof.compute_ms)} ms"
                  + (f" ({100 * ratio:.0f} %)" if ratio is not None else "")

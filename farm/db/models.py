@@ -213,6 +213,7 @@ class OpProfileRow(Base):
     profiled_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     overhead_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     trace_format: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    cpus: Mapped[str | None] = mapped_column(String(255), nullable=True)
     trace_gz: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -36,6 +36,7 @@ def upgrade() -> None:
         sa.Column('profiled_ms', sa.Float(), nullable=True),
         sa.Column('overhead_ms', sa.Float(), nullable=True),
         sa.Column('trace_format', sa.String(length=16), nullable=True),
+        sa.Column('cpus', sa.String(length=255), nullable=True),
         sa.Column('trace_gz', sa.LargeBinary(), nullable=True),
         sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(['job_id'], ['jobs.id'], name=op.f('fk_op_profiles_job_id_jobs'), ondelete='CASCADE'),

@@ -1,6 +1,7 @@
 """Op profiles (issue 26): every engine's own profiler read into one schema, on farm's small example models."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -110,9 +111,14 @@ def _spec(model: Path, engine: str = "onnxruntime", **measurement: object) -> Jo
         "measurement": {"op_profile": True, **measurement}})
 
 
-def test_a_served_jobs_pass_runs_on_its_cores_as_a_process(models: dict[str, Path]) -> None:
-    prof, trace = profile_job(_spec(models["mlp"]), models["mlp"], {0})
+@pytest.mark.parametrize("engine", ["onnxruntime", "openvino"])
+def test_a_served_jobs_pass_runs_on_its_cores_as_a_process(models: dict[str, Path], engine: str) -> None:
+    if engine == "openvino":
+        pytest.importorskip("openvino")
+    core = sorted(os.sched_getaffinity(0))[-1]
+    prof, trace = profile_job(_spec(models["mlp"], engine=engine), models["mlp"], {core})
     assert prof.status == "ok" and prof.nodes and trace is not None and trace[:2] == b"\x1f\x8b"  # gzip
+    assert prof.cpus == str(core)  # every thread of the pass, the engine's pool included, stayed on the lease
 
 
 def test_engines_without_a_profiler_say_so(models: dict[str, Path]) -> None:

@@ -8,11 +8,13 @@ job's leased cores (``workers.profiling.job``) or inside an edge run's limits (`
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from schemas.cpus import cpu_list
 from schemas.input_data import InputData
 from schemas.op_profile import OpNode, OpProfile, missing
 from workers.engines.backends import make_backend
@@ -53,8 +55,21 @@ def run_pass(model: Path, engine: str, batch_size: int, threads: int, workdir: P
                 compute += timed(plain, feed, 1)
             profiler.profiled(backend, feed)
         col = profiler.finish(backend)
+        cores = thread_cpus()  # the engines' pools are still alive here
     prof = summarize(engine, col, compute, batch_size=batch_size, threads=threads, warmup=warmup)
-    return prof, col.trace
+    return prof.model_copy(update={"cpus": cpu_list(cores)}), col.trace
+
+
+def thread_cpus() -> set[int]:
+    """The union of the cores every thread of this process may run on (``/proc/self/task``): a thread of the
+    pass outside the job's cores would show here."""
+    cores: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            cores |= os.sched_getaffinity(int(task.name))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return cores
 
 
 def summarize(engine: str, col: Collected, compute_ms: list[float], *, batch_size: int, threads: int,
