@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from farm.models.examples import build_example  # noqa: E402
 from farm.op_profile import by_op_type  # noqa: E402
-from workers.profiling.job import pass_argv, pass_process  # noqa: E402
+from workers.profiling.process import PassOptions, pass_argv, pass_process  # noqa: E402
 
 MINILM = {"hidden": 384, "layers": 6, "heads": 12, "ffn": 1536}
 ENGINES = ("onnxruntime", "openvino", "torchscript")
@@ -63,13 +63,12 @@ def _inputs(label: str, seq: int) -> str:
 def sum_vs_compute(quick: bool, iterations: int, seq: int) -> list[dict[str, Any]]:
     core = {sorted(os.sched_getaffinity(0))[-1]}
     rows = []
-    os.environ["FARM_OP_PROFILE_ITERATIONS"] = str(iterations)
     with tempfile.TemporaryDirectory(prefix="farm-bench-op-") as tmp:
         for label, files, _ in _models(Path(tmp), quick):
             for engine, path in files.items():
                 out = Path(tmp) / f"{label}-{engine}"
                 out.mkdir()
-                argv = pass_argv(path, engine, 1, 1, "cpu", _inputs(label, seq), out, None)
+                argv = pass_argv(path, engine, 1, 1, "cpu", _inputs(label, seq), out, None, PassOptions(iterations))
                 t = time.monotonic()
                 prof, _ = pass_process(engine, argv, 600, core)
                 if prof.status != "ok":

@@ -35,7 +35,7 @@ from schemas.input_data import InputData
 from schemas.request import MEASUREMENT_DEFAULTS
 from workers.engines.backends import make_backend
 from workers.loadgen.stats import latency_metrics
-from workers.profiling.job import PASS_TIMEOUT_S, edge_profile_line, pass_argv, pass_process
+from workers.profiling.process import PASS_TIMEOUT_S, PassOptions, edge_profile_line, pass_argv, pass_process
 
 MARKER = "edge_bench"
 
@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the request's input data file as farm stores it (InputData JSON with its arrays)")
     p.add_argument("--op-profile", action="store_true",
                    help="after the measured loop (its line printed), an op-profiling pass in this box's limits")
+    p.add_argument("--op-profile-iterations", type=int, default=PassOptions.iterations)
+    p.add_argument("--op-profile-max-events", type=int, default=PassOptions.max_events)
+    p.add_argument("--op-profile-abort", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.batch_size < 1 or a.duration_s <= 0 or a.warmup_s < 0:
         p.error("--batch-size must be >= 1, --duration-s > 0 and --warmup-s >= 0")
@@ -162,8 +165,9 @@ def edge_op_profile(engine: str, a: argparse.Namespace, compute_ms: float | None
     process in the same container/cgroup (the same CPU and memory limits) loads the model once, profiled; the
     engine's compute time is this run's own p50."""
     with tempfile.TemporaryDirectory(prefix="farm-op-profile-") as tmp:
+        opts = PassOptions(a.op_profile_iterations, a.op_profile_max_events, a.op_profile_abort)
         argv = pass_argv(a.model, engine, a.batch_size, a.threads, a.device, a.inputs or "[]", Path(tmp),
-                         a.input_data, compute_ms)
+                         a.input_data, opts, compute_ms)
         prof, trace = pass_process(engine, argv, PASS_TIMEOUT_S)
     return edge_profile_line(prof, trace)
 

@@ -12,7 +12,8 @@ from farm.op_profile import by_op_type
 from schemas import JobSpec
 from schemas.op_profile import OVERHEAD, OpProfile
 from workers.profiling.collect import Collected, NodeAcc
-from workers.profiling.job import edge_profile, edge_profile_line, profile_job
+from workers.profiling.job import profile_job
+from workers.profiling.process import edge_profile, edge_profile_line
 from workers.profiling.run import run_pass, summarize
 
 SHORT = {"warmup": 2, "iterations": 4}

@@ -14,7 +14,6 @@ import json
 import os
 from pathlib import Path
 
-from farm.settings import get_settings
 from schemas.input_data import InputData
 from schemas.op_profile import MAX_EVENTS, PROFILE_ITERATIONS, PROFILE_WARMUP
 from workers.profiling.run import run_pass
@@ -35,12 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=PROFILE_ITERATIONS)
     p.add_argument("--max-events", type=int, default=MAX_EVENTS)
     p.add_argument("--out", type=Path, required=True, help="directory for the raw trace")
+    p.add_argument("--abort", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--compute-ms", type=float, default=None,
                    help="the engine call's time measured already (an edge run's p50), ms: load the model once")
     a = p.parse_args(argv)
     if a.batch_size < 1 or a.iterations < 1 or a.warmup < 0 or a.max_events < 1:
         p.error("--batch-size, --iterations and --max-events must be >= 1 and --warmup >= 0")
-    if get_settings().op_profile_crash:  # TEST HARNESS (FARM_OP_PROFILE_CRASH=1): a real crash of this process
+    if a.abort:  # TEST HARNESS (the worker's FARM_OP_PROFILE_CRASH=1): a real crash of this process
         os.abort()
     try:
         data = InputData.model_validate_json(a.input_data.read_bytes()) if a.input_data else None

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import bisect
+import importlib.util
 import json
 import time
 from abc import ABC, abstractmethod
@@ -179,10 +180,10 @@ def _ort_graph(model: Path, optimized: Path, accs: dict[str, NodeAcc]) -> None:
     """Map the original graph's nodes onto the executed ones: a node absent from the optimized graph belongs to
     the optimized node that produces the first of its downstream tensors still present (the fusion kept that
     output), else it was optimized out (constant-folded or removed) and gets a zero row marked so."""
+    if not optimized.is_file() or importlib.util.find_spec("onnx") is None:
+        return  # farm's runtime image (an edge container) has no onnx: the nodes stay unmapped, named as run
     import onnx  # noqa: PLC0415 - onnx is heavy and only a profiling pass of an ONNX model needs it
 
-    if not optimized.is_file():
-        return
     orig = onnx.load(str(model), load_external_data=False).graph
     opt = onnx.load(str(optimized), load_external_data=False).graph
     opt_names = _graph_names(opt)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from farm.settings import get_settings
 from schemas import JobSpec
 from workers.loadgen.plan import fixed_measured_s
 
@@ -61,8 +62,15 @@ def bench_command(spec: JobSpec, model_inside: str, data_inside: str | None = No
         "--warmup-s", f"{spec.measurement.warmup_s:g}", "--duration-s", f"{edge_duration_s(spec):g}",
         "--threads", str(edge_threads(spec)), "--inputs", job_inputs(spec),
         *(("--input-data", data_inside) if data_inside else ()),
-        *(("--op-profile",) if spec.measurement.op_profile else ()),
+        *(_op_profile_args() if spec.measurement.op_profile else ()),
     ]
+
+
+def _op_profile_args() -> list[str]:
+    """The edge bench's op-profiling options, from this worker's settings (``FARM_OP_PROFILE_*``)."""
+    s = get_settings()
+    return ["--op-profile", "--op-profile-iterations", str(s.op_profile_iterations), "--op-profile-max-events",
+            str(s.op_profile_max_events), *(("--op-profile-abort",) if s.op_profile_crash else ())]
 
 
 def job_inputs(spec: JobSpec) -> str:

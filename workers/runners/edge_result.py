@@ -9,7 +9,7 @@ from schemas import JobResult, JobSpec, Placement
 from schemas.metrics import BY_NAME
 from workers.edge_bench import parse_report
 from workers.measure import HOST_METRICS
-from workers.profiling.job import edge_profile
+from workers.profiling.process import edge_profile
 
 RESOURCE_METRICS = ("cpu_pct_avg", "cpu_pct_peak", "mem_avg_bytes", "mem_peak_bytes", *HOST_METRICS)
 
