@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, insert, select
 from sqlalchemy.orm import Session
 
-from farm.db.models import Job, OpNodeRow, OpProfileRow, utcnow
+from farm.db.models import Job, OpNodeRow, OpProfileRow, Result, utcnow
 from farm.errors import RequestError
 from schemas.op_profile import OVERHEAD, OpNode, OpProfile
 
@@ -93,7 +93,9 @@ def load(session: Session, job_id: str) -> Stored:
     assert job is not None
     coords = {"request_id": job.request_id, "engine": job.engine, "device": job.device,
               "batch_size": job.batch_size, "concurrency": job.concurrency, "edge_profile": job.edge_profile,
-              "status": job.status}
+              "status": job.status,
+              "server_compute_p50_ms": session.execute(select(Result.server_compute_p50_ms)  # type: ignore[attr-defined]
+                                                       .where(Result.job_id == jid)).scalar()}
     if row is None:
         raise RequestError(f"job {jid} has no op profile (status {job.status}); submit with --op-profile to take "
                            "one")

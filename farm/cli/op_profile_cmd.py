@@ -57,6 +57,9 @@ def header_lines(jid: str, job: dict[str, Any], prof: OpProfile) -> list[str]:
     lines.append(f"node sum {_ms(prof.node_sum_ms)} ms vs compute {_ms(prof.compute_ms)} ms"
                  + (f" ({100 * ratio:.0f} %)" if ratio is not None else "")
                  + f"; overhead {_ms(prof.overhead_ms)} ms (its own row)")
+    served = job.get("server_compute_p50_ms")
+    if served is not None and prof.batch_size == job["batch_size"]:
+        lines.append(f"the job's server compute p50 under load: {_ms(served)} ms per request")
     if prof.reason:
         lines.append(f"note: {prof.reason}")
     return lines
