@@ -42,6 +42,12 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
 
 
+def say80(line: str) -> None:
+    """A free line of these commands, wrapped to the tables' 80 columns."""
+    for part in textwrap.wrap(line, WIDTH, subsequent_indent="  ", break_long_words=False):
+        say(part)
+
+
 def header_lines(jid: str, job: dict[str, Any], prof: OpProfile) -> list[str]:
     """What the profile is and how far its node sum covers the engine's compute time."""
     where = f"{job['engine']} on {job['device']}, batch {job['batch_size']}" + (
@@ -133,13 +139,12 @@ def ops_cmd(
         _csv(prof)
         return
     for line in header_lines(stored.job_id, stored.job, prof):
-        for part in textwrap.wrap(line, WIDTH, subsequent_indent="  ", break_long_words=False):
-            say(part)
+        say80(line)
     if prof.status == "ok":
         console.print(nodes_table(prof, top))
         console.print(types_table(prof))
         if stored.has_trace and trace_out is None:
-            say(f"raw trace: farm ops {stored.job_id[:12]} --trace t.json (open it in ui.perfetto.dev)")
+            say80(f"raw trace: farm ops {stored.job_id[:12]} --trace t.json (open it in ui.perfetto.dev)")
 
 
 def compare_ops_cmd(job_a: str, job_b: str, as_json: bool) -> None:
@@ -155,7 +160,7 @@ def compare_ops_cmd(job_a: str, job_b: str, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"a": a.job_id, "b": b.job_id, "op_types": rows}, indent=2))
         return
-    say(f"B {b.job_id[:12]} ({b.job['engine']}, batch {b.job['batch_size']}) against A {a.job_id[:12]} "
+    say80(f"B {b.job_id[:12]} ({b.job['engine']}, batch {b.job['batch_size']}) against A {a.job_id[:12]} "
         f"({a.job['engine']}, batch {a.job['batch_size']}); ms per inference")
     table = Table(box=box.SIMPLE_HEAD, width=WIDTH)
     for col in ("op type", "A ms", "B ms", "B / A", "B - A ms", "verdict"):
@@ -168,7 +173,7 @@ def compare_ops_cmd(job_a: str, job_b: str, as_json: bool) -> None:
         safe_row(table, r["op_type"], _ms(r["a_ms"]), _ms(r["b_ms"]), "-" if ratio is None else f"{ratio:.2f}",
                  _ms(r["delta_ms"]), verdict)
     console.print(table)
-    say("faster / slower: B / A beyond ±10 % on one profile each (not a test over runs: compare requests with "
+    say80("faster / slower: B / A beyond ±10 % on one profile each (not a test over runs: compare requests with "
         "--repeats for that)")
 
 
@@ -214,8 +219,7 @@ def layers_cmd(model: Path, model_format: str, inputs: list[Any], batch: int, jo
             " (give --peak-gflops for its share of the device's peak)"
         line = (f"model: {_num(total['flops'], 1e9, 3)} GFLOP per call in {_ms(total['compute_ms'])} ms = "
                 f"{_num(total['gflops_per_s'], 1, 1)} GFLOP/s{of_peak}")
-        for part in textwrap.wrap(line, WIDTH, subsequent_indent="  "):
-            say(part)
+        say80(line)
 
 
 def _num(v: float | None, unit: float, digits: int) -> str:

@@ -62,7 +62,8 @@ def test_submit_op_profile_then_farm_ops_compare_and_the_trace(tmp_path: Path) -
     assert 'id="op-types"' in html.read_text() and "FusedGemm" in html.read_text()
     cmp = json.loads(farm("compare", "--ops", served[0]["job_id"], served[1]["job_id"], "--json").stdout)
     assert {r["op_type"] for r in cmp["op_types"]} >= {"FusedGemm", OVERHEAD}
-    assert "verdict" in farm("compare", "--ops", served[0]["job_id"], served[1]["job_id"]).stdout
+    text = farm("compare", "--ops", served[0]["job_id"], served[1]["job_id"]).stdout
+    assert "verdict" in text and max(len(line) for line in text.splitlines()) <= 80, text
 
 
 @pytest.mark.slow
