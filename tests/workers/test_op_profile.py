@@ -160,3 +160,10 @@ def test_summary_by_op_type_keeps_zero_time_types_last_and_overhead_apart() -> N
     assert rows[0]["self_ms"] == pytest.approx(0.4) and rows[0]["nodes"] == 2
     assert rows[-1]["self_ms"] == pytest.approx(0.1) and rows[-1]["share"] is None
     assert np.isclose(prof.node_sum_ms or 0, 0.4)
+
+
+def test_a_pass_that_cannot_load_the_model_says_why(tmp_path: Path) -> None:
+    gone = tmp_path / "gone.onnx"
+    prof, trace = profile_job(_spec(gone), gone, None)
+    assert prof.status == "failed" and trace is None
+    assert "does not exist" in (prof.reason or ""), prof.reason  # the pass's own one-line error

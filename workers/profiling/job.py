@@ -16,7 +16,7 @@ from pathlib import Path
 from farm.settings import get_settings
 from schemas import JobSpec
 from schemas.op_profile import PROFILED_ENGINES as PROFILED
-from schemas.op_profile import OpProfile, no_profiler
+from schemas.op_profile import OpProfile, missing, no_profiler
 from workers.profiling.process import PASS_TIMEOUT_S, PassOptions, pass_argv, pass_process
 from workers.runners.common import edge_input_file, job_inputs
 
@@ -35,4 +35,8 @@ def profile_job(spec: JobSpec, model_path: Path, cpus: set[int] | None) -> tuple
     with tempfile.TemporaryDirectory(prefix="farm-op-profile-") as tmp, edge_input_file(spec) as data:
         argv = pass_argv(model_path, spec.engine, spec.batch_size, spec.measurement.threads, spec.device,
                          job_inputs(spec), Path(tmp), data, pass_options())
-        return pass_process(spec.engine, argv, min(PASS_TIMEOUT_S, spec.measurement.timeout_s), cpus)
+        try:
+            return pass_process(spec.engine, argv, min(PASS_TIMEOUT_S, spec.measurement.timeout_s), cpus)
+        except (OSError, ValueError) as exc:  # no process, an unreadable trace or report: the load figures stay
+            return missing(spec.engine, "failed", f"the profiling pass could not run: {type(exc).__name__}: "
+                                                  f"{exc}"[:500]), None
