@@ -19,6 +19,7 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, Connection, Table, and_, case, delete, literal, or_, select, update
 from sqlalchemy.orm import Session
 
+from farm import op_profile
 from farm.db.models import Job, Result, utcnow
 from farm.db.session import dialect_insert
 from farm.secrets import scrub, scrub_text
@@ -110,9 +111,15 @@ def finish(bind: Bind, spec: JobSpec, worker_id: str, result: JobResult,
     """The worker's end of a job: its final ``status`` and its result row, in one atomic write.
 
     Idempotent per job (the result's key is the job id). False when the job was no longer this worker's;
-    then nothing is written."""
-    return _settle(bind, _held(spec.job_id, worker_id), JobStatus(status), error,
+    then nothing is written. An op profile in the result's details (``farm.op_profile``) is written with it."""
+    details, prof, trace = op_profile.split(result.details)
+    if prof is not None:
+        result = result.model_copy(update={"details": details})
+    done = _settle(bind, _held(spec.job_id, worker_id), JobStatus(status), error,
                    result_row(result, spec.request_id, worker_id))
+    if done and prof is not None:
+        op_profile.store(bind, spec.job_id, prof, trace)
+    return done
 
 
 def fail(bind: Bind, job_id: str, request_id: str, reason: str, worker_id: str | None, *,

@@ -11,8 +11,11 @@ import html
 from datetime import UTC, datetime
 from typing import Any
 
+from farm import report_ops
 from farm import report_plots as plots
+from farm.db.session import session_scope
 from farm.formatting import fmt_value, rate_text
+from farm.op_profile import request_profiles
 from farm.report import Constraint, Report, build_report
 from farm.results import (
     MEASUREMENT_COLUMNS,
@@ -110,8 +113,14 @@ def render(request_id: str, objective: str = "throughput_infer_per_s", constrain
             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC</p>",
             _how_measured(rows), _summary(rep), "<h2>Plots</h2>",
             *(f'<figure class="plot" id="plot-{fid}">{svg}</figure>' for fid, svg in figures if svg),
-            _static(model_static_metrics(req.model_sha256)), _jobs(rows)]
+            _static(model_static_metrics(req.model_sha256)), _op_profiles(req.id), _jobs(rows)]
     return _page(title, "\n".join(body))
+
+
+def _op_profiles(request_id: str) -> str:
+    """The op-type breakdown and top nodes of the jobs profiled with --op-profile (``farm.report_ops``)."""
+    with session_scope() as s:
+        return report_ops.section(request_profiles(s, request_id))
 
 
 def _page(title: str, body: str) -> str:

@@ -93,11 +93,12 @@ def _binds(paths: Iterable[str], flag: str) -> list[str]:
 
 
 def jail_argv(argv: Sequence[str], *, network: bool, read_only: Iterable[Path | str] = (),
-              env: dict[str, str] | None = None) -> list[str]:
+              env: dict[str, str] | None = None, writable: Iterable[Path | str] = ()) -> list[str]:
     """``argv`` run by bubblewrap in a jail (see the module docstring); ``network``: keep the host's network
     (a server whose port the load client drives), else none at all; ``read_only``: further host paths the
     process may read (the model file), seen at the same paths; ``env``: its whole environment (default
-    ``clean_env()``), with ``HOME`` at the jail's private ``/tmp``."""
+    ``clean_env()``), with ``HOME`` at the jail's private ``/tmp``; ``writable``: the job's own scratch
+    directories it writes its output to (the only host paths it may write), seen at the same paths."""
     environment = dict(clean_env() if env is None else env)
     environment["HOME"] = JOB_HOME
     args = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -107,6 +108,7 @@ def jail_argv(argv: Sequence[str], *, network: bool, read_only: Iterable[Path | 
     args += _binds(SYSTEM_PATHS, "--ro-bind-try")
     args += _binds(_python_paths(), "--ro-bind-try")
     args += _binds((str(Path(p).resolve()) for p in read_only), "--ro-bind")
+    args += _binds((str(Path(p).resolve()) for p in writable), "--bind")
     args += ["--chdir", "/tmp"]
     gpus = sorted(glob.glob("/dev/nvidia*"))
     if gpus:  # a GPU host: its devices, and /sys read-only for the CUDA driver's PCI lookups (not run on a GPU yet)

@@ -12,6 +12,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from schemas.op_profile import MAX_EVENTS, PROFILE_ITERATIONS
+
 
 def default_max_input_bytes() -> int:
     """The default ``FARM_MAX_INPUT_BYTES``: 1/8 of this host's memory, at most 1 GiB (8 GiB assumed where
@@ -71,6 +73,12 @@ class Settings(BaseSettings):
     host_drift_pct: float = Field(default=10.0, gt=0)
     #: a result whose leased cores were used more than this by processes outside the job is noted "host busy", %
     host_busy_pct: float = Field(default=10.0, gt=0)
+    #: op profiles (`--op-profile`): the most trace events one profile reads (a larger trace is cut, and the
+    #: profile says so), and the profiled inferences of each pass after its warm-up
+    op_profile_max_events: int = Field(default=MAX_EVENTS, ge=1)
+    op_profile_iterations: int = Field(default=PROFILE_ITERATIONS, ge=1, le=10_000)
+    #: TEST HARNESS ONLY: the op-profiling process aborts (SIGABRT) after loading the model, as a profiler crash
+    op_profile_crash: bool = False
     #: Prometheus endpoint port of `farm worker` (slot I: port + I) and `farm scheduler`; unset: no endpoint,
     #: 0: any free port (printed at start)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

@@ -196,6 +196,10 @@ class MeasurementSettings(_Strict):
         default="unary",
         description="how the load generator calls the server: unary ModelInfer calls (what most clients "
                     "do) or ModelStreamInfer streams (cheaper per request on both ends)")
+    op_profile: bool = Field(
+        default=False,
+        description="after each job's load measurement, a separate short pass with the engine's own op profiler "
+                    "on (same engine, device, batch, threads and cores): the time per graph node, `farm ops JOB`")
     client: LoadClientName = Field(
         default="auto",
         description="which client sends the load: NVIDIA perf_analyzer (its C++ hot loop sends the tensors "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from schemas.input_data import InputData
 from schemas.request import MEASUREMENT_DEFAULTS
 from workers.engines.backends import make_backend
 from workers.loadgen.stats import latency_metrics
+from workers.profiling.process import PASS_TIMEOUT_S, PassOptions, edge_profile_line, pass_argv, pass_process
 
 MARKER = "edge_bench"
 
@@ -135,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inputs", default=None, help="JSON list of {name, dtype, shape (batch excluded)}")
     p.add_argument("--input-data", type=Path, default=None,
                    help="the request's input data file as farm stores it (InputData JSON with its arrays)")
+    p.add_argument("--op-profile", action="store_true",
+                   help="after the measured loop (its line printed), an op-profiling pass in this box's limits")
+    p.add_argument("--op-profile-iterations", type=int, default=PassOptions.iterations)
+    p.add_argument("--op-profile-max-events", type=int, default=PassOptions.max_events)
+    p.add_argument("--op-profile-abort", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.batch_size < 1 or a.duration_s <= 0 or a.warmup_s < 0:
         p.error("--batch-size must be >= 1, --duration-s > 0 and --warmup-s >= 0")
@@ -147,7 +154,22 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({MARKER: 1, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 2
     print(json.dumps(report), flush=True)
+    if a.op_profile:  # after the figures are out: a crash or OOM of the pass cannot take them along
+        engine = a.engine or FORMAT_ENGINE.get(a.model_format, "onnxruntime")
+        print(json.dumps(edge_op_profile(engine, a, report["metrics"].get("latency_p50_ms"))), flush=True)
     return 0
+
+
+def edge_op_profile(engine: str, a: argparse.Namespace, compute_ms: float | None) -> dict[str, Any]:
+    """The op profile of this edge run as one JSON line (``workers.profiling.job.edge_profile``): a child
+    process in the same container/cgroup (the same CPU and memory limits) loads the model once, profiled; the
+    engine's compute time is this run's own p50."""
+    with tempfile.TemporaryDirectory(prefix="farm-op-profile-") as tmp:
+        opts = PassOptions(a.op_profile_iterations, a.op_profile_max_events, a.op_profile_abort)
+        argv = pass_argv(a.model, engine, a.batch_size, a.threads, a.device, a.inputs or "[]", Path(tmp),
+                         a.input_data, opts, compute_ms)
+        prof, trace = pass_process(engine, argv, PASS_TIMEOUT_S)
+    return edge_profile_line(prof, trace)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
+from farm import op_profile
 from farm.artifacts import ensure_in_store, fetch_model
 from farm.broker import Broker
 from farm.errors import FarmError, SandboxError
@@ -22,6 +23,7 @@ from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
 from workers.loadgen.clients import run_load
 from workers.measure import Measurement, Served, lease_for
+from workers.profiling.job import profile_job
 from workers.runners.base import Runner
 from workers.samplers.host import steal_note
 from workers.spool import Spool, SpooledResult, is_transient, retry_db
@@ -59,16 +61,23 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
         announce(f"edge run under {spec.edge_profile.name if spec.edge_profile else 'its'} limits")
         return runner.run_edge(spec, model_path)
     started = time.monotonic()
-    with Measurement(spec, gpu_uuids or [], slots) as m, runner.serve(spec, model_path, m.server_cpus) as target:
-        with m.watch(Served(pid=target.pid, cgroup=target.cgroup_path, reused=target.reused)):
-            announce(f"measuring b={spec.batch_size} c={spec.concurrency} (warm-up, then windows)")
-            load = run_load(target.url, target.model_name, spec.inputs, spec.batch_size, spec.concurrency,
-                            spec.measurement, data=spec.input_data)
+    with Measurement(spec, gpu_uuids or [], slots) as m:
+        with runner.serve(spec, model_path, m.server_cpus) as target:
+            with m.watch(Served(pid=target.pid, cgroup=target.cgroup_path, reused=target.reused)):
+                announce(f"measuring b={spec.batch_size} c={spec.concurrency} (warm-up, then windows)")
+                load = run_load(target.url, target.model_name, spec.inputs, spec.batch_size, spec.concurrency,
+                                spec.measurement, data=spec.input_data)
+        # after the measured windows, the server stopped, still on the job's cores: never inside the figures
+        if spec.measurement.op_profile:
+            announce("op profile pass (after the measurement)")
+        profile = profile_job(spec, model_path, m.server_cpus) if spec.measurement.op_profile else None
     metrics: dict[str, Any] = {**load.metrics, **m.metrics()}
     details: dict[str, Any] = {"load": load.details, "runner": runner.name, "notes": [*target.notes, *m.notes],
                                "wall_s": round(time.monotonic() - started, 3), **m.details()}
     if target.server is not None:
         details["server"] = target.server
+    if profile is not None:
+        op_profile.attach(details, *profile)
     shared = shared_unisolated(m.placement.model_dump())
     for note in (steal_note(metrics.get("cpu_steal_pct")), SHARED_NOTE if shared else None):
         if note is not None:

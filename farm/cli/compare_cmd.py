@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from farm.cli.followups import next_hint
+from farm.cli.op_profile_cmd import compare_ops_cmd
 from farm.cli.prepare import prepare_db
 from farm.cli.request_options import ID_ARGS, ID_HELP, request_ids
 from farm.cli.views import console, err_console, fmt_value, load_label, safe_row, say, serving_label
@@ -42,9 +43,14 @@ def compare(
     as_json: bool = typer.Option(False, "--json"),
     wide: bool = typer.Option(False, "--wide", help="Add how each configuration was measured and each test's "
                               "change and p-value (the default table fits 80 columns)."),
+    ops: bool = typer.Option(False, "--ops", help="A and B are job ids: which op types got faster or slower "
+                             "between their op profiles (--op-profile)."),
 ) -> None:
     """Compare two requests configuration by configuration: ratios B / A and a verdict from their repeated runs
     (faster, slower, same or inconclusive)."""
+    if ops:
+        compare_ops_cmd(request_a, request_b, as_json)
+        return
     ignored = tuple(ignore or [])
     unknown = [c for c in ignored if c not in CONFIG_COLUMNS]
     if unknown:

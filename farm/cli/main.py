@@ -8,7 +8,18 @@ from pathlib import Path
 import typer
 
 from farm import lifecycle
-from farm.cli import cluster, compare_cmd, followups, llm_options, ops, output, report_cmd, request_options, views
+from farm.cli import (
+    cluster,
+    compare_cmd,
+    followups,
+    llm_options,
+    op_profile_cmd,
+    ops,
+    output,
+    report_cmd,
+    request_options,
+    views,
+)
 from farm.cli.embedded import refuse_commands, run_embedded
 from farm.cli.errors import run_app, run_cli
 from farm.cli.live import LiveRun
@@ -94,6 +105,8 @@ def submit(
                                       "farm's OpenAI streaming client."),
     timeout: float | None = typer.Option(None, "--timeout", help="Per-job time limit, s "
                                        f"{request_options.measurement_default('timeout_s', 's')}."),
+    op_profile: bool = typer.Option(False, "--op-profile", help="After each job's load measurement, a short "
+                                    "pass with the engine's op profiler: time per node (`farm ops JOB_ID`)."),
     repeats: int | None = typer.Option(None, "--repeats", help=f"Runs of each cell (1 to {MAX_REPEATS}, default 1), "
                                        "interleaved round by round; `farm results` shows their median and range, "
                                        "`farm compare` needs several to judge."),
@@ -132,7 +145,7 @@ def submit(
                                    threads=threads, instances=instances, timeout_s=timeout, rpc=rpc,
                                    max_queue_delay_us=queue_delay,
                                    preferred_batch_size=preferred_batch, search=search, p99_ms=p99,
-                                   client=client),
+                                   client=client, op_profile=op_profile or None),
                               extra=dict(input_data=input_data, endpoint=endpoint, model_name=served_name,
                                          repeats=repeats, knobs=parse_knobs(knob)))
     data = llm_options.apply(data, api=api, api_key_env=api_key_env, input_tokens=input_tokens,
@@ -325,6 +338,7 @@ ops.register(app, db_app)  # worker, serve, db, example-model, analyze
 report_cmd.register(app)
 compare_cmd.register(app)
 cluster.register(app)  # scheduler, cancel
+op_profile_cmd.register(app)  # ops (op profiles; not ops.py's operator commands)
 
 
 def main(args: list[str] | None = None) -> None:

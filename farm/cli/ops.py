@@ -12,6 +12,7 @@ from rich.table import Table
 
 from farm.cli.followups import next_hint
 from farm.cli.hooks import register_hooks
+from farm.cli.op_profile_cmd import layers_cmd
 from farm.cli.request_options import FORMAT_HELP, SERVE_ENGINE_HELP
 from farm.cli.views import console, err_console, safe_row, say
 from farm.db.create import ensure_database
@@ -22,7 +23,7 @@ from farm.logs import setup_logging
 from farm.models.analysis import analyze as run_analysis
 from farm.models.analysis import headline
 from farm.models.examples import EXAMPLE_KINDS, LLM_KINDS, build_example
-from farm.models.info import detect_format, tensor_spec
+from farm.models.info import detect_format, inspect_model, tensor_spec
 from farm.models.llm_examples import GGUF_NAME, HF_NAME
 from farm.sandbox import jail_argv, model_jail
 from farm.settings import get_settings, mask_url, reset_settings
@@ -191,9 +192,22 @@ def example_model(out: Path = typer.Argument(..., help="Output file (a directory
 def analyze(model: Path = typer.Argument(..., help="Model file."),
             input_spec: list[str] | None = typer.Option(None, "--input", "-i", help="name:dtype:shape"),
             model_format: str | None = typer.Option(None, "--format"),
-            as_json: bool = typer.Option(False, "--json")) -> None:
-    """Static metrics: parameters, size, MACs/FLOPs per sample, activation memory."""
+            as_json: bool = typer.Option(False, "--json"),
+            layers: bool = typer.Option(False, "--layers", help="Per graph node: MACs/FLOPs, params, output bytes "
+                                        "(ONNX); with --job, joined with that job's op profile: GFLOP/s, GB/s."),
+            batch: int = typer.Option(1, "--batch", min=1, help="With --layers: the batch of one call."),
+            job: str | None = typer.Option(None, "--job", help="With --layers: a job id whose op profile "
+                                           "(--op-profile) the layers join; its batch size is used."),
+            peak_gflops: float | None = typer.Option(None, "--peak-gflops", min=0.0, help="With --layers --job: "
+                                                     "the device's peak GFLOP/s, to show the model's share of it.")
+            ) -> None:
+    """Static metrics: parameters, size, MACs/FLOPs per sample, activation memory (--layers: per node)."""
     given = [tensor_spec(t) for t in input_spec] if input_spec else None
+    if layers:  # ONNX only (layers_cmd refuses the rest before reading it): parsing a graph runs no model code
+        fmt = model_format or detect_format(model)
+        inputs = inspect_model(model, fmt, given).inputs if fmt == "onnx" else []
+        layers_cmd(model, fmt, inputs, batch, job, peak_gflops, as_json)
+        return
     report = run_analysis(model, model_format, given)  # checks the file and inputs first (one jailed run, if any)
     if as_json:
         print(json.dumps(report, indent=2, default=str))

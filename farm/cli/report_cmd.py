@@ -25,8 +25,10 @@ from farm.cli.views import (
     serving_label,
     shared_lines,
 )
+from farm.db.session import session_scope
 from farm.formatting import safe_text
 from farm.models.analysis import headline
+from farm.op_profile import breakdown_line, by_op_type, request_profiles
 from farm.report import Constraint, Report, build_report, parse_constraint
 from farm.results import find_request, model_static_metrics, result_rows
 from schemas import COORDINATE_KEYS
@@ -60,11 +62,19 @@ def report(
     req = find_request(request_id)
     rep = build_report(result_rows(req.id), objective, constraints, stable)
     static = model_static_metrics(req.model_sha256)
+    with session_scope() as s:
+        profiles = request_profiles(s, req.id)
     if as_json:
-        print(json.dumps(_as_json(req.id, rep, top, static), indent=2, default=str))
+        print(json.dumps({**_as_json(req.id, rep, top, static), "op_profiles": [
+            {"job_id": p.job_id, **p.job, "status": p.profile.status, "reason": p.profile.reason,
+             "compute_ms": p.profile.compute_ms, "op_types": by_op_type(p.profile),
+             "top_nodes": [n.model_dump() for n in p.profile.nodes[:top]]} for p in profiles]},
+            indent=2, default=str))
         return
     _print_ranked(req.id, rep, top)
     _print_verdicts(rep)
+    for p in profiles:  # --op-profile: where the time goes inside the model, per job
+        say(f"ops {breakdown_line(p)}")
     for line in measured_lines(rep.ranked[:top] + rep.edge):
         say(line)
     if static:

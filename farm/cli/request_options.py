@@ -20,7 +20,7 @@ from schemas.request import MEASUREMENT_DEFAULTS
 
 _MEASUREMENT_FLAGS = ("duration_s", "window_s", "warmup_s", "max_windows", "min_windows", "stability_pct",
                       "stability_latency", "mode", "timeout_s", "rpc", "preferred_batch_size", "search",
-                      "p99_ms", "client")
+                      "p99_ms", "client", "op_profile")
 #: help texts whose choices and defaults come from the contract (``schemas``), so they cannot drift from it
 ENGINE_HELP = f"{' | '.join(ENGINES)}; repeat."
 SERVE_ENGINE_HELP = f"{' | '.join(IN_PROCESS)} (default: by format)."

@@ -189,3 +189,50 @@ for _m in JOB_METRICS:
     setattr(Result, _m.name, mapped_column(_m.name, _SQL_TYPES[_m.kind], nullable=True))
 del _m
 assert all(hasattr(Result, c) for c in PLACEMENT_COLUMNS), "a Placement field without its results column"
+
+
+class OpProfileRow(Base):
+    """A job's op profile (``--op-profile``, ``schemas.op_profile.OpProfile``): its status and why it is missing,
+    the totals per inference (ms), and the raw trace (Chrome/Perfetto JSON, gzip) when kept. ``farm ops JOB``
+    reads it; the view ``job_ops`` joins its nodes to the job."""
+
+    __tablename__ = "op_profiles"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    engine: Mapped[str] = mapped_column(String(40))
+    status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    batch_size: Mapped[int] = mapped_column(Integer, default=1)
+    threads: Mapped[int] = mapped_column(Integer, default=0)
+    warmup: Mapped[int] = mapped_column(Integer, default=0)
+    iterations: Mapped[int] = mapped_column(Integer, default=0)
+    events: Mapped[int] = mapped_column(BigInteger, default=0)
+    capped: Mapped[bool] = mapped_column(Boolean, default=False)
+    node_sum_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    compute_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    profiled_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    overhead_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    trace_format: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    cpus: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    trace_gz: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class OpNodeRow(Base):
+    """One node of a job's op profile (``schemas.op_profile.OpNode``), ``rank`` 0 = the most time."""
+
+    __tablename__ = "op_nodes"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("op_profiles.job_id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text)
+    op_type: Mapped[str] = mapped_column(String(120), index=True)
+    exec_type: Mapped[str] = mapped_column(String(120), default="")
+    provider: Mapped[str] = mapped_column(String(60), default="")
+    calls: Mapped[float] = mapped_column(Float, default=0.0)
+    self_ms_p50: Mapped[float] = mapped_column(Float, default=0.0)
+    self_ms_p90: Mapped[float] = mapped_column(Float, default=0.0)
+    share: Mapped[float] = mapped_column(Float, default=0.0)
+    input_shapes: Mapped[str] = mapped_column(Text, default="")
+    fused: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    status: Mapped[str] = mapped_column(String(16), default="executed")

@@ -87,6 +87,10 @@ class Backend(ABC):
     def __init__(self) -> None:
         self._inputs: list[IOSpec] = []
         self._outputs: list[IOSpec] = []
+        # set before ``load`` by an op-profiling pass (``workers.profiling``): the engine's own profiler on, its
+        # trace written under this path prefix (ONNX Runtime) or kept per request (OpenVINO PERF_COUNT); never
+        # set for a served or edge-measured session
+        self.profile_prefix: str | None = None
 
     def declare_inputs(self, specs: list[IOSpec]) -> None:  # noqa: B027 (optional hook: a no-op by default)
         """Declare the inputs' datatypes and shapes for engines whose files carry none (TorchScript);

@@ -50,6 +50,10 @@ class OnnxRuntimeBackend(Backend):
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if self.profile_prefix:  # an op-profiling pass (workers.profiling): Chrome trace + the optimized graph
+            opts.enable_profiling = True
+            opts.profile_file_prefix = self.profile_prefix
+            opts.optimized_model_filepath = f"{self.profile_prefix}.optimized.onnx"
         path = Path(model_path)
         if not path.is_file():
             raise ModelError(f"model file {path} does not exist; check the path the job was given")
@@ -86,6 +90,12 @@ class OnnxRuntimeBackend(Backend):
                 raise InputError(f"ONNX Runtime rejected the inputs: {msg}") from exc
             raise
         return dict(zip(names, results, strict=True))
+
+    def end_profiling(self) -> str:
+        """Stop the profiler of a session loaded with ``profile_prefix`` and return its trace file's path."""
+        if self._sess is None:
+            raise ServerError("the ONNX Runtime backend is not loaded; call load() first")
+        return str(self._sess.end_profiling())  # type: ignore[attr-defined]
 
     def close(self) -> None:
         self._sess = None

@@ -55,6 +55,8 @@ class OpenVinoBackend(Backend):
         # and the kernel schedules them there, instead of the plugin pinning them itself by its own CPU map
         config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32",
                                   "INFERENCE_NUM_THREADS": lease_threads(threads), "ENABLE_CPU_PINNING": False}
+        if self.profile_prefix:  # an op-profiling pass (workers.profiling): per-layer counters on each request
+            config["PERF_COUNT"] = True
         try:
             core = ov.Core()
             compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
@@ -90,6 +92,11 @@ class OpenVinoBackend(Backend):
         except (RuntimeError, ValueError, TypeError) as exc:
             raise InputError(f"OpenVINO rejected the inputs: {str(exc).strip().splitlines()[0]}") from exc
         return {n: np.array(results[self._ports[n]], copy=True) for n in names}
+
+    @property
+    def request(self) -> Any:
+        """The infer request (None before ``load``): an op-profiling pass reads its profiling info."""
+        return self._request
 
     def close(self) -> None:
         self._request = None

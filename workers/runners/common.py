@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from farm.settings import get_settings
 from schemas import JobSpec
 from workers.loadgen.plan import fixed_measured_s
 
@@ -55,14 +56,28 @@ def edge_input_file(spec: JobSpec) -> Iterator[Path | None]:
 def bench_command(spec: JobSpec, model_inside: str, data_inside: str | None = None) -> list[str]:
     """argv of the built-in edge bench for ``spec`` (``argv[0]`` is ``python``, as in the runtime image);
     ``data_inside``: where the bench reads the request's input data file (:func:`edge_input_file`)."""
-    zeros = spec.input_data is not None and spec.input_data.kind == "zeros"
-    inputs = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape),
-               **({"value_range": list(t.value_range)} if t.value_range else {}), **({"zeros": True} if zeros else {})}
-              for t in spec.inputs]
     return [
         "python", "-m", "workers.edge_bench", "--model", model_inside, "--format", spec.model_format,
         "--engine", spec.engine, "--batch-size", str(spec.batch_size),
         "--warmup-s", f"{spec.measurement.warmup_s:g}", "--duration-s", f"{edge_duration_s(spec):g}",
-        "--threads", str(edge_threads(spec)), "--inputs", json.dumps(inputs, separators=(",", ":")),
+        "--threads", str(edge_threads(spec)), "--inputs", job_inputs(spec),
         *(("--input-data", data_inside) if data_inside else ()),
+        *(_op_profile_args() if spec.measurement.op_profile else ()),
     ]
+
+
+def _op_profile_args() -> list[str]:
+    """The edge bench's op-profiling options, from this worker's settings (``FARM_OP_PROFILE_*``)."""
+    s = get_settings()
+    return ["--op-profile", "--op-profile-iterations", str(s.op_profile_iterations), "--op-profile-max-events",
+            str(s.op_profile_max_events), *(("--op-profile-abort",) if s.op_profile_crash else ())]
+
+
+def job_inputs(spec: JobSpec) -> str:
+    """The job's inputs as the edge bench and the op-profiling pass take them (``--inputs``): a JSON list of
+    name, dtype, per-sample shape, value range, and ``zeros`` for zero-filled input data."""
+    zeros = spec.input_data is not None and spec.input_data.kind == "zeros"
+    inputs = [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape),
+               **({"value_range": list(t.value_range)} if t.value_range else {}), **({"zeros": True} if zeros else {})}
+              for t in spec.inputs]
+    return json.dumps(inputs, separators=(",", ":"))

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from farm import op_profile
 from farm.errors import WorkerError
 from schemas import JobResult, JobSpec, Placement
 from schemas.metrics import BY_NAME
 from workers.edge_bench import parse_report
 from workers.measure import HOST_METRICS
+from workers.profiling.process import edge_profile
 
 RESOURCE_METRICS = ("cpu_pct_avg", "cpu_pct_peak", "mem_avg_bytes", "mem_peak_bytes", *HOST_METRICS)
 
@@ -40,6 +42,8 @@ def edge_result(spec: JobSpec, *, where: str, error: type[WorkerError], stdout: 
                "total_time_s": total_s}
     if report:
         details["bench"] = {k: v for k, v in report.items() if k not in ("metrics", "edge_bench")}
+    if spec.measurement.op_profile and not custom:
+        op_profile.attach(details, *edge_profile(stdout, spec.engine))
     if oom:
         details["error"] = (
             f"killed: out of memory (limit {prof.memory / 2**20:g} MiB) after {total_s:.1f} s; the model "

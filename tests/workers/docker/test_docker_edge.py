@@ -182,3 +182,17 @@ def test_user_image_by_keyword_and_missing_image_is_never_pulled(
     with pytest.raises(ContainerError, match="never pulls"):
         runner.run_edge(make_spec(models["mlp"], edge=EdgeProfile(cpus=1, memory="256m")), models["mlp"],
                         image=tag, command=["true"])
+
+
+def test_an_edge_op_profile_is_taken_inside_the_limited_container(runner: Any, models: dict[str, Path],
+                                                                  make_spec: Any) -> None:
+    from farm.op_profile import split
+
+    spec = make_spec(models["mlp"], edge=EdgeProfile(cpus=1, memory="512m"), warmup_s=0.2, duration_s=1,
+                     op_profile=True)
+    result = runner.run_edge(spec, models["mlp"])
+    assert result.metrics["throughput_infer_per_s"] > 0 and result.metrics["limits_enforced"] is True
+    _, prof, trace = split(result.details)
+    assert prof is not None and prof.status == "ok", prof
+    assert prof.nodes and prof.compute_ms is not None and prof.threads == 1  # the edge run's own thread count
+    assert trace is not None  # ORT's trace, carried out of the container on its stdout

@@ -1,0 +1,230 @@
+"""``farm ops JOB_ID``: where the time goes inside the model of one job (its ``--op-profile``), and ``farm compare
+--ops A B``: which op types got faster or slower between two jobs (``farm.op_profile``)."""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from farm import op_profile
+from farm.cli.prepare import prepare_db
+from farm.cli.views import console, err_console, safe_row, say
+from farm.db.session import session_scope
+from farm.errors import RequestError
+from farm.models.onnx_counter import node_costs
+from schemas.op_profile import OVERHEAD, OpProfile
+
+#: the widest a table of these commands gets (columns)
+WIDTH = 80
+NAME_WIDTH = 30
+
+
+def _short(text: str, width: int) -> str:
+    """``text`` cut in the middle to ``width`` characters (node names differ at both ends)."""
+    if len(text) <= width:
+        return text
+    half = (width - 1) // 2
+    return f"{text[:half]}…{text[-(width - 1 - half):]}"
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def say80(line: str) -> None:
+    """A free line of these commands, wrapped to the tables' 80 columns."""
+    for part in textwrap.wrap(line, WIDTH, subsequent_indent="  ", break_long_words=False):
+        say(part)
+
+
+def header_lines(jid: str, job: dict[str, Any], prof: OpProfile) -> list[str]:
+    """What the profile is and how far its node sum covers the engine's compute time."""
+    where = f"{job['engine']} on {job['device']}, batch {job['batch_size']}" + (
+        f", edge {job['edge_profile']}" if job.get("edge_profile") else "")
+    lines = [f"job {jid}: {where}"]
+    if prof.status != "ok":
+        lines.append(f"no op profile ({prof.status}): {prof.reason}")
+        return lines
+    lines.append(f"{prof.iterations} profiled inferences ({prof.warmup} warm-up), threads "
+                 f"{prof.threads or 'of the lease'}" + (f", cores {prof.cpus}" if prof.cpus else "")
+                 + "; ms per inference")
+    ratio = prof.sum_vs_compute
+    lines.append(f"node sum {_ms(prof.node_sum_ms)} ms vs compute {_ms(prof.compute_ms)} ms"
+                 + (f" ({100 * ratio:.0f} %)" if ratio is not None else "")
+                 + f"; overhead {_ms(prof.overhead_ms)} ms (its own row)")
+    served = job.get("server_compute_p50_ms")
+    if served is not None and prof.batch_size == job["batch_size"]:
+        lines.append(f"the job's server compute p50 under load: {_ms(served)} ms per request")
+    if prof.reason:
+        lines.append(f"note: {prof.reason}")
+    return lines
+
+
+def nodes_table(prof: OpProfile, top: int) -> Table:
+    """The ``top`` nodes by median self time (80 columns)."""
+    table = Table(title=f"top {min(top, len(prof.nodes))} of {len(prof.nodes)} nodes", box=box.SIMPLE_HEAD,
+                  width=WIDTH, title_justify="left")
+    for col, kw in (("node", {"no_wrap": True, "max_width": NAME_WIDTH}), ("op type", {"max_width": 16}),
+                    ("p50", {"justify": "right"}), ("p90", {"justify": "right"}), ("share", {"justify": "right"}),
+                    ("calls", {"justify": "right"})):
+        table.add_column(col, overflow="ellipsis", **kw)
+    for n in prof.nodes[:top]:
+        mark = "" if n.status == "executed" else f" ({n.status})"
+        fused = f" +{len(n.fused)}" if n.fused else ""
+        safe_row(table, _short(n.name + fused + mark, NAME_WIDTH), n.op_type, _ms(n.self_ms_p50),
+                 _ms(n.self_ms_p90), _pct(n.share), f"{n.calls:g}")
+    return table
+
+
+def types_table(prof: OpProfile) -> Table:
+    """Per op type: nodes, calls, self time and share; the overhead row last."""
+    table = Table(title="by op type", box=box.SIMPLE_HEAD, width=WIDTH, title_justify="left")
+    for col in ("op type", "nodes", "calls", "ms", "share"):
+        table.add_column(col, justify="left" if col == "op type" else "right", overflow="ellipsis")
+    for r in op_profile.by_op_type(prof):
+        safe_row(table, r["op_type"], str(r["nodes"]) if r["op_type"] != OVERHEAD else "-", f"{r['calls']:g}",
+                 _ms(r["self_ms"]), _pct(r["share"]))
+    return table
+
+
+CSV_COLUMNS = ("rank", "name", "op_type", "exec_type", "provider", "calls", "self_ms_p50", "self_ms_p90", "share",
+               "input_shapes", "fused", "status")
+
+
+def _csv(prof: OpProfile) -> None:
+    w = csv.writer(sys.stdout)
+    w.writerow(CSV_COLUMNS)
+    for i, n in enumerate(prof.nodes):
+        d = n.model_dump()
+        w.writerow([i, *(";".join(d[c]) if c == "fused" else d[c] for c in CSV_COLUMNS[1:])])
+    if prof.overhead_ms is not None:
+        w.writerow([-1, OVERHEAD, OVERHEAD, "", "", 1, prof.overhead_ms, "", "", "", "", "overhead"])
+
+
+def ops_cmd(
+    job_id: str = typer.Argument(..., help="The job id (`farm results` shows it; a unique prefix will do)."),
+    top: int = typer.Option(15, "--top", min=1, help="How many nodes the table shows."),
+    as_json: bool = typer.Option(False, "--json", help="The whole profile as JSON."),
+    as_csv: bool = typer.Option(False, "--csv", help="Every node as CSV (the overhead row last)."),
+    trace_out: Path | None = typer.Option(None, "--trace", help="Write the raw trace here (Chrome trace JSON: "
+                                          "open it in ui.perfetto.dev or chrome://tracing)."),
+) -> None:
+    """Where the time goes inside the model of one job: its top nodes and op types (`farm submit --op-profile`)."""
+    if as_json and as_csv:
+        raise RequestError("give one of --json and --csv")
+    prepare_db()
+    with session_scope() as s:
+        stored = op_profile.load(s, job_id)
+        raw = op_profile.trace(s, stored.job_id) if trace_out is not None else None
+    if trace_out is not None and raw is not None:
+        trace_out.write_bytes(raw)
+        say(f"trace written to {trace_out} ({len(raw) / 2**20:.1f} MiB): open it in ui.perfetto.dev", to=err_console)
+    prof = stored.profile
+    if as_json:
+        print(json.dumps({"job_id": stored.job_id, "job": stored.job, "profile": prof.model_dump(),
+                          "op_types": op_profile.by_op_type(prof), "has_trace": stored.has_trace}, indent=2))
+        return
+    if as_csv:
+        _csv(prof)
+        return
+    for line in header_lines(stored.job_id, stored.job, prof):
+        say80(line)
+    if prof.status == "ok":
+        console.print(nodes_table(prof, top))
+        console.print(types_table(prof))
+        if stored.has_trace and trace_out is None:
+            say80(f"raw trace: farm ops {stored.job_id[:12]} --trace t.json (open it in ui.perfetto.dev)")
+
+
+def compare_ops_cmd(job_a: str, job_b: str, as_json: bool) -> None:
+    """``farm compare --ops A B``: op types of two jobs' profiles, the largest change first."""
+    prepare_db()
+    with session_scope() as s:
+        a, b = op_profile.load(s, job_a), op_profile.load(s, job_b)
+    for side in (a, b):
+        if side.profile.status != "ok":
+            raise RequestError(f"job {side.job_id} has no usable op profile ({side.profile.status}: "
+                               f"{side.profile.reason})")
+    rows = op_profile.compare_ops(a.profile, b.profile)
+    if as_json:
+        print(json.dumps({"a": a.job_id, "b": b.job_id, "op_types": rows}, indent=2))
+        return
+    say80(f"B {b.job_id[:12]} ({b.job['engine']}, batch {b.job['batch_size']}) against A {a.job_id[:12]} "
+        f"({a.job['engine']}, batch {a.job['batch_size']}); ms per inference")
+    table = Table(box=box.SIMPLE_HEAD, width=WIDTH)
+    for col in ("op type", "A ms", "B ms", "B / A", "B - A ms", "verdict"):
+        table.add_column(col, justify="left" if col in ("op type", "verdict") else "right", overflow="ellipsis")
+    for r in rows:
+        ratio = r["ratio"]
+        verdict = ("only in A" if r["b_ms"] is None else "only in B" if r["a_ms"] is None else
+                   "faster" if ratio is not None and ratio < 0.9 else "slower" if ratio is not None and ratio > 1.1
+                   else "same")
+        safe_row(table, r["op_type"], _ms(r["a_ms"]), _ms(r["b_ms"]), "-" if ratio is None else f"{ratio:.2f}",
+                 _ms(r["delta_ms"]), verdict)
+    console.print(table)
+    say80("faster / slower: B / A beyond ±10 % on one profile each (not a test over runs: compare requests with "
+        "--repeats for that)")
+
+
+def layers_cmd(model: Path, model_format: str, inputs: list[Any], batch: int, job: str | None,
+               peak_gflops: float | None, as_json: bool) -> None:
+    """``farm analyze MODEL --layers [--job JOB]``: the layer-wise static view, joined with a job's profile."""
+    if model_format != "onnx":
+        raise RequestError(f"--layers reads ONNX graphs; {model.name} is {model_format} (its op profile names aten "
+                           "calls, not graph nodes): export it to ONNX, or read `farm ops JOB` alone")
+    prof = None
+    if job is not None:
+        prepare_db()
+        with session_scope() as s:
+            stored = op_profile.load(s, job)
+        if stored.profile.status != "ok":
+            raise RequestError(f"job {stored.job_id} has no usable op profile: {stored.profile.reason}")
+        prof, batch = stored.profile, stored.profile.batch_size
+    import onnx  # noqa: PLC0415 - heavy, and only --layers needs the graph itself
+
+    static = node_costs(onnx.load(str(model)), inputs, batch=batch)
+    rows = op_profile.join_layers(static, prof)
+    total = op_profile.achieved(static, prof, peak_gflops) if prof is not None else None
+    if as_json:
+        print(json.dumps({"batch_size": batch, "layers": rows, "total": total}, indent=2))
+        return
+    table = Table(title=f"{model.name}, batch {batch}" + (" (joined with the op profile)" if prof else ""),
+                  box=box.SIMPLE_HEAD, width=WIDTH, title_justify="left")
+    heads = ("node", "op type", "ms", "MFLOP", "GFLOP/s", "GB/s") if prof else ("node", "op type", "MFLOP",
+                                                                             "params", "out KiB")
+    for col in heads:
+        table.add_column(col, justify="left" if col in ("node", "op type") else "right", overflow="ellipsis",
+                         no_wrap=col == "node", max_width=NAME_WIDTH if col == "node" else None)
+    for r in rows:
+        if prof:
+            cells = [_ms(r["self_ms"]), _num(r["flops"], 1e6, 2), _num(r["gflops_per_s"], 1, 1),
+                     _num(r["gbytes_per_s"], 1, 2)]
+        else:
+            cells = [_num(r["flops"], 1e6, 2), f"{r['params']:,}", _num(r["activation_bytes"], 1024, 1)]
+        safe_row(table, _short(r["name"], NAME_WIDTH), r["op_type"], *cells)
+    console.print(table)
+    if total is not None:
+        of_peak = f", {100 * total['of_peak']:.1f} % of the given peak" if total["of_peak"] is not None else \
+            " (give --peak-gflops for its share of the device's peak)"
+        line = (f"model: {_num(total['flops'], 1e9, 3)} GFLOP per call in {_ms(total['compute_ms'])} ms = "
+                f"{_num(total['gflops_per_s'], 1, 1)} GFLOP/s{of_peak}")
+        say80(line)
+
+
+def _num(v: float | None, unit: float, digits: int) -> str:
+    return "-" if v is None else f"{v / unit:,.{digits}f}"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ops")(ops_cmd)

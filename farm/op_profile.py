@@ -1,0 +1,214 @@
+"""Op profiles in the database (``--op-profile``): written with the job's result, read by ``farm ops``, ``farm
+report`` and ``farm compare --ops``.
+
+A worker hands the profile over inside its result's ``details`` (``attach``): the profile under
+:data:`DETAIL_KEY` and its raw trace (gzip, base64) under :data:`TRACE_KEY`, so that it travels the result's
+retry and spool path. ``lifecycle.finish`` takes both out (:func:`split`) and writes them (:func:`store`) in the
+same transaction as the result row: tables ``op_profiles`` (one row per job, with the trace) and ``op_nodes``
+(one row per node); the results row keeps a short summary under ``details.op_profile``.
+"""
+from __future__ import annotations
+
+import base64
+import gzip
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, delete, insert, select
+from sqlalchemy.orm import Session
+
+from farm.db.models import Job, OpNodeRow, OpProfileRow, Result, utcnow
+from farm.errors import RequestError
+from schemas.op_profile import OVERHEAD, OpNode, OpProfile
+
+DETAIL_KEY = "op_profile"
+TRACE_KEY = "op_profile_trace_gz_b64"
+Bind = Connection | Session
+
+
+def attach(details: dict[str, Any], prof: OpProfile, trace_gz: bytes | None) -> None:
+    """Put ``prof`` (and its compressed trace) into a result's ``details`` for :func:`split` to take out."""
+    details[DETAIL_KEY] = prof.model_dump()
+    if trace_gz is not None:
+        details[TRACE_KEY] = base64.b64encode(trace_gz).decode()
+
+
+def summary(prof: OpProfile) -> dict[str, Any]:
+    """What the results row keeps of a profile (the rest lives in ``op_profiles`` / ``op_nodes``)."""
+    return {"status": prof.status, "reason": prof.reason, "nodes": len(prof.nodes), "node_sum_ms": prof.node_sum_ms,
+            "compute_ms": prof.compute_ms}
+
+
+def split(details: dict[str, Any]) -> tuple[dict[str, Any], OpProfile | None, bytes | None]:
+    """``details`` without the profile and trace (a summary left in their place), the profile, the trace."""
+    raw = details.get(DETAIL_KEY)
+    if not isinstance(raw, dict) or "engine" not in raw:
+        return details, None, None
+    prof = OpProfile.model_validate(raw)
+    packed = details.get(TRACE_KEY)
+    rest = {k: v for k, v in details.items() if k not in (DETAIL_KEY, TRACE_KEY)}
+    rest[DETAIL_KEY] = summary(prof)
+    return rest, prof, base64.b64decode(packed) if isinstance(packed, str) else None
+
+
+def store(bind: Bind, job_id: str, prof: OpProfile, trace_gz: bytes | None) -> None:
+    """Write ``prof`` as the op profile of ``job_id`` (replacing an earlier one of a re-run)."""
+    bind.execute(delete(OpNodeRow).where(OpNodeRow.job_id == job_id))
+    bind.execute(delete(OpProfileRow).where(OpProfileRow.job_id == job_id))
+    head = prof.model_dump(exclude={"nodes"})
+    bind.execute(insert(OpProfileRow).values(job_id=job_id, trace_gz=trace_gz, created_at=utcnow(), **head))
+    if prof.nodes:
+        bind.execute(insert(OpNodeRow), [{"job_id": job_id, "rank": i, **n.model_dump()}
+                                         for i, n in enumerate(prof.nodes)])
+
+
+@dataclass
+class Stored:
+    """A job's stored profile, with the job's coordinates and whether its raw trace was kept."""
+
+    job_id: str
+    profile: OpProfile
+    has_trace: bool
+    job: dict[str, Any]
+
+
+def resolve_job(session: Session, job_id: str) -> str:
+    """The full id of the job ``job_id`` names (a unique prefix of at least 6 characters is enough)."""
+    jid = job_id.strip().lower()
+    if len(jid) < 6 or not all(c in "0123456789abcdef" for c in jid):
+        raise RequestError(f"{job_id!r} is not a job id; give the id `farm results` shows (6+ hex characters)")
+    ids = list(session.execute(select(Job.id).where(Job.id.startswith(jid)).limit(2)).scalars())
+    if not ids:
+        raise RequestError(f"no job {job_id}; `farm results REQUEST_ID` lists the jobs of a request")
+    if len(ids) > 1:
+        raise RequestError(f"job id {job_id} is ambiguous; give more of its characters")
+    return str(ids[0])
+
+
+def load(session: Session, job_id: str) -> Stored:
+    """The op profile of ``job_id`` (a prefix will do); RequestError when the job has none (with what to do)."""
+    jid = resolve_job(session, job_id)
+    row = session.get(OpProfileRow, jid)
+    job = session.get(Job, jid)
+    assert job is not None
+    coords = {"request_id": job.request_id, "engine": job.engine, "device": job.device,
+              "batch_size": job.batch_size, "concurrency": job.concurrency, "edge_profile": job.edge_profile,
+              "status": job.status,
+              "server_compute_p50_ms": session.execute(select(Result.server_compute_p50_ms)  # type: ignore[attr-defined]
+                                                       .where(Result.job_id == jid)).scalar()}
+    if row is None:
+        raise RequestError(f"job {jid} has no op profile (status {job.status}); submit with --op-profile to take "
+                           "one")
+    nodes = session.execute(select(OpNodeRow).where(OpNodeRow.job_id == jid).order_by(OpNodeRow.rank)).scalars()
+    prof = OpProfile(engine=row.engine, status=row.status, reason=row.reason,  # type: ignore[arg-type]
+                     batch_size=row.batch_size, threads=row.threads, warmup=row.warmup, iterations=row.iterations,
+                     events=row.events, capped=row.capped, node_sum_ms=row.node_sum_ms, compute_ms=row.compute_ms,
+                     profiled_ms=row.profiled_ms, overhead_ms=row.overhead_ms, trace_format=row.trace_format,
+                     cpus=row.cpus,
+                     nodes=[OpNode(name=n.name, op_type=n.op_type, exec_type=n.exec_type, provider=n.provider,
+                                   calls=n.calls, self_ms_p50=n.self_ms_p50, self_ms_p90=n.self_ms_p90, share=n.share,
+                                   input_shapes=n.input_shapes, fused=list(n.fused or []),
+                                   status=n.status)  # type: ignore[arg-type]
+                            for n in nodes])
+    return Stored(jid, prof, row.trace_gz is not None, coords)
+
+
+def trace(session: Session, job_id: str) -> bytes:
+    """The raw trace of ``job_id``'s profile (Chrome trace JSON, opens in Perfetto); RequestError when none."""
+    jid = resolve_job(session, job_id)
+    packed = session.execute(select(OpProfileRow.trace_gz).where(OpProfileRow.job_id == jid)).scalar()
+    if packed is None:
+        raise RequestError(f"job {jid} has no raw trace kept (no op profile, an engine without one, or a trace "
+                           "over the size bound: `farm ops` says which)")
+    return gzip.decompress(packed)
+
+
+def by_op_type(prof: OpProfile) -> list[dict[str, Any]]:
+    """Per op type: nodes, calls and self time per inference (sum of the nodes' medians, ms), share; the most
+    time first, zero-time op types last; the overhead row (compute - node sum) at the end, never spread."""
+    groups: dict[str, dict[str, Any]] = {}
+    for n in prof.nodes:
+        g = groups.setdefault(n.op_type, {"op_type": n.op_type, "nodes": 0, "calls": 0.0, "self_ms": 0.0,
+                                          "share": 0.0})
+        g["nodes"] += 1
+        g["calls"] += n.calls
+        g["self_ms"] += n.self_ms_p50
+        g["share"] += n.share
+    rows = sorted(groups.values(), key=lambda g: (g["self_ms"] <= 0, -g["self_ms"], g["op_type"]))
+    if prof.overhead_ms is not None:
+        rows.append({"op_type": OVERHEAD, "nodes": 0, "calls": 1.0, "self_ms": prof.overhead_ms, "share": None})
+    return rows
+
+
+def compare_ops(a: OpProfile, b: OpProfile) -> list[dict[str, Any]]:
+    """Op types of two profiles side by side: self time per inference in each (ms), B / A and B - A; the
+    largest absolute change first (op types in one profile only have None on the other side)."""
+    ta = {r["op_type"]: r["self_ms"] for r in by_op_type(a)}
+    tb = {r["op_type"]: r["self_ms"] for r in by_op_type(b)}
+    rows = []
+    for op in dict.fromkeys([*ta, *tb]):
+        ma, mb = ta.get(op), tb.get(op)
+        ratio = mb / ma if ma and mb is not None and ma > 0 else None
+        delta = (mb or 0.0) - (ma or 0.0)
+        rows.append({"op_type": op, "a_ms": ma, "b_ms": mb, "ratio": ratio, "delta_ms": delta})
+    rows.sort(key=lambda r: -abs(r["delta_ms"]))
+    return rows
+
+
+def join_layers(layers: list[dict[str, Any]], prof: OpProfile | None) -> list[dict[str, Any]]:
+    """The static per-node costs (``farm.models.onnx_counter.node_costs``) joined with a profile by node name:
+    each profiled node takes the costs of itself and of the graph nodes fused into it, and gets its achieved
+    GFLOP/s and bytes/s (parameters + outputs over its median self time). Without a profile: the layers as
+    they are. Nodes the profile does not name in the graph (layout reorders) keep None costs."""
+    if prof is None:
+        return [dict(r) for r in layers]
+    by_name = {r["name"]: r for r in layers}
+    rows = []
+    for n in prof.nodes:
+        members = [by_name[m] for m in (n.name, *n.fused) if m in by_name]
+        flops = None if not members or any(m["flops"] is None for m in members) else sum(m["flops"] for m in members)
+        nbytes = None if not members or any(m["activation_bytes"] is None for m in members) else sum(
+            m["param_bytes"] + m["activation_bytes"] for m in members)
+        s = n.self_ms_p50 / 1000.0
+        rows.append({"name": n.name, "op_type": n.op_type, "self_ms": n.self_ms_p50, "flops": flops,
+                     "bytes": nbytes, "params": sum(m["params"] for m in members) if members else None,
+                     "gflops_per_s": flops / s / 1e9 if flops is not None and s > 0 else None,
+                     "gbytes_per_s": nbytes / s / 1e9 if nbytes is not None and s > 0 else None})
+    return rows
+
+
+def achieved(layers: list[dict[str, Any]], prof: OpProfile, peak_gflops: float | None) -> dict[str, Any]:
+    """The model's total: FLOPs per batch call over the engine's compute time, and its share of ``peak_gflops``
+    (the device's peak, when the user knows it; farm keeps no table of peaks)."""
+    flops = None if any(r["flops"] is None for r in layers) else sum(r["flops"] for r in layers)
+    rate = flops / (prof.compute_ms / 1000.0) / 1e9 if flops is not None and prof.compute_ms else None
+    return {"flops": flops, "compute_ms": prof.compute_ms, "gflops_per_s": rate, "peak_gflops": peak_gflops,
+            "of_peak": rate / peak_gflops if rate is not None and peak_gflops else None}
+
+
+def request_profiles(session: Session, request_id: str) -> list[Stored]:
+    """The stored op profiles of a request's jobs, in matrix order (engine, device, batch, concurrency)."""
+    ids = session.execute(select(Job.id).join(OpProfileRow, OpProfileRow.job_id == Job.id)
+                          .where(Job.request_id == request_id)
+                          .order_by(Job.edge_profile, Job.engine, Job.device, Job.batch_size, Job.concurrency))
+    return [load(session, jid) for jid in ids.scalars()]
+
+
+def job_label(stored: Stored) -> str:
+    """A job's short label in op-profile views: engine, batch, concurrency, edge profile."""
+    j = stored.job
+    edge = f" edge {j['edge_profile']}" if j.get("edge_profile") else ""
+    return f"{j['engine']} b{j['batch_size']} c{j['concurrency']}{edge}"
+
+
+def breakdown_line(stored: Stored, types: int = 4) -> str:
+    """One line: the job's top op types and their share of the compute time, then the overhead."""
+    prof = stored.profile
+    if prof.status != "ok":
+        return f"{stored.job_id[:8]} {job_label(stored)}: no op profile ({prof.status}: {prof.reason})"
+    whole = prof.compute_ms or prof.node_sum_ms or 0.0
+    rows = by_op_type(prof)
+    parts = [f"{r['op_type']} {100 * r['self_ms'] / whole:.0f}%" for r in rows[:types]
+             if r["op_type"] != OVERHEAD and whole > 0]
+    over = f"; overhead {100 * (prof.overhead_ms or 0.0) / whole:.0f}%" if whole > 0 else ""
+    return f"{stored.job_id[:8]} {job_label(stored)}: {', '.join(parts)}{over} of {prof.compute_ms or 0:.3f} ms"
