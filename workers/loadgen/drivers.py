@@ -17,6 +17,16 @@ from workers.loadgen.worker import Control, WorkerConfig, run_worker
 
 JOIN_TIMEOUT_S = 10.0  # how long a stopped worker may take to close its channel and exit
 _FINAL = (WorkerDone, WorkerError)  # a worker sends nothing after these
+#: pids of the load processes alive in this process's drivers: a job counts their CPU time as its own, not as
+#: foreign load on its cores (their fork server reaps them, so this process's ``os.times`` never includes them)
+_LIVE_PIDS: set[int] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def load_process_pids() -> list[int]:
+    """The pids of every live load process started by this process's drivers."""
+    with _LIVE_LOCK:
+        return sorted(_LIVE_PIDS)
 
 
 class Driver(ABC):
@@ -195,6 +205,8 @@ class ProcessDriver(Driver):
                 proc = ctx.Process(target=_process_main, args=(cfg, child, cpus), name=f"farm-loadgen-{i}",
                                    daemon=True)
                 proc.start()
+                with _LIVE_LOCK:
+                    _LIVE_PIDS.add(proc.pid)
                 child.close()
                 self._conns.append(parent)
                 self._procs.append(proc)
@@ -253,6 +265,8 @@ class ProcessDriver(Driver):
             if proc.is_alive():
                 proc.kill()
                 proc.join(2.0)
+            with _LIVE_LOCK:
+                _LIVE_PIDS.discard(proc.pid)
         for conn in self._conns:
             try:
                 conn.close()
