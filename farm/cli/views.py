@@ -18,7 +18,7 @@ from farm.formatting import to_csv as to_csv
 from farm.formatting import to_json as to_json
 from farm.settings import get_settings
 from farm.steal import steal_note
-from schemas.result import CLIENT_LIMITED_NOTE, SHARED_NOTE, client_limited, host_notes, shared_unisolated
+from schemas.result import SHARED_NOTE, client_limited, client_limited_note, host_notes, shared_unisolated
 from schemas.worker import WorkerStatus
 
 SHARED_MARK = "!"  # after a job id: measured beside another farm job without core isolation
@@ -131,8 +131,12 @@ def job_label(row: dict[str, Any]) -> str:
 
 def client_limited_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The footnote for client-limited jobs (marked by ``job_label``): one line naming them (or none)."""
-    marked = [r["job_id"][:6] for r in rows if client_limited(r)]
-    return [f"{CLIENT_LIMITED_MARK} {', '.join(marked)}: {CLIENT_LIMITED_NOTE}"] if marked else []
+    by_client: dict[str | None, list[str]] = {}
+    for r in rows:
+        if client_limited(r):
+            by_client.setdefault(r.get("client"), []).append(r["job_id"][:6])
+    return [f"{CLIENT_LIMITED_MARK} {', '.join(ids)}: {client_limited_note(client)}"
+            for client, ids in by_client.items()]
 
 
 def shared_lines(rows: list[dict[str, Any]]) -> list[str]:
