@@ -12,23 +12,43 @@ built-in server with 1 intra-op thread, driven by farm's generator in closed loo
 
 The server runs and the in-process references alternate in rounds (5, quick 2), and each figure is the
 median of the rounds' ratios, so a host whose speed drifts over a minute moves both sides of a ratio
-alike.
+alike. Leases (``--leases 1,2``): a 1-core lease (the server on core 0, 1 intra-op thread, the client on the
+other cores) and a 2-core lease (the server on cores 0-1 with 2 threads; on a 2-core host the client shares
+them, idle while the server computes at concurrency 1); the in-process reference runs on the same cores with
+the same thread count. Each round also reads the host yardstick (``workers/samplers/calibrate.py``) on the
+server's cores, printed beside the figures.
 
-Run: ``python benchmarks/fidelity.py [--quick] [--rounds N]``. Prints figures, asserts nothing.
+3. Co-location (``--colocate``): two jobs, each on its own core (server and client, as farm leases one core per
+job on a 2-core host with 2 slots), measured alone and then both at once, in rounds; each job's server compute
+p50 together vs alone (target: within 10 %, or flagged), with the foreign load on its core while both ran
+(busy time of the core less the job's own server and client: ``samplers.foreign``), flagged "host busy" above
+``FARM_HOST_BUSY_PCT`` (10 %), as a farm job's row would be.
+
+Run: ``python benchmarks/fidelity.py [--quick] [--rounds N] [--leases 1,2] [--colocate/--no-colocate]``.
+Prints figures, asserts nothing.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
+import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
-from _serve import Steal, farm_server, identity_model, matmul_chain_model, pin, split_cpus, steal_flag  # noqa: I001
+from _serve import Steal, farm_server, farm_server_pid, identity_model, matmul_chain_model, pin, steal_flag  # noqa: I001
 
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
+from workers.loadgen.drivers import load_process_pids
+from workers.samplers.calibrate import calibrate as yardstick
+from workers.samplers.foreign import ForeignLoadSampler, ProcessesCpu
+from workers.samplers.process import ProcessTreeSampler
 
+BUSY_PCT = float(os.environ.get("FARM_HOST_BUSY_PCT", "10"))  # farm's "host busy" bound
+CORES = sorted(os.sched_getaffinity(0))  # this host's cores, read before anything pins this thread
 TARGET_MS = 5.0
 
 
@@ -80,6 +100,7 @@ def one_round(urls: tuple[str, str], model: Path, cpus: tuple[set[int] | None, s
     back, and with the server's idle gap before each run), then the identity server's round trip.
     Doing all of them within one round, round after round, keeps the host's drift out of the ratios."""
     client_cpus, server_cpus = cpus
+    speed = yardstick(server_cpus or {0}).speed
     pin(client_cpus)
     with Steal() as st:
         m = measure(urls[0], args.dim, warmup, duration)
@@ -91,19 +112,43 @@ def one_round(urls: tuple[str, str], model: Path, cpus: tuple[set[int] | None, s
         rt = measure(urls[1], args.dim, warmup, duration)
     return {"compute": m["server_compute_p50_ms"], "e2e": m["latency_p50_ms"], "queue": m["server_queue_p50_ms"],
             "p99": m["latency_p99_ms"], "ref": ref, "ref_gap": ref_gap, "gap_ms": gap_s * 1e3,
-            "trip": rt["latency_p50_ms"], "steal": st.pct}
+            "trip": rt["latency_p50_ms"], "steal": st.pct, "yard": speed}
+
+
+def lease_cpus(n: int) -> tuple[set[int], set[int]]:
+    """(client CPUs, server CPUs) of an ``n``-core lease on this host: the server on the first ``n`` cores, the
+    client on the rest (on the same cores where none is left)."""
+    server = set(CORES[:n])
+    return (set(CORES[n:]) or server), server
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="short runs for a CI smoke test")
     ap.add_argument("--dim", type=int, default=256, help="matrix size (input [1, dim, dim] FP32)")
-    ap.add_argument("--threads", type=int, default=1, help="server intra-op threads")
+    ap.add_argument("--threads", type=int, default=None, help="server intra-op threads (default: the lease's "
+                                                                 "cores)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 2)")
+    ap.add_argument("--leases", default=None, help="lease sizes in cores (default 1,2; quick 1)")
+    ap.add_argument("--colocate", action=argparse.BooleanOptionalAction, default=None,
+                    help="the co-location table (default: on; quick: off)")
     args = ap.parse_args()
     warmup, duration, runs = (0.3, 1.0, 100) if args.quick else (1.0, 3.0, 400)
     rounds = args.rounds or (2 if args.quick else 5)
-    client_cpus, server_cpus = split_cpus()
+    ncores = len(CORES)
+    leases = [int(n) for n in (args.leases or ("1" if args.quick else "1,2")).split(",") if int(n) <= ncores]
+    for n in leases:
+        lease_table(args, n, rounds, (warmup, duration, runs))
+    if (args.colocate if args.colocate is not None else not args.quick) and ncores >= 2:
+        colocation(args, rounds, warmup, duration)
+
+
+def lease_table(args: argparse.Namespace, n: int, rounds: int, timing: tuple[float, float, int]) -> None:
+    """The fidelity table of an ``n``-core lease."""
+    warmup, duration, runs = timing
+    client_cpus, server_cpus = lease_cpus(n)
+    args = argparse.Namespace(**{**vars(args), "threads": args.threads or n})
+    print(f"\n== {n}-core lease")
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         pin(server_cpus)  # the in-process references run where the server runs
@@ -117,13 +162,14 @@ def main() -> None:
     print(f"model: {layers} MatMuls of [1,{args.dim},{args.dim}] x [{args.dim},{args.dim}] FP32 "
           f"({payload_kib:.0f} KiB in and out), {args.threads} intra-op thread(s); "
           f"client CPUs {sorted(client_cpus or [])}, server CPUs {sorted(server_cpus or [])}; {rounds} rounds")
-    print("  round  compute  in-process  +idle gap   vs in-proc  vs +gap   e2e    compute+trip  e2e vs parts  steal")
+    print("  round  compute  in-process  +idle gap   vs in-proc  vs +gap   e2e    compute+trip  e2e vs parts  steal"
+          "  yardstick")
     for i, r in enumerate(rows):
         print(f"  {i + 1:5d} {r['compute']:8.3f} {r['ref']:10.3f} {r['ref_gap']:10.3f} "
               f"{100 * (r['compute'] / r['ref'] - 1):+10.1f} % {100 * (r['compute'] / r['ref_gap'] - 1):+6.1f} % "
               f"{r['e2e']:7.3f} {r['compute'] + r['trip']:12.3f} "
               f"{100 * (r['e2e'] / (r['compute'] + r['trip']) - 1):+11.1f} %"
-              f" {r['steal']:5.1f} %")
+              f" {r['steal']:5.1f} % {r['yard']:8.1f}")
 
     def med(f) -> float:  # type: ignore[no-untyped-def]
         return float(np.median([f(r) for r in rows]))
@@ -138,6 +184,79 @@ def main() -> None:
     worst = max(r["steal"] for r in rows)
     print(f"CPU time the hypervisor took (steal): up to {worst:.1f} % in a round"
           + steal_flag(worst))
+    ratios = [100 * (r["compute"] / r["ref"] - 1) for r in rows]
+    yard = [r["yard"] for r in rows]
+    print(f"spread of the rounds' compute vs in-process: {min(ratios):+.1f} to {max(ratios):+.1f} %; host yardstick "
+          f"(passes/s on the server cores) {min(yard):.1f}-{max(yard):.1f}, "
+          f"{100 * (max(yard) / min(yard) - 1):.0f} % apart")
+
+
+def colocated_job(url: str, pid: int, core: int, dim: int, warmup: float, duration: float,
+                  out: dict[str, float]) -> None:
+    """One job on ``core`` (its server there already; its client pinned there by this thread), with the
+    foreign load on that core: busy time less the job's server and its own load process."""
+    pin({core})
+    server = ProcessTreeSampler(pid)
+    mine = ProcessesCpu(lambda: [p for p in load_process_pids() if _on(p, core)])
+    with ExitStack() as stack:
+        stack.enter_context(server)
+        foreign = stack.enter_context(ForeignLoadSampler([core], server, own=mine))
+        out.update(measure(url, dim, warmup, duration))
+    out["foreign"] = foreign.figures().get("foreign_cpu_pct") or 0.0
+
+
+def _on(pid: int, core: int) -> bool:
+    try:
+        return os.sched_getaffinity(pid) == {core}
+    except OSError:
+        return False
+
+
+def colocation(args: argparse.Namespace, rounds: int, warmup: float, duration: float) -> None:
+    """Two one-core jobs alone and together, in rounds (the order alternating); each one's compute p50
+    together / alone, and its foreign load while together."""
+    cores = CORES[:2]
+    with tempfile.TemporaryDirectory() as tmpdir:
+        pin({cores[0]})
+        model, layers = calibrate(Path(tmpdir), args.dim, 1)
+        rows: list[dict[str, float]] = []
+        with farm_server_pid(model, threads=1, cpu_set={cores[0]}) as a, \
+                farm_server_pid(model, threads=1, cpu_set={cores[1]}) as b:
+            for r in range(rounds):
+                row: dict[str, float] = {"yard": yardstick(set(cores)).speed}
+                for who, (url, pid), core in (("a", a, cores[0]), ("b", b, cores[1]))[:: 1 if r % 2 == 0 else -1]:
+                    alone: dict[str, float] = {}
+                    colocated_job(url, pid, core, args.dim, warmup, duration, alone)
+                    row[f"{who}_alone"], row[f"{who}_alone_foreign"] = alone["server_compute_p50_ms"], alone["foreign"]
+                both: dict[str, dict[str, float]] = {"a": {}, "b": {}}
+                threads = [threading.Thread(target=colocated_job, args=(url, pid, core, args.dim, warmup, duration,
+                                                                       both[who]))
+                           for who, (url, pid), core in (("a", a, cores[0]), ("b", b, cores[1]))]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                for who in "ab":
+                    row[f"{who}_both"], row[f"{who}_foreign"] = both[who]["server_compute_p50_ms"], both[who]["foreign"]
+                rows.append(row)
+    print(f"\n== co-location: two jobs of {layers} MatMuls, job a on core {cores[0]}, job b on core {cores[1]} "
+          f"(server and client each), alone then together; {rounds} rounds")
+    print("  round  a alone  a both   a vs alone  a foreign   b alone  b both   b vs alone  b foreign  yardstick")
+    for i, r in enumerate(rows):
+        cells = []
+        for who in "ab":
+            change = 100 * (r[f"{who}_both"] / r[f"{who}_alone"] - 1)
+            flag = " busy" if r[f"{who}_foreign"] > BUSY_PCT else ""
+            cells.append(f"{r[f'{who}_alone']:7.3f} {r[f'{who}_both']:7.3f} {change:+9.1f} % "
+                         f"{r[f'{who}_foreign']:6.1f} %{flag:5s}")
+        print(f"  {i + 1:5d} {'  '.join(cells)} {r['yard']:8.1f}")
+    for who in "ab":
+        ch = [100 * (r[f"{who}_both"] / r[f"{who}_alone"] - 1) for r in rows]
+        flagged = sum(r[f"{who}_foreign"] > BUSY_PCT for r in rows)
+        unflagged_out = sum(abs(c) > 10 and r[f"{who}_foreign"] <= BUSY_PCT for c, r in zip(ch, rows, strict=True))
+        print(f"job {who}: compute together vs alone, median {float(np.median(ch)):+.1f} % (range {min(ch):+.1f} to "
+              f"{max(ch):+.1f} %); rounds flagged host busy {flagged} of {len(rows)}; rounds beyond 10 % and not "
+              f"flagged: {unflagged_out} (target 0)")
 
 
 if __name__ == "__main__":
