@@ -98,7 +98,17 @@ def repeat_lines(rows: list[dict[str, Any]]) -> list[str]:
                      "aggregation; every run: --format json")
     if any(client_label(r) == "pa" for r in rows):
         lines.append("client pa: perf_analyzer")
-    return lines
+    return lines + client_note_lines(rows)
+
+
+def client_note_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Why rows were measured by another client than the first ``--client auto`` tries (perf_analyzer absent,
+    its install failed, an RPC it cannot send): one line per reason, naming the rows."""
+    by_note: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("client_note"):
+            by_note.setdefault(r["client_note"], []).append(r["job_id"][:6])
+    return [f"{', '.join(ids)}: {note}" for note, ids in by_note.items()]
 
 
 def load_label(row: dict[str, Any]) -> str:
