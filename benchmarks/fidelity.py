@@ -38,7 +38,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
-from _serve import Steal, farm_server, farm_server_pid, identity_model, matmul_chain_model, pin, steal_flag  # noqa: I001
+import psutil
+from _serve import Steal, farm_server_pid, identity_model, matmul_chain_model, pin, steal_flag  # noqa: I001
 
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
@@ -66,18 +67,26 @@ def inprocess_p50(model: Path, dim: int, threads: int, runs: int, gap_s: float =
     """p50 in ms of ``InferenceSession.run`` on a [1, dim, dim] input, after 20 warm-up runs;
     ``gap_s``: idle time before each run (a server at concurrency 1 idles for the round trip between
     requests, and on a VM an idle CPU comes back slower: cold caches, a vCPU to wake)."""
+    return inprocess_times(model, dim, threads, runs, gap_s)[0]
+
+
+def inprocess_times(model: Path, dim: int, threads: int, runs: int, gap_s: float = 0.0) -> tuple[float, float]:
+    """(wall p50, CPU p50) in ms of ``InferenceSession.run`` (:func:`inprocess_p50`); the CPU time is this
+    process's (every ORT thread): where wall >> CPU, the run was kept off its cores (preempted by other
+    processes on a loaded host), which a server idling between requests suffers less from."""
     sess = session(model, threads)
     x = np.random.default_rng(0).random((1, dim, dim), dtype=np.float32)
     for _ in range(20):
         sess.run(None, {"x": x})
-    times = []
+    times, cpu = [], []
     for _ in range(runs):
         if gap_s:
             time.sleep(gap_s)
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.process_time_ns()
         sess.run(None, {"x": x})
         times.append((time.perf_counter_ns() - t0) / 1e6)
-    return float(np.percentile(times, 50))
+        cpu.append((time.process_time_ns() - c0) / 1e6)
+    return float(np.percentile(times, 50)), float(np.percentile(cpu, 50))
 
 
 def calibrate(tmp: Path, dim: int, threads: int) -> tuple[Path, int]:
@@ -87,11 +96,19 @@ def calibrate(tmp: Path, dim: int, threads: int) -> tuple[Path, int]:
     return matmul_chain_model(tmp / f"chain{layers}.onnx", layers, dim), layers
 
 
-def measure(url: str, dim: int, warmup: float, duration: float) -> dict[str, float]:
-    # farm's own generator: it reads the server's per-request compute time (perf_analyzer gets averages only)
+def measure(url: str, dim: int, warmup: float, duration: float, pid: int | None = None) -> dict[str, float]:
+    """farm's own generator at concurrency 1 (it reads the server's per-request compute time; perf_analyzer gets
+    averages only); with the server's ``pid``, also its CPU time per request (``server_cpu_ms``: every thread,
+    gRPC handling included; warm-up and windows, the requests of both)."""
     settings = MeasurementSettings(client="farm", warmup_s=warmup, window_s=1.0, duration_s=duration)
+    proc = psutil.Process(pid) if pid else None
+    cpu0 = sum(proc.cpu_times()[:2]) if proc else 0.0
     r = run_load(url, "model", [TensorSpec(name="x", shape=(dim, dim))], 1, 1, settings, processes=1)
-    return {k: v for k, v in r.metrics.items() if isinstance(v, float)}
+    out = {k: v for k, v in r.metrics.items() if isinstance(v, float)}
+    if proc is not None:
+        requests = r.details["warmup_requests"] + sum(w["requests"] for w in r.details["windows"])
+        out["server_cpu_ms"] = (sum(proc.cpu_times()[:2]) - cpu0) / max(requests, 1) * 1e3
+    return out
 
 
 def one_round(urls: tuple[str, str], model: Path, cpus: tuple[set[int] | None, set[int] | None],
@@ -103,15 +120,16 @@ def one_round(urls: tuple[str, str], model: Path, cpus: tuple[set[int] | None, s
     speed = yardstick(server_cpus or {0}).speed
     pin(client_cpus)
     with Steal() as st:
-        m = measure(urls[0], args.dim, warmup, duration)
+        m = measure(urls[0], args.dim, warmup, duration, args.server_pid)
         pin(server_cpus)
         gap_s = max(0.0, m["latency_p50_ms"] - m["server_compute_p50_ms"]) / 1e3
-        ref = inprocess_p50(model, args.dim, args.threads, runs)
+        ref, ref_cpu = inprocess_times(model, args.dim, args.threads, runs)
         ref_gap = inprocess_p50(model, args.dim, args.threads, runs, gap_s=gap_s)
         pin(client_cpus)
-        rt = measure(urls[1], args.dim, warmup, duration)
+        rt = measure(urls[1], args.dim, warmup, duration, args.trip_pid)
     return {"compute": m["server_compute_p50_ms"], "e2e": m["latency_p50_ms"], "queue": m["server_queue_p50_ms"],
-            "p99": m["latency_p99_ms"], "ref": ref, "ref_gap": ref_gap, "gap_ms": gap_s * 1e3,
+            "p99": m["latency_p99_ms"], "ref": ref, "ref_cpu": ref_cpu,
+            "srv_cpu": m["server_cpu_ms"], "trip_cpu": rt["server_cpu_ms"], "ref_gap": ref_gap, "gap_ms": gap_s * 1e3,
             "trip": rt["latency_p50_ms"], "steal": st.pct, "yard": speed}
 
 
@@ -154,8 +172,9 @@ def lease_table(args: argparse.Namespace, n: int, rounds: int, timing: tuple[flo
         pin(server_cpus)  # the in-process references run where the server runs
         model, layers = calibrate(tmp, args.dim, args.threads)
         ident = identity_model(tmp / "identity.onnx", (args.dim, args.dim))
-        with farm_server(model, threads=args.threads, cpu_set=server_cpus) as url, \
-                farm_server(ident, threads=args.threads, cpu_set=server_cpus) as trip_url:
+        with farm_server_pid(model, threads=args.threads, cpu_set=server_cpus) as (url, pid), \
+                farm_server_pid(ident, threads=args.threads, cpu_set=server_cpus) as (trip_url, trip_pid):
+            args.server_pid, args.trip_pid = pid, trip_pid
             rows = [one_round((url, trip_url), model, (client_cpus, server_cpus), args, warmup, duration, runs)
                     for _ in range(rounds)]
     payload_kib = args.dim * args.dim * 4 / 1024
@@ -186,6 +205,18 @@ def lease_table(args: argparse.Namespace, n: int, rounds: int, timing: tuple[flo
           + steal_flag(worst))
     ratios = [100 * (r["compute"] / r["ref"] - 1) for r in rows]
     yard = [r["yard"] for r in rows]
+    print(f"in-process CPU time per run (p50, every ORT thread) vs its wall time: "
+          f"{med(lambda r: r['ref_cpu']):.3f} vs {med(lambda r: r['ref']):.3f} ms; server compute vs in-process CPU "
+          f"time {100 * (med(lambda r: r['compute'] / r['ref_cpu']) - 1):+.1f} % (wall well above CPU: the reference "
+          "was kept off its cores by other processes)")
+    print(f"CPU time, robust to a loaded host: the server's per request (every thread, gRPC handling included) "
+          f"{med(lambda r: r['srv_cpu']):.3f} ms vs in-process per run {med(lambda r: r['ref_cpu']):.3f} ms: "
+          f"{100 * (med(lambda r: r['srv_cpu'] / r['ref_cpu']) - 1):+.1f} % (median of the rounds' ratios; range "
+          f"{min(100 * (r['srv_cpu'] / r['ref_cpu'] - 1) for r in rows):+.1f} to "
+          f"{max(100 * (r['srv_cpu'] / r['ref_cpu'] - 1) for r in rows):+.1f} %)")
+    print(f"  less the identity server's CPU per request (the same tensors through gRPC, no compute) "
+          f"{med(lambda r: r['trip_cpu']):.3f} ms: "
+          f"{100 * (med(lambda r: (r['srv_cpu'] - r['trip_cpu']) / r['ref_cpu']) - 1):+.1f} % (target within 5 %)")
     print(f"spread of the rounds' compute vs in-process: {min(ratios):+.1f} to {max(ratios):+.1f} %; host yardstick "
           f"(passes/s on the server cores) {min(yard):.1f}-{max(yard):.1f}, "
           f"{100 * (max(yard) / min(yard) - 1):.0f} % apart")
