@@ -111,7 +111,8 @@ def flags(env: dict[str, str], home: Path, model: Path, rounds: int, fast: bool)
 def print_flags(runs: list[tuple[str, dict[str, Any]]], bound: float) -> None:
     """The hog-vs-quiet table and the yardstick's cost per job."""
     print(f"\nflag table: 'host busy' when foreign load on the leased cores > {bound:.0f} %")
-    print(f"{'kind':<6} {'runs':>4} {'flagged':>7}  foreign % per run (server cores)  | host speed index, change %")
+    print(f"{'kind':<6} {'runs':>4} {'flagged':>7}  foreign % on the leased cores per run (the hog on the server "
+          "core)  | host speed index, change %")
     for kind in ("quiet", "hog"):
         rows = [r for k, r in runs if k == kind]
         foreign = " ".join(f"{r['foreign']:.1f}" if r["foreign"] is not None else "-" for r in rows)
