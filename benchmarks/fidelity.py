@@ -35,6 +35,7 @@ import tempfile
 import threading
 import time
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +46,7 @@ from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
 from workers.loadgen.drivers import load_process_pids
 from workers.samplers.calibrate import calibrate as yardstick
-from workers.samplers.foreign import ForeignLoadSampler, ProcessesCpu
+from workers.samplers.foreign import ForeignLoadSampler, ProcessesCpu, job_cpu_s
 from workers.samplers.process import ProcessTreeSampler
 
 BUSY_PCT = float(os.environ.get("FARM_HOST_BUSY_PCT", "10"))  # farm's "host busy" bound
@@ -225,13 +226,16 @@ def lease_table(args: argparse.Namespace, n: int, rounds: int, timing: tuple[flo
 def colocated_job(url: str, pid: int, core: int, dim: int, warmup: float, duration: float,
                   out: dict[str, float]) -> None:
     """One job on ``core`` (its server there already; its client pinned there by this thread), with the
-    foreign load on that core: busy time less the job's server and its own load process."""
+    foreign load on that core: busy time less the job's server, its own load process and this process (which
+    holds both jobs' coordinators: an over-count of the job's own time, so foreign load is under-, not
+    over-estimated)."""
     pin({core})
     server = ProcessTreeSampler(pid)
     mine = ProcessesCpu(lambda: [p for p in load_process_pids() if _on(p, core)])
     with ExitStack() as stack:
         stack.enter_context(server)
-        foreign = stack.enter_context(ForeignLoadSampler([core], server, own=mine))
+        own = partial(job_cpu_s, True, mine)  # as a farm job counts: this process too (both jobs' coordinators)
+        foreign = stack.enter_context(ForeignLoadSampler([core], server, own=own))
         out.update(measure(url, dim, warmup, duration))
     out["foreign"] = foreign.figures().get("foreign_cpu_pct") or 0.0
 
