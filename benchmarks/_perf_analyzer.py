@@ -14,9 +14,18 @@ import _serve  # noqa: F401 (puts the repository on sys.path)
 
 from schemas import TensorSpec
 from workers.loadgen.patterns import OPEN_PATTERNS, ClosedLoop, LoadPattern
-from workers.loadgen.perf_analyzer import VERSION, binary, command, late_pct, launch, max_batch_size, missing
+from workers.loadgen.perf_analyzer import (
+    VERSION,
+    binary,
+    command,
+    ensure,
+    late_pct,
+    launch,
+    max_batch_size,
+    missing,
+)
 
-__all__ = ["VERSION", "PaFigures", "binary", "late_pct", "missing", "run"]
+__all__ = ["VERSION", "PaFigures", "binary", "ensure", "late_pct", "missing", "run"]
 TIMEOUT_S = 300.0  # one measurement's limit (10 trials of a few seconds at most)
 
 

@@ -7,18 +7,27 @@ runs its one cell ``--repeats`` times (interleaving has nothing to interleave wi
 other).
 
 Printed: pairs, wrong verdicts (A/A judged faster or slower), found slowdowns (A/B judged slower), the other
-verdicts (same, inconclusive with their reasons) and the medians' change. The issue's targets: at most 5 % wrong
-verdicts over at least 20 A/A pairs with 5 repeats, at least 90 % of the A/B slowdowns found.
+verdicts (same, inconclusive with their reasons) and the medians' change; each pair's verdict as soon as it is
+known (a long run can be read while it goes). The issue's targets: at most 5 % wrong verdicts over at least 20 A/A
+pairs with 5 repeats, at least 90 % of the A/B slowdowns found.
 
-Run: ``python benchmarks/trust.py [--quick] [--pairs N] [--repeats N] [--ms MS]``; ``--quick`` (CI): one pair
-of each, 4 repeats (the fewest with which the test can reach p < 0.05), a 2 ms model, short windows; prints
-figures, asserts nothing. Load: farm's own generator (``--client farm``), batch 1, concurrency 1.
+Then the flag table: ``--flags N`` rounds of a quiet job and a job with a CPU hog pinned to the server's core,
+interleaved; per run its foreign load on the leased cores, whether the row says "host busy", its host speed
+index and change; and the yardstick's own cost per job (two calibrations, from each run's details).
+
+Run: ``python benchmarks/trust.py [--quick] [--pairs N] [--repeats N] [--ms MS] [--flags N]``; ``--quick``
+(CI): one pair of each, 4 repeats (the fewest with which the test can reach p < 0.05), a 2 ms model, short
+windows, one flag round; prints figures, asserts nothing. Load: farm's own generator (``--client farm``), batch
+1, concurrency 1. The requests use a core-lock directory of their own (the lease takes both cores of a 2-core
+host: the server core 0, the load generator core 1), so other farm users on the host do not make them wait.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +71,61 @@ def submit(env: dict[str, str], model: Path, repeats: int, fast: bool) -> str:
     return str(json.loads(out)["request_id"])
 
 
+def hog(cores: set[int]) -> subprocess.Popen[bytes]:
+    """A process spinning one core, pinned to ``cores`` (killed by the caller)."""
+    return subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {cores!r})\n"
+                             "while True:\n    pass\n"])
+
+
+def run_rows(home: Path, request_id: str) -> list[dict[str, Any]]:
+    """The request's result rows straight from the embedded database: foreign load, host figures, notes, and
+    the calibrations' cost."""
+    with sqlite3.connect(home / "farm.db") as db:
+        rows = db.execute("SELECT r.foreign_cpu_pct, r.host_speed_index, r.host_speed_change_pct, r.server_cpus, "
+                          "r.details FROM results r WHERE r.request_id = ?", (request_id,)).fetchall()
+    out = []
+    for foreign, index, change, cpus, details in rows:
+        d = json.loads(details)
+        cost = sum(c.get("cost_ms", 0.0) for c in d.get("calibration", {}).values())
+        out.append({"foreign": foreign, "index": index, "change": change, "cpus": cpus, "cost_ms": cost,
+                    "busy": any("host busy" in n for n in d.get("notes", []))})
+    return out
+
+
+def flags(env: dict[str, str], home: Path, model: Path, rounds: int, fast: bool) -> list[tuple[str, dict[str, Any]]]:
+    """``rounds`` x (a quiet job, a job with a hog on the server's core 0), interleaved; each run's row."""
+    runs: list[tuple[str, dict[str, Any]]] = []
+    for _ in range(rounds):
+        for kind in ("quiet", "hog"):
+            proc = hog({0}) if kind == "hog" else None
+            try:
+                rid = submit(env, model, 1, fast)
+            finally:
+                if proc is not None:
+                    proc.kill()
+                    proc.wait()
+            runs += [(kind, row) for row in run_rows(home, rid)]
+    return runs
+
+
+def print_flags(runs: list[tuple[str, dict[str, Any]]], bound: float) -> None:
+    """The hog-vs-quiet table and the yardstick's cost per job."""
+    print(f"\nflag table: 'host busy' when foreign load on the leased cores > {bound:.0f} %")
+    print(f"{'kind':<6} {'runs':>4} {'flagged':>7}  foreign % on the leased cores per run (the hog on the server "
+          "core)  | host speed index, change %")
+    for kind in ("quiet", "hog"):
+        rows = [r for k, r in runs if k == kind]
+        foreign = " ".join(f"{r['foreign']:.1f}" if r["foreign"] is not None else "-" for r in rows)
+        host = " ".join(f"{r['index']:.0f}/{r['change']:+.1f}" if r["index"] and r["change"] is not None else "-"
+                        for r in rows)
+        print(f"{kind:<6} {len(rows):>4} {sum(r['busy'] for r in rows):>7}  {foreign} (server cores "
+              f"{','.join(sorted({str(r['cpus']) for r in rows}))})  | {host}")
+    costs = [r["cost_ms"] for _, r in runs if r["cost_ms"]]
+    if costs:
+        print(f"yardstick cost per job (two calibrations): median {statistics.median(costs):.0f} ms, "
+              f"range {min(costs):.0f}-{max(costs):.0f} ms over {len(costs)} jobs")
+
+
 def judge(env: dict[str, str], a: str, b: str) -> dict[str, Any]:
     """The one match of ``farm compare A B --json``."""
     matches = json.loads(farm(env, "compare", a, b, "--json"))["matches"]
@@ -75,20 +139,37 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None, help="runs per request (default 5, quick 4)")
     ap.add_argument("--ms", type=float, default=None, help="A's compute per inference, ms (about; default 5, "
                                                               "quick 2)")
+    ap.add_argument("--flags", type=int, default=None, help="quiet/hog rounds of the flag table (default 3, "
+                                                              "quick 1; 0: none)")
     args = ap.parse_args()
-    pairs = args.pairs or (1 if args.quick else 20)
+    pairs = args.pairs if args.pairs is not None else (1 if args.quick else 20)
     repeats = args.repeats or (4 if args.quick else 5)
+    rounds = args.flags if args.flags is not None else (1 if args.quick else 3)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="farm-trust-") as tmp:
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("FARM_")}, "FARM_HOME": tmp}
-        model_a, model_b, layers = models(Path(tmp), args.ms or (2.0 if args.quick else 5.0))
+        home = Path(tmp)
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("FARM_")}, "FARM_HOME": tmp,
+               "FARM_HOST_LOCK_DIR": str(home / "locks")}
+        for key in ("FARM_IMAGE_TAG",):  # which checkout's runtime image, not a measurement setting
+            if key in os.environ:
+                env[key] = os.environ[key]
+        model_a, model_b, layers = models(home, args.ms or (2.0 if args.quick else 5.0))
         a_ids, b_ids = [submit(env, model_a, repeats, args.quick)], []
-        for _ in range(pairs):
+        aa: list[dict[str, Any]] = []
+        ab: list[dict[str, Any]] = []
+        for i in range(pairs):
             b_ids.append(submit(env, model_b, repeats, args.quick))
             a_ids.append(submit(env, model_a, repeats, args.quick))
-        aa = [judge(env, a_ids[i], a_ids[i + 1]) for i in range(pairs)]
-        ab = [judge(env, a_ids[i], b_ids[i]) for i in range(pairs)]
-    report(aa, ab, layers, repeats, time.monotonic() - t0)
+            aa.append(judge(env, a_ids[i], a_ids[i + 1]))
+            ab.append(judge(env, a_ids[i], b_ids[i]))
+            print(f"pair {i + 1}: A/A {aa[-1]['verdict']} ({aa[-1].get('reason') or '-'}), A/B "
+                  f"{ab[-1]['verdict']} ({ab[-1].get('reason') or '-'}) [{time.monotonic() - t0:.0f} s]",
+                  flush=True)
+        runs = flags(env, home, model_a, rounds, args.quick)
+    if pairs:
+        report(aa, ab, layers, repeats, time.monotonic() - t0)
+    if runs:
+        print_flags(runs, float(os.environ.get("FARM_HOST_BUSY_PCT", "10")))
 
 
 def report(aa: list[dict[str, Any]], ab: list[dict[str, Any]], layers: tuple[int, int], repeats: int,

@@ -54,6 +54,7 @@ from _serve import (  # noqa: I001 (sets sys.path)
 from schemas import MeasurementSettings, TensorSpec
 from workers.loadgen import run_load
 from workers.loadgen.request import serialized_request
+from workers.samplers.calibrate import calibrate
 from workers.samplers.host import HostSampler
 from workers.samplers.process import ProcessTreeSampler
 
@@ -201,27 +202,33 @@ def measure_cell(url: str, pid: int, model: Model, cell: Cell, rate: float | Non
     return run_farm(url, pid, model, cell, rate, window, "auto" if who == "farm-pa" else "farm")
 
 
-def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: tuple[set[int] | None, ...]) -> None:
+def bench_model(name: str, cells: list[Cell], rounds: int, window: float, cpus: tuple[set[int] | None, ...],
+                clients: tuple[str, ...] = CLIENTS) -> None:
     """Every cell of ``cells`` on model ``name``: in each round every client measures the cell in turn, the
     order rotating from round to round; prints one table."""
     client_cpus, server_cpus = cpus
     model = MODELS[name]
     runs: dict[Cell, dict[str, list[Fig]]] = {c: {who: [] for who in CLIENTS} for c in cells}
+    yard: list[float] = []  # the host yardstick (passes/s on the server's cores) before each round
     with tempfile.TemporaryDirectory() as tmp, Steal() as steal:
         path = model.build(Path(tmp) / f"{name}.onnx")
         with farm_server_pid(path, threads=1, cpu_set=server_cpus) as (url, pid):
             cap = capacity(url, model, window, client_cpus) if any(c[0] != "closed" for c in cells) else 0.0
             rates = {c: float(c[2]) * cap for c in cells if c[0] != "closed"}
             for r in range(rounds):
+                yard.append(calibrate(server_cpus or {0}).speed)
                 for cell in cells:
                     rate = rates.get(cell)
-                    for who in CLIENTS[r % len(CLIENTS):] + CLIENTS[:r % len(CLIENTS)]:
+                    for who in clients[r % len(clients):] + clients[:r % len(clients)]:
                         fig = measure_cell(url, pid, model, cell, rate, window, client_cpus, who)
                         if fig is not None:
                             runs[cell][who].append(fig)
     print(f"\n{name}: {rounds} round(s), {window:g} s windows; the hypervisor took {steal.pct:.1f} % of the CPU "
           f"time meanwhile{steal_flag(steal.pct)}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
           + (f"; capacity {cap:.0f} req/s (perf_analyzer at c=16, median of {CAPACITY_RUNS})" if cap else ""))
+    print(f"  host yardstick (workers/samplers/calibrate.py, server cores, before each round): median "
+          f"{np.median(yard):.1f} passes/s, range {min(yard):.1f}-{max(yard):.1f} "
+          f"({100 * (max(yard) / min(yard) - 1):.0f} % apart)")
     print("  medians: req/s, p50 and p99 (ms), late sends (%), client CPU (us per request); ratios: the median of "
           "the per-round ratios (range)")
     print(f"  {'cell':22s} {'req/s farm':>10s} {'pa':>7s}  {'p50 farm':>8s} {'pa':>6s}  {'p99 farm':>8s} {'pa':>7s}  "
@@ -274,8 +281,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="rounds per cell (default 5; quick: 1)")
     ap.add_argument("--loop", choices=("all", "closed", "open"), default="all", help="which cells to run")
     ap.add_argument("--concurrency", default=None, help="closed-loop cells only at these (e.g. 1)")
+    ap.add_argument("--batches", default=None, help="closed-loop cells only at these batch sizes (e.g. 1)")
+    ap.add_argument("--shares", default=None, help="open-loop cells only at these shares of capacity (e.g. 0.3)")
+    ap.add_argument("--arrivals", default=None, help="open-loop cells only with these (constant,poisson)")
+    ap.add_argument("--clients", default=None, help="only these clients besides pa (of " + ",".join(CLIENTS) + ")")
     args = ap.parse_args()
-    why = pa.missing()
+    why = pa.ensure()  # as farm's default client does: installed on first use where it can be
     if why:
         print(f"SKIP vs_perf_analyzer: {why}")
         return
@@ -295,12 +306,22 @@ def main() -> None:
     if args.concurrency:
         keep = {int(c) for c in args.concurrency.split(",")}
         cells = [c for c in cells if c[0] != "closed" or c[2] in keep]
+    if args.batches:
+        keep = {int(b) for b in args.batches.split(",")}
+        cells = [c for c in cells if c[0] != "closed" or c[1] in keep]
+    if args.shares:
+        keep_f = {float(x) for x in args.shares.split(",")}
+        cells = [c for c in cells if c[0] == "closed" or c[2] in keep_f]
+    if args.arrivals:
+        keep_s = set(args.arrivals.split(","))
+        cells = [c for c in cells if c[0] == "closed" or c[0] in keep_s]
+    clients = ("pa", *(c for c in args.clients.split(",") if c != "pa")) if args.clients else CLIENTS
     if args.loop != "all":
         cells = [c for c in cells if (c[0] == "closed") == (args.loop == "closed")]
     print(f"client CPUs {sorted(client_cpus or [])}, server CPUs {sorted(server_cpus or [])}; unary gRPC; "
           f"perf_analyzer {pa.VERSION} at {pa.binary()}")
     for name in models:
-        bench_model(name, cells, rounds, window, (client_cpus, server_cpus))
+        bench_model(name, cells, rounds, window, (client_cpus, server_cpus), clients)
 
 
 if __name__ == "__main__":

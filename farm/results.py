@@ -90,7 +90,8 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
                    Job.status, Job.attempts, Job.worker_id, Job.error, Job.spec["repeat"], *metric_cols,
                    Job.spec["measurement"], Job.rate,
-                   Result.details[("load", "client")].as_string())
+                   Result.details[("load", "client")].as_string(),
+                   Result.details[("load", "notes", 0)].as_string())
             .outerjoin(Result, Result.job_id == Job.id)
             .where(Job.request_id == req.id)
             .order_by(Job.edge_profile.is_not(None), Job.edge_profile, Job.device, Job.engine, Job.batch_size,
@@ -107,10 +108,12 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     extra: dict[str, Any] = {"rpc": rpc, "client": client, "input_data": input_data,
                              **({"server": server} if server else {})}
     out = []
-    for *values, job_measurement, rate, measured_by in rows:
+    for *values, job_measurement, rate, measured_by, first_note in rows:
         row = dict(zip(names, values, strict=True))
         r = {**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **measurement_values(job_measurement, rate), **row, **extra}
         r["client"] = measured_by or client
+        # under auto, why the client before it could not measure (the load notes' first, ``clients.measure``)
+        r["client_note"] = first_note if first_note and first_note.startswith("measured by ") else None
         r["repeat"] = int(r["repeat"] or 0)  # a job of a request without repeats (or from before them): run 0
         out.append({**r, "measured": measured(r)})
     if any(measurement_values(None) != {k: r[k] for k in MEASUREMENT_COLUMNS} or r["repeat"] for r in out):

@@ -36,8 +36,15 @@ SHARED_NOTE = ("another farm job ran on this host during the measurement without
 CLIENT_LIMITED_PCT = 1.0  # open loop: more late sends (%) than this and the run measured its own client
 CLIENT_LIMITED_NOTE = (f"client-limited: over {CLIENT_LIMITED_PCT:g} % of its open-loop sends left more than 1 ms "
                        "late, so its latency measured the load generator as much as the server and is not "
-                       "reported; give the load generator its own cores, lower the rate or use --client "
-                       "perf_analyzer")
+                       "reported; give the load generator its own cores or lower the rate")
+
+
+def client_limited_note(client: str | None) -> str:
+    """:data:`CLIENT_LIMITED_NOTE` with its advice for the load ``client`` that ran (``farm``,
+    ``perf_analyzer``; None: unknown): the other client is advised only to a run that did not use it."""
+    if client == "perf_analyzer":
+        return CLIENT_LIMITED_NOTE
+    return CLIENT_LIMITED_NOTE.replace(" or lower the rate", ", lower the rate or use --client perf_analyzer")
 
 
 def client_limited(row: Mapping[str, Any]) -> bool:

@@ -36,6 +36,8 @@ def isolated_settings(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyt
             monkeypatch.delenv(key)
     home = tmp_path_factory.mktemp("farm-home")
     monkeypatch.setenv("FARM_HOME", str(home))
+    # never download perf_analyzer on first use (scripts/test installs it ahead)
+    monkeypatch.setenv("FARM_PERF_ANALYZER_INSTALL", "0")
     reset_settings()
     yield home
     reset_settings()

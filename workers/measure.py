@@ -35,11 +35,12 @@ from schemas import JobSpec, Placement
 from schemas.result import host_notes
 from workers.cores import CoreLease, cores_for, cpu_list, held_lease, host_cores, pinned
 from workers.limits import Limits
+from workers.loadgen.drivers import load_process_pids
 from workers.samplers.base import Sampler
 from workers.samplers.calibrate import Calibration, calibrate, speed_change_pct
 from workers.samplers.cgroup import CgroupSampler
 from workers.samplers.docker_stats import DockerStatsSampler
-from workers.samplers.foreign import ForeignLoadSampler, measuring_cpu_s
+from workers.samplers.foreign import ForeignLoadSampler, ProcessesCpu, job_cpu_s
 from workers.samplers.host import HostSampler
 from workers.samplers.nvml import NvmlSampler
 from workers.samplers.process import ProcessTreeSampler
@@ -99,7 +100,8 @@ def choose(spec: JobSpec, served: Served, gpu: NvmlSampler | None = None,
     if not spec.is_edge:
         samplers.append(HostSampler())
     if cores and run is not None:  # an edge run is the worker's child: its time is the run sampler's already
-        samplers.append(ForeignLoadSampler(cores, run, own=partial(measuring_cpu_s, not spec.is_edge)))
+        own = partial(job_cpu_s, not spec.is_edge, ProcessesCpu(load_process_pids))
+        samplers.append(ForeignLoadSampler(cores, run, own=own))
     return samplers, notes
 
 

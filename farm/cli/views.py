@@ -23,9 +23,9 @@ from farm.settings import get_settings
 from farm.steal import steal_note
 from schemas.metrics import BY_NAME, JOB_METRICS
 from schemas.result import (
-    CLIENT_LIMITED_NOTE,
     SHARED_NOTE,
     client_limited,
+    client_limited_note,
     host_flags,
     host_notes,
     shared_unisolated,
@@ -253,7 +253,17 @@ def repeat_lines(rows: list[dict[str, Any]]) -> list[str]:
                      "aggregation; every run: --format json")
     if any(client_label(r) == "pa" for r in rows):
         lines.append("client pa: perf_analyzer")
-    return lines
+    return lines + client_note_lines(rows)
+
+
+def client_note_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Why rows were measured by another client than the first ``--client auto`` tries (perf_analyzer absent,
+    its install failed, an RPC it cannot send): one line per reason, naming the rows."""
+    by_note: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("client_note"):
+            by_note.setdefault(r["client_note"], []).append(r["job_id"][:6])
+    return [f"{', '.join(ids)}: {note}" for note, ids in by_note.items()]
 
 
 def load_label(row: dict[str, Any]) -> str:
@@ -286,8 +296,12 @@ def job_label(row: dict[str, Any]) -> str:
 
 def client_limited_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The footnote for client-limited jobs (marked by ``job_label``): one line naming them (or none)."""
-    marked = [r["job_id"][:6] for r in rows if client_limited(r)]
-    return [f"{CLIENT_LIMITED_MARK} {', '.join(marked)}: {CLIENT_LIMITED_NOTE}"] if marked else []
+    by_client: dict[str | None, list[str]] = {}
+    for r in rows:
+        if client_limited(r):
+            by_client.setdefault(r.get("client"), []).append(r["job_id"][:6])
+    return [f"{CLIENT_LIMITED_MARK} {', '.join(ids)}: {client_limited_note(client)}"
+            for client, ids in by_client.items()]
 
 
 def shared_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -107,3 +107,17 @@ def test_the_results_table_names_the_client_of_each_row() -> None:
     assert "client" in [c.header for c in results_table(rows, wide=True).columns]
     assert "client" not in [c.header for c in results_table(rows).columns]  # 80 columns: in the title instead
     assert repeat_lines(rows) == ["client pa: perf_analyzer"]
+
+
+def test_rows_measured_by_another_client_say_why() -> None:
+    """Under --client auto, a row measured by farm's generator because perf_analyzer could not be had names
+    its client and says why, once per reason."""
+    from farm.cli.views import client_label, client_note_lines
+
+    why = ("measured by farm's own generator, not perf_analyzer: perf_analyzer not found at /x; installing it on "
+           "first use failed: RuntimeError: apt-get download exited 100")
+    rows = [{"job_id": "a1" + "0" * 30, "client": "farm", "client_note": why},
+            {"job_id": "b2" + "0" * 30, "client": "farm", "client_note": why},
+            {"job_id": "c3" + "0" * 30, "client": "perf_analyzer", "client_note": None}]
+    assert client_note_lines(rows) == [f"a10000, b20000: {why}"]
+    assert [client_label(r) for r in rows] == ["farm", "farm", "pa"]

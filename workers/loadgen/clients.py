@@ -33,7 +33,8 @@ def measure(job: LoadJob) -> LoadResult:
         client = CLIENTS[name]()
         why = client.why_not(job)
         if why is not None and wanted != "auto":
-            raise LoadGenError(f"the {wanted} client cannot measure this job: {why}; use --client farm")
+            others = " or ".join(f"--client {n}" for n in CLIENTS if n != wanted)
+            raise LoadGenError(f"the {wanted} client cannot measure this job: {why}; use {others}")
         if why is None:
             try:
                 record = client.run(job, WindowPlan.of(job.settings, extendable=client.stops_when_stable))

@@ -17,6 +17,16 @@ from workers.loadgen.worker import Control, WorkerConfig, run_worker
 
 JOIN_TIMEOUT_S = 10.0  # how long a stopped worker may take to close its channel and exit
 _FINAL = (WorkerDone, WorkerError)  # a worker sends nothing after these
+#: pids of the load processes alive in this process's drivers: a job counts their CPU time as its own, not as
+#: foreign load on its cores (their fork server reaps them, so this process's ``os.times`` never includes them)
+_LIVE_PIDS: set[int] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def load_process_pids() -> list[int]:
+    """The pids of every live load process started by this process's drivers."""
+    with _LIVE_LOCK:
+        return sorted(_LIVE_PIDS)
 
 
 class Driver(ABC):
@@ -164,14 +174,24 @@ def _process_main(cfg: WorkerConfig, conn: Connection, cpus: set[int] | None) ->
     conn.close()
 
 
+def start(proc: Any) -> None:
+    """Start a load process and count it as the job's own (``load_process_pids``) until :func:`reap`."""
+    proc.start()
+    with _LIVE_LOCK:
+        _LIVE_PIDS.add(proc.pid)
+
+
 def reap(proc: Any, grace_s: float = 2.0) -> None:
-    """End a load process that did not exit when asked: SIGTERM, then SIGKILL, each given ``grace_s``."""
+    """End a load process that did not exit when asked: SIGTERM, then SIGKILL, each given ``grace_s``; it no
+    longer counts as the job's own."""
     if proc.is_alive():
         proc.terminate()
         proc.join(grace_s)
     if proc.is_alive():
         proc.kill()
         proc.join(grace_s)
+    with _LIVE_LOCK:
+        _LIVE_PIDS.discard(proc.pid)
 
 
 def process_context() -> Any:
@@ -204,7 +224,7 @@ class ProcessDriver(Driver):
                 parent, child = ctx.Pipe(duplex=True)
                 proc = ctx.Process(target=_process_main, args=(cfg, child, cpus), name=f"farm-loadgen-{i}",
                                    daemon=True)
-                proc.start()
+                start(proc)
                 child.close()
                 self._conns.append(parent)
                 self._procs.append(proc)

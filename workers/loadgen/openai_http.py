@@ -31,7 +31,7 @@ from typing import Any
 
 import aiohttp
 
-from workers.loadgen.drivers import process_context, reap
+from workers.loadgen.drivers import process_context, reap, start
 from workers.loadgen.llm_stream import (
     CONNECT_ERROR,
     NOT_STREAMING,
@@ -362,7 +362,7 @@ def load_process(job: HttpJob, start_timeout_s: float = GO_TIMEOUT_S) -> Iterato
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     parent, child = ctx.Pipe(duplex=True)
     proc = ctx.Process(target=_child, args=(job, child, cpus), name="farm-openai-load", daemon=True)
-    proc.start()
+    start(proc)  # its CPU time is the job's own, not foreign load on the job's cores
     child.close()
 
     def wait(timeout_s: float) -> HttpRun | str | None:

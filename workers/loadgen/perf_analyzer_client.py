@@ -132,7 +132,7 @@ class PerfAnalyzerClient(LoadClient):
         self.max_batch: int | None = None
 
     def why_not(self, job: LoadJob) -> str | None:
-        why = unfit(job.settings.rpc) or pa.missing()
+        why = unfit(job.settings.rpc) or pa.ensure()
         if why is None:
             self.max_batch = pa.max_batch_size(job.url, job.model_name)
             if self.max_batch is None:

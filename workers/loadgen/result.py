@@ -8,7 +8,7 @@ from typing import Any
 
 from schemas import MeasurementSettings
 from schemas.input_data import InputData
-from schemas.result import CLIENT_LIMITED_NOTE, client_limited
+from schemas.result import client_limited, client_limited_note
 from workers.loadgen import stats
 from workers.loadgen.contract import LoadJob, LoadRecord, LoadResult, WindowFigures
 
@@ -53,7 +53,8 @@ def _notes(job: LoadJob, record: LoadRecord) -> list[str]:
     notes = list(record.notes)
     late = job.pattern.late_pct(t.sent, t.late)
     if client_limited({"late_send_pct": late}):
-        notes.append(f"{late:.1f} % late sends; {CLIENT_LIMITED_NOTE} (its latency: details.client_limited_latency)")
+        notes.append(f"{late:.1f} % late sends; {client_limited_note(record.client)} "
+                     "(its latency: details.client_limited_latency)")
     share = stats.client_share_note(max(t.busy_by_process), job.pattern.outstanding(record.processes), record.label)
     if share:
         notes.append(share)

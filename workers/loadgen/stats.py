@@ -138,7 +138,7 @@ def client_share_note(busy_pct: float, concurrency: int | None, client: str) -> 
     share = busy_pct / max(concurrency, 1)
     if share <= CLIENT_SHARE_PCT:
         return None
-    lighter = "" if client == "perf_analyzer" else "a lighter client (perf_analyzer: --client auto where installed) or "
+    lighter = "" if client == "perf_analyzer" else "a lighter client (--client perf_analyzer) or "
     return (f"client cost: {client} was {busy_pct:.0f} % busy at concurrency {concurrency}, so up to about "
             f"{share:.0f} % of each request's cycle can be its own CPU time, which then counts in the latency "
             f"and throughput; {lighter}a higher concurrency shrinks it")

@@ -13,6 +13,8 @@ import asyncio
 import bisect
 import itertools
 import math
+import os
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -160,10 +162,16 @@ class LoadWorker:
         self._infer: Any = None  # the channel's ModelInfer call, once connected
         self._open_stream: Any = None  # opens a ModelStreamInfer stream, once connected
         self._traffic: list[asyncio.Task[None]] = []
-        self._sender: _UnarySender | _StreamSender | None = None
+        self._sender: _UnarySender | _StreamSender | _ThreadSender | None = None
+        # open loop's sender thread records from gRPC's callback threads while the ticker cuts windows
+        self._lock = threading.Lock()
 
     # ----------------------------------------------------------------- recording
     def _record_ok(self, start: float, done: float, resp: pb.ModelInferResponse) -> None:
+        with self._lock:
+            self._record_ok_locked(start, done, resp)
+
+    def _record_ok_locked(self, start: float, done: float, resp: pb.ModelInferResponse) -> None:
         self._t_done.append(done)
         self._lat.append((done - start) * 1e3)
         params = resp.parameters
@@ -188,13 +196,18 @@ class LoadWorker:
             self._late += 1
 
     def _record_err(self, done: float, name: str, text: str) -> None:
-        self._err_t.append(done)
-        self._err_name.append(name)
-        if self.first_error is None:
-            self.first_error = text
+        with self._lock:
+            self._err_t.append(done)
+            self._err_name.append(name)
+            if self.first_error is None:
+                self.first_error = text
 
     def _cut(self, edge: float) -> Samples:
         """Take every completion and error up to ``edge`` out of the buffers."""
+        with self._lock:
+            return self._cut_locked(edge)
+
+    def _cut_locked(self, edge: float) -> Samples:
         i = bisect.bisect_right(self._t_done, edge)
         lat = np.asarray(self._lat[:i], dtype=np.float64)
         queue = np.asarray(self._queue[:i], dtype=np.float64)
@@ -280,7 +293,11 @@ class LoadWorker:
             self._traffic = [asyncio.create_task(self._closed_loop(self._infer)) for _ in range(slots)]
 
     def open_loop(self, send_times: Iterator[float]) -> None:
-        """Start the open-loop task sending at ``send_times``."""
+        """Start the open-loop sends at ``send_times``: unary calls from a thread of their own on a sync
+        channel (``_ThreadSender``), stream messages from a task of this event loop."""
+        if self.cfg.rpc != "stream" and OPEN_SENDER != "aio":
+            self._sender = _ThreadSender(self, send_times)
+            return
         stream = self.cfg.rpc == "stream"
         self._sender = _StreamSender(self, self._open_stream) if stream else _UnarySender(self, self._infer)
         self._traffic = [asyncio.create_task(self._open_loop(self._sender, send_times))]
@@ -384,6 +401,69 @@ class LoadWorker:
                     await self._sender.close()
                 await asyncio.gather(*self._traffic, watcher, return_exceptions=True)
         self.control.send(WorkerDone(self.first_error))
+
+
+OPEN_SENDER = os.environ.get("FARM_LOADGEN_OPEN_SENDER", "thread")
+
+
+class _ThreadSender:
+    """Open-loop unary sends from a thread of their own: it sleeps to each scheduled time (``time.sleep``,
+    clock_nanosleep: no event-loop turn, no epoll millisecond rounding between the schedule and the send)
+    and starts the call on a sync channel (``future``); gRPC's own threads read the answers and record them
+    through a done callback. Measured reason (``benchmarks/vs_perf_analyzer.py --loop open``): sends from
+    the asyncio loop waited for the loop's turn behind answers being read, and left late."""
+
+    def __init__(self, worker: LoadWorker, send_times: Iterator[float]) -> None:
+        self.w = worker
+        self.send_times = send_times
+        self.reqs = worker.cfg.request_cycle()
+        self.channel = grpc.insecure_channel(worker.cfg.url, options=CHANNEL_OPTIONS)
+        self.infer = self.channel.unary_unary(INFER_METHOD, request_serializer=None,
+                                              response_deserializer=pb.ModelInferResponse.FromString)
+        self.inflight = 0
+        self._count = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="farm-open-loop", daemon=True)
+        self.thread.start()
+
+    def outstanding(self) -> int:
+        return self.inflight
+
+    def _done(self, start: float, fut: Any) -> None:
+        done = time.monotonic()
+        with self._count:
+            self.inflight -= 1
+        w = self.w
+        try:
+            resp = fut.result()
+        except (grpc.RpcError, grpc.FutureCancelledError) as exc:
+            if not w._stopping:
+                w._record_err(done, _status_name(exc), _describe(exc))
+            return
+        w._record_ok(start, done, resp)
+
+    def _run(self) -> None:
+        w, cfg, now = self.w, self.w.cfg, time.monotonic
+        for t in self.send_times:
+            while not w._stopping and (delay := t - now()) > 0:
+                time.sleep(min(delay, STOP_POLL_S))
+            if w._stopping:
+                return
+            sent_at = now()
+            with w._lock:
+                w._sent += 1
+                w._count_late(t, sent_at)
+            if self.inflight >= cfg.max_outstanding:
+                w._record_err(sent_at, BACKLOG_STATUS,
+                              f"{BACKLOG_STATUS}: {cfg.max_outstanding} requests already in flight")
+                continue
+            with self._count:
+                self.inflight += 1
+            start = min(t, sent_at)
+            self.infer.future(next(self.reqs)).add_done_callback(lambda f, s=start: self._done(s, f))
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.thread.join, 2.0)
+        self.channel.close()
 
 
 class _UnarySender:

@@ -4,7 +4,9 @@ A core lease keeps other farm jobs off a job's cores, but not the rest of the ho
 tenant's process pinned there). The kernel counts busy time per CPU (``/proc/stat``: user, nice, system, irq,
 softirq; steal is the hypervisor's and is reported apart, ``cpu_steal_pct``); the job's own CPU time is what its
 server's sampler reads (its cgroup or process tree, ``cpu_s``) plus the measuring process (the load generator and
-the samplers, ``os.times``; for a serving job also its reaped children, e.g. perf_analyzer). What is left is
+the samplers, ``os.times``; for a serving job also its reaped children, e.g. perf_analyzer, and the load
+generator's own processes, which a fork server starts and reaps, so ``os.times`` never sees them:
+``ProcessesCpu``). What is left is
 foreign: ``foreign_cpu_pct`` = (busy time of the leased cores - the job's own CPU time) / their capacity, in % (0
 when the job's own time covers it all; the job's time on cores outside the lease makes the figure an under-
 rather than an over-estimate). Per-CPU busy time is counted in clock ticks (10 ms), the job's in ns, so a quiet
@@ -72,6 +74,41 @@ def measuring_cpu_s(children: bool = True) -> float:
     of its reaped child processes."""
     t = os.times()
     return t.user + t.system + ((t.children_user + t.children_system) if children else 0.0)
+
+
+class ProcessesCpu:
+    """CPU seconds (user + system) used so far by processes this job started but does not reap itself (farm's
+    load processes come from a fork server, which reaps them): ``pids()`` names the live ones; each one's last
+    reading is kept after it exits, so the total never drops (what it used between its last reading and its exit,
+    at most one sampling interval, is missed: foreign load is then over- rather than under-estimated by that)."""
+
+    def __init__(self, pids: Callable[[], Iterable[int]], proc: Path = Path("/proc")) -> None:
+        self.pids = pids
+        self.proc = proc
+        self.tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+        self._last: dict[tuple[int, int], float] = {}  # (pid, start time in ticks): CPU seconds last read
+
+    def _read(self, pid: int) -> tuple[int, float] | None:
+        """(start time in ticks, user + system CPU seconds) of ``pid`` from /proc/PID/stat; None once gone."""
+        try:
+            stat = (self.proc / str(pid) / "stat").read_text()
+        except OSError:
+            return None
+        fields = stat.rsplit(")", 1)[1].split()  # after "(comm)": state is field 3, utime 14, stime 15, start 22
+        return int(fields[19]), (int(fields[11]) + int(fields[12])) * self.tick_s
+
+    def __call__(self) -> float:
+        for pid in list(self.pids()):
+            got = self._read(pid)
+            if got is not None:
+                self._last[(pid, got[0])] = got[1]
+        return sum(self._last.values())
+
+
+def job_cpu_s(children: bool = True, others: ProcessesCpu | None = None) -> float:
+    """The measuring side's CPU seconds: this process and its reaped children (``measuring_cpu_s``) plus the
+    processes of ``others`` (e.g. the load generator's; only with ``children``)."""
+    return measuring_cpu_s(children) + (others() if children and others is not None else 0.0)
 
 
 def at(series: Sequence[dict[str, float]], key: str, t: float) -> float | None:

@@ -288,3 +288,28 @@ def test_the_schema_names_every_registered_client_and_auto() -> None:
 
     assert set(LOAD_CLIENTS) == set(CLIENTS) | {"auto"}
     assert set(AUTO) <= set(CLIENTS)
+
+
+def test_unary_open_loop_sends_from_a_thread_of_its_own(fake_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unary open-loop sends leave from the sender thread (a sync channel, no event-loop turn between the
+    schedule and the send): every scheduled send is made, each answer recorded once, none lost to the window
+    cuts that the event loop makes meanwhile."""
+    from workers.loadgen import worker
+
+    made: list[int] = []
+
+    class Counted(worker._ThreadSender):
+        def __init__(self, *args: Any) -> None:
+            made.append(1)
+            super().__init__(*args)
+
+    monkeypatch.setattr(worker, "_ThreadSender", Counted)
+    settings = MeasurementSettings(client="farm", mode="constant", rate=200, warmup_s=0.3, window_s=0.5,
+                                   duration_s=1.5)
+    with fake_server() as url, StallWatch() as stalls:
+        r = run_load(url, "model", INPUTS, 1, 1, settings, in_process=True)
+    assert made == [1]
+    assert r.metrics["error_count"] == 0
+    assert r.details["sent"] == pytest.approx(200 * 1.5, abs=2)  # every send of the windows made
+    stalls.require_quiet()
+    assert sum(w["requests"] for w in r.details["windows"]) == pytest.approx(200 * 1.5, rel=0.2)

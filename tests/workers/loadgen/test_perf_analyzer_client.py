@@ -117,7 +117,7 @@ def test_auto_falls_back_to_farms_generator_and_says_why(farm_server_url: str) -
     r = run_load(farm_server_url, "model", INPUTS, 1, 1, settings)
     assert r.details["client"] == "farm" and r.metrics["requests_per_s"] > 0
     assert any("not perf_analyzer: it sends unary calls only" in n for n in r.details["notes"]), r.details["notes"]
-    with pytest.raises(LoadGenError, match="cannot measure this job: it sends unary calls only.*; use --client farm"):
+    with pytest.raises(LoadGenError, match="cannot measure this job: it sends unary calls only.*; use --client farm$"):
         run_load(farm_server_url, "model", INPUTS, 1, 1, settings.model_copy(update={"client": "perf_analyzer"}))
 
 
@@ -216,7 +216,7 @@ def test_client_cost_is_flagged_in_closed_loop() -> None:
     """A client busy for more than 5 % of each outstanding request's cycle is flagged with its share."""
     note = stats.client_share_note(40.0, 1, "farm's generator")
     assert note is not None and "40 % busy at concurrency 1" in note and "up to about 40 %" in note
-    assert "a lighter client (perf_analyzer" in note
+    assert "a lighter client (--client perf_analyzer)" in note
     pa_note = stats.client_share_note(40.0, 1, "perf_analyzer")
     assert pa_note is not None and "lighter client" not in pa_note and "a higher concurrency" in pa_note
     assert stats.client_share_note(40.0, 16, "farm's generator") is None  # 2.5 % each

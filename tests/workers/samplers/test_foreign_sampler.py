@@ -3,16 +3,22 @@ time, PSI as detail, and the "host busy" flag judged on the measured figure."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from schemas.result import host_busy, host_flags, host_notes
 from workers.samplers.base import Sampler
 from workers.samplers.foreign import (
     ForeignLoadSampler,
+    ProcessesCpu,
     at,
     foreign_pct,
+    job_cpu_s,
     measuring_cpu_s,
     read_cpu_ticks,
     read_psi_some_us,
@@ -123,3 +129,25 @@ def test_the_real_counters_sample_this_hosts_cores() -> None:
     assert len(s.samples) >= 2 and s.error is None
     assert 0.0 <= s.summary()["foreign_cpu_pct"] <= 100.0
     assert measuring_cpu_s(children=False) <= measuring_cpu_s()
+
+
+def test_the_load_processes_cpu_time_is_the_jobs_own(tmp_path: Path) -> None:
+    """farm's load processes (a fork server reaps them, so ``os.times`` never sees them) count as the job's own
+    CPU time, and what one used is kept after it exited."""
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nt=time.process_time()\n"
+                             "while time.process_time() - t < 0.3:\n    pass\ntime.sleep(30)\n"])
+    try:
+        live = {spin.pid}
+        tracker = ProcessesCpu(lambda: sorted(live))
+        deadline = time.monotonic() + 20
+        while tracker() < 0.25 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        used = tracker()
+        assert used >= 0.25
+        assert job_cpu_s(True, tracker) >= used and job_cpu_s(False, tracker) < job_cpu_s(True, tracker)
+    finally:
+        spin.kill()
+        spin.wait()
+    live.clear()
+    assert tracker() == pytest.approx(used, abs=0.05)  # gone, its time kept
+
