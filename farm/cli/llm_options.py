@@ -14,7 +14,7 @@ from schemas.llm import LLM_APIS
 from workers.loadgen.llm_workload import load_workload
 
 API = typer.Option(None, "--api", help=f"{' | '.join(LLM_APIS)}: profile an LLM server over the OpenAI API "
-                   "(--endpoint http://HOST:PORT[/v1], --model-name NAME); streamed, TTFT/ITL/tokens per s.")
+                   "(--endpoint http://HOST:PORT\\[/v1], --model-name NAME); streamed, TTFT/ITL/tokens per s.")
 API_KEY_ENV = typer.Option(None, "--api-key-env", help="The environment variable that holds the API key (sent as a "
                            "bearer token; never stored).")
 INPUT_TOKENS = typer.Option(None, "--input-tokens", help="Prompt tokens: N, MEAN/STDDEV or MIN:MAX (default 128).")

@@ -114,7 +114,7 @@ def submit(
                                           ".json, one array per input, rows cycled)."),
     endpoint: str | None = typer.Option(None, "--endpoint", help="HOST:PORT of a running KServe v2 gRPC server "
                                         "to profile instead of a model file (with --model-name); with --api: "
-                                        "http://HOST:PORT[/v1] of an OpenAI-compatible LLM server."),
+                                        "http://HOST:PORT\\[/v1] of an OpenAI-compatible LLM server."),
     served_name: str | None = typer.Option(None, "--model-name", help="The model to profile on --endpoint."),
     knob: list[str] | None = typer.Option(None, "--knob", help=f"NAME=V1[,V2...] (repeatable): an LLM engine's "
                                           f"setting as a matrix dimension. {knob_help()}."),

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import shlex
 
-from sqlalchemy import create_engine, text
+from psycopg2 import sql
+from sqlalchemy import create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.pool import NullPool
@@ -58,11 +59,12 @@ def createdb_command(parsed: URL, admin: str | None = None) -> str:
 
 
 def _create(parsed: URL, maintenance: str) -> None:
-    quoted = '"' + (parsed.database or "").replace('"', '""') + '"'
+    """CREATE DATABASE, which takes no bind parameter: the name is composed as an identifier by psycopg2.sql."""
+    statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(parsed.database or ""))
     engine = create_engine(parsed.set(database=maintenance), isolation_level="AUTOCOMMIT", poolclass=NullPool)
     try:
-        with engine.connect() as conn:
-            conn.execute(text(f"CREATE DATABASE {quoted}"))
+        with engine.connect() as conn:  # psycopg2 renders the identifier; SQLAlchemy wraps the driver's errors
+            conn.exec_driver_sql(statement.as_string(conn.connection.dbapi_connection))
     finally:
         engine.dispose()
 
