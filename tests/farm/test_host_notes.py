@@ -36,9 +36,11 @@ def test_results_lines_name_each_drifting_or_busy_job_and_follow_the_settings(
 
 def test_the_report_job_table_carries_the_host_notes() -> None:
     page = _jobs([_row("aaaaaa1", 1, **DRIFTED), _row("cccccc1", 4, **STEADY)])
-    assert "<th>host</th>" in page
-    drifted, steady = page.split('<tr data-job="cccccc1">')
-    assert "host drift" in drifted and "host drift" not in steady and "host busy" not in steady
+    assert "<th class=l>flags</th>" in page  # the job table's flags column: short flag, its sentence on hover
+    table = page.split('id="all-metrics"')[0]
+    drifted, steady = table.split('<tr class="job" id="job-cccccc1">')
+    assert ">host drift</abbr>" in drifted and "rerun it before comparing" in drifted
+    assert "host drift" not in steady and "host busy" not in steady
 
 
 def test_compare_marks_a_match_whose_runs_drifted_or_were_busy() -> None:

@@ -28,7 +28,7 @@ def test_submit_profiles_an_openai_endpoint(tmp_path: Path) -> None:
         assert r["ttft_p50_ms"] >= 5 and r["itl_p50_ms"] > 0 and r["mean_output_tokens"] == 8
         assert r["output_tokens_per_s"] > 0 and r["goodput_req_per_s"] == r["requests_per_s"]
     table = farm("results", rid, env=env).stdout
-    assert "succeeded" in table
+    assert "(load sent by openai)" in table and "ttft" in table.lower()  # the LLM table: its own columns
     pq_file = tmp_path / "r.parquet"
     farm("results", rid, "--format", "parquet", "-o", str(pq_file), env=env)
     assert {"ttft_p50_ms", "itl_p99_ms", "output_tokens_per_s"} <= set(pq.read_table(pq_file).column_names)

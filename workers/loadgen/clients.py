@@ -27,14 +27,16 @@ def measure(job: LoadJob) -> LoadResult:
     can (the result's notes say why the ones before it did not). Raises LoadGenError when the named client
     cannot measure the job or fails."""
     wanted = job.settings.client
-    names = ((OpenAIClient.name,) if job.settings.llm is not None else AUTO) if wanted == "auto" else (wanted,)
+    speaking = (OpenAIClient.name,) if job.settings.llm is not None else AUTO  # the clients of the job's protocol
+    names = speaking if wanted == "auto" else (wanted,)
     skipped: list[tuple[str, str]] = []
     for name in names:
         client = CLIENTS[name]()
         why = client.why_not(job)
         if why is not None and wanted != "auto":
-            others = " or ".join(f"--client {n}" for n in CLIENTS if n != wanted)
-            raise LoadGenError(f"the {wanted} client cannot measure this job: {why}; use {others}")
+            others = " or ".join(f"--client {n}" for n in speaking if n != wanted)
+            raise LoadGenError(f"the {wanted} client cannot measure this job: {why}"
+                               + (f"; use {others}" if others else ""))
         if why is None:
             try:
                 record = client.run(job, WindowPlan.of(job.settings, extendable=client.stops_when_stable))
