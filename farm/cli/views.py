@@ -90,8 +90,7 @@ def results_table(rows: list[dict[str, Any]], title: str = "", metrics: tuple[st
     column (their runs) and their spread beside the median (``metric_cell``)."""
     table = Table(title=safe_text(title) if title else None, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     if metrics is None:
-        llm = any(r.get("output_tokens_per_s") is not None for r in rows)
-        base, more = (LLM_TABLE_METRICS, LLM_WIDE_METRICS) if llm else (TABLE_METRICS, WIDE_METRICS)
+        base, more = (LLM_TABLE_METRICS, LLM_WIDE_METRICS) if llm_rows(rows) else (TABLE_METRICS, WIDE_METRICS)
         metrics = tuple(n for n in more if n in base or any(r.get(n) is not None for r in rows)) if wide else base
     cells = _identity_columns(rows, wide)
     for col in cells:
@@ -154,9 +153,10 @@ def headline(row: dict[str, Any]) -> Text:
     if row["status"] != "succeeded":
         error = " ".join(str(row.get("error") or "no result").split())
         return Text.assemble(("✗ ", "red"), safe_text(f"{head}  {row['status']}: {error[:160]}"))
-    figures = [f"{fmt_value(n, row.get(n))} {BY_NAME[n].unit}" if n.startswith("throughput")
+    names = LLM_HEADLINE_METRICS if llm_rows([row]) else HEADLINE_METRICS
+    figures = [f"{fmt_value(n, row.get(n))} {BY_NAME[n].unit}" if i == 0  # the rate, then labelled latencies
                else f"{BY_NAME[n].label.split()[0]} {fmt_value(n, row.get(n))} {BY_NAME[n].unit}"
-               for n in HEADLINE_METRICS]
+               for i, n in enumerate(names)]
     s = get_settings()
     flags = host_flags(row, s.host_drift_pct, s.host_busy_pct)
     stable = row.get("stable")
@@ -169,8 +169,14 @@ def headline(row: dict[str, Any]) -> Text:
     return Text.assemble(("✓ ", "green"), safe_text(f"{head}  {'  '.join(figures)}  "), (verdict, style))
 
 
-#: the figures of a job's headline line (``headline``)
+#: the figures of a job's headline line (``headline``): a rate first, then latencies; LLM rows their own
 HEADLINE_METRICS = ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms")
+LLM_HEADLINE_METRICS = ("output_tokens_per_s", "ttft_p50_ms", "itl_p50_ms")
+
+
+def llm_rows(rows: list[dict[str, Any]]) -> bool:
+    """Whether ``rows`` hold LLM results (the OpenAI client's): they get the LLM metric sets."""
+    return any(r.get("output_tokens_per_s") is not None for r in rows)
 
 
 def jobs_table(jobs: list[Any], title: str) -> Table:

@@ -47,6 +47,13 @@ def test_headline_says_the_figures_and_stable_or_why_not() -> None:
     assert failed == "✗ abcdef cpu onnxruntime 1x4  failed: server did not start in 60 s"
 
 
+def test_an_llm_rows_headline_says_tokens_per_second_and_its_token_latencies() -> None:
+    """The headline picks its metrics as the results table does: an LLM row (the OpenAI client's) its own."""
+    row = _row(engine="llama.cpp", throughput_infer_per_s=None, output_tokens_per_s=1200.0, ttft_p50_ms=7.3,
+               itl_p50_ms=0.45)
+    assert headline(row).plain == "✓ abcdef cpu llama.cpp 1x4  1,200 tok/s  ttft50 7.3 ms  itl50 0.45 ms  stable"
+
+
 def test_the_default_table_is_labelled_and_the_wide_one_has_more() -> None:
     narrow = [c.header for c in results_table([_row()]).columns]
     assert narrow == ["job", "device", "engine", "b x c", *(BY_NAME[m].label for m in TABLE_METRICS)]
