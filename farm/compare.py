@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from farm.results import CONFIG_COLUMNS, METRIC_NAMES, merge_repeats
+from farm.results import CONFIG_COLUMNS, METRIC_NAMES, llm_rows, merge_repeats
 from farm.settings import get_settings
 from schemas.job import JobStatus
 from schemas.result import host_flags
@@ -135,7 +135,7 @@ def _values(runs: list[dict[str, Any]], metric: str) -> list[float]:
 
 def tested(runs: list[dict[str, Any]]) -> tuple[tuple[str, bool], ...]:
     """The metrics a comparison of ``runs`` tests: :data:`LLM_TESTED` for LLM rows, else :data:`TESTED`."""
-    return LLM_TESTED if any(r.get("output_tokens_per_s") is not None for r in runs) else TESTED
+    return LLM_TESTED if llm_rows(runs) else TESTED
 
 
 def run_tests(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]], primary: str, min_effect_pct: float,

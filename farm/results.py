@@ -36,6 +36,11 @@ MEASUREMENT_COLUMNS = MEASUREMENT_KEYS
 CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "rpc", "client")
 
 
+def llm_rows(rows: list[dict[str, Any]]) -> bool:
+    """Whether ``rows`` hold LLM results (the OpenAI client's): tables, headlines and compare use their metrics."""
+    return any(r.get("output_tokens_per_s") is not None for r in rows)
+
+
 def measured(row: dict[str, Any]) -> str:
     """How ``row`` was measured, in words (``schemas.measured``, the one wording)."""
     return how_measured(bool(row.get("edge_profile")), row.get("rpc"))

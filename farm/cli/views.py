@@ -19,6 +19,7 @@ from farm.errors import RequestError
 from farm.formatting import fmt_value, rate_text, safe_text
 from farm.formatting import to_csv as to_csv
 from farm.formatting import to_json as to_json
+from farm.results import llm_rows
 from farm.settings import get_settings
 from farm.steal import steal_note
 from schemas.metrics import BY_NAME, JOB_METRICS
@@ -172,11 +173,6 @@ def headline(row: dict[str, Any]) -> Text:
 #: the figures of a job's headline line (``headline``): a rate first, then latencies; LLM rows their own
 HEADLINE_METRICS = ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms")
 LLM_HEADLINE_METRICS = ("output_tokens_per_s", "ttft_p50_ms", "itl_p50_ms")
-
-
-def llm_rows(rows: list[dict[str, Any]]) -> bool:
-    """Whether ``rows`` hold LLM results (the OpenAI client's): they get the LLM metric sets."""
-    return any(r.get("output_tokens_per_s") is not None for r in rows)
 
 
 def jobs_table(jobs: list[Any], title: str) -> Table:
