@@ -43,6 +43,21 @@ def isolated_settings(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyt
     reset_settings()
 
 
+@pytest.fixture(autouse=True)
+def isolated_hooks() -> Iterator[None]:
+    """Event handlers registered during a test (an embedded ``farm submit`` run in-process registers the
+    scheduler's ``advance``) are dropped afterwards, so no test sees another's handlers."""
+    from farm import hooks
+
+    saved = {hook: hook.handlers for hook in (hooks.search_step_done, hooks.job_step)}
+    yield
+    for hook, handlers in saved.items():
+        for handler in hook.handlers:
+            hook.unregister(handler)
+        for handler in handlers:
+            hook.register(handler)
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh, migrated-nowhere Postgres database for this test session, dropped afterwards."""
