@@ -38,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib.metadata import distributions
+from importlib.metadata import PackageNotFoundError, distribution, distributions
 from pathlib import Path
 
 import docker
@@ -174,6 +174,33 @@ def _probe_distributions(repo_root: Path, modules: Iterable[str]) -> tuple[set[s
     notes = [f"probe could not import {m} ({err}); its dependencies may be missing"
              for m, err in data["failed"].items()]
     return {_norm(d) for d in data["dists"]}, notes
+
+
+def requirement_closure(names: Iterable[str]) -> list[str]:
+    """``names`` and every distribution they require, transitively, as installed in this Python (markers
+    evaluated here, optional extras left out); a requirement not installed is left out (the image's build
+    notes list it)."""
+    from packaging.requirements import InvalidRequirement, Requirement  # noqa: PLC0415 - only variant builds
+
+    seen: dict[str, None] = {}
+    todo = [_norm(n) for n in names]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen[name] = None
+        try:
+            requires = distribution(name).requires or []
+        except PackageNotFoundError:
+            continue
+        for text in requires:
+            try:
+                req = Requirement(text)
+            except InvalidRequirement:
+                continue
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(_norm(req.name))
+    return sorted(seen)
 
 
 def _elf_deps(paths: Iterable[Path]) -> set[str]:

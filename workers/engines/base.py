@@ -39,11 +39,14 @@ def np_to_v2(dtype: np.dtype) -> str:
 class Package:
     """The Python package an engine's backend imports, as farm's runtime image takes it from the host's
     Python (``workers.images``): ``module`` (checked on the host), its ``distributions``, and farm's pip
-    ``extra`` that installs it (None: part of farm's base install and base image)."""
+    ``extra`` that installs it (None: part of farm's base install and base image); ``closure``: the image
+    also takes every distribution those require, as installed on the host (``workers.images.requirement_closure``)
+    instead of a list kept by hand."""
 
     module: str
     distributions: tuple[str, ...]
     extra: str | None = None
+    closure: bool = False
 
     def missing(self, job_id: str, engine: str) -> str | None:
         """Why farm's image cannot carry this package for ``job_id`` (the host has none), else None."""

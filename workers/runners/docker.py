@@ -37,7 +37,7 @@ from farm.settings import get_settings
 from schemas import GpuInfo, JobResult, JobSpec
 from workers.cores import cpu_list
 from workers.hardware import gpu_uuids_for
-from workers.images import DEFAULT_TAG, build_local_image, image_exists
+from workers.images import DEFAULT_TAG, build_local_image, image_exists, requirement_closure
 from workers.runners import hardening as hd
 from workers.runners.base import Runner
 from workers.runners.common import MODEL_PLACEHOLDER
@@ -204,7 +204,8 @@ class DockerRunner(Runner):
                     raise ContainerError(why)
                 tag = f"{self.image}-{package.extra}"
                 announce(f"image {tag}: built if farm's code changed, else cached")
-                build_local_image(tag, client=self.client, extra_distributions=list(package.distributions))
+                dists = requirement_closure(package.distributions) if package.closure else package.distributions
+                build_local_image(tag, client=self.client, extra_distributions=list(dists))
                 self._variant_images[package.extra] = tag
             return self._variant_images[package.extra]
 

@@ -31,11 +31,13 @@ LLM_DISTRIBUTIONS = (
     "truststore", "pillow", "accelerate", "colorama", "setuptools")
 
 
-def wrap(site: Site, argv: Sequence[str], env_threads: Sequence[str] = ()) -> list[str]:
+def wrap(site: Site, argv: Sequence[str], env_threads: Sequence[str] = (), cuda_index: bool = False) -> list[str]:
     """``argv`` started through the lease wrapper (``{cores}`` and ``{port}`` filled in where it runs), each
-    of ``env_threads`` set to the leased core count."""
+    of ``env_threads`` set to the leased core count; ``cuda_index``: the server reads ``CUDA_VISIBLE_DEVICES``
+    as indices only, so the wrapper turns the runner's GPU UUID into its index."""
     envs = [a for name in env_threads for a in ("--env", name)]
-    return [site.python, "-m", WRAPPER, *envs, "--bind", _bind_host(site), "--", *argv]
+    cuda = ["--cuda-index"] if cuda_index else []
+    return [site.python, "-m", WRAPPER, *envs, *cuda, "--bind", _bind_host(site), "--", *argv]
 
 
 def _bind_host(site: Site) -> str:

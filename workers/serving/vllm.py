@@ -1,7 +1,15 @@
 """The ``vllm`` engine: a Hugging Face model folder served over the OpenAI API by vLLM's server
-(``vllm serve``) on one GPU of a GPU worker. Declared for GPU workers only (``schemas.engines.RULES``: a CPU
-job is excluded at submit with its reason); a worker without the ``vllm`` package refuses the job with what to
-install. Its knobs (``schemas.llm_engines.KNOBS["vllm"]``) map to vLLM's flags."""
+(``python -m vllm.entrypoints.openai.api_server``) on one GPU of a GPU worker. Declared for GPU workers only
+(``schemas.engines.RULES``: a CPU job is excluded at submit with its reason); a worker without the ``vllm``
+package refuses the job with what to install. Its knobs (``schemas.llm_engines.KNOBS["vllm"]``) map to vLLM's
+flags (``FLAGS``); the model is served as ``model`` like every LLM engine; readiness is a one-token completion.
+
+The job's GPU: the Docker runner asks for it by UUID (a device request), so the container sees that GPU only;
+the process runner sets ``CUDA_VISIBLE_DEVICES`` to its UUID, which vLLM cannot read (it takes the variable's
+entries as integers), so the launch wrapper rewrites it to the GPU's NVML index in PCI bus order
+(``workers.serving.lease_exec --cuda-index``). The pins (vLLM and the torch it brings, kept out of the CPU
+install's torch) are in ``pyproject.toml``'s ``gpu`` extra and ``docker/Dockerfile``'s ``vllm`` target;
+``tests/workers/serving/test_vllm_launch.py`` checks that they agree with ``VLLM_VERSION`` and the docs."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,17 +21,28 @@ from workers.engines.base import Package
 from workers.serving.base import Launch, ServingEngine, Site
 from workers.serving.llm import listen_prefix, port_arg, require_module, wait_openai_ready, wrap
 
-#: the pin the GPU image and docs name (docs/llm-engines.md)
-VLLM_PIN = "vllm==0.11.0"
-INSTALL = f"pip install '{VLLM_PIN}' on the GPU worker (or use its GPU image)"
+#: the vLLM release farm's GPU image and ``farm[gpu]`` install (docs/llm-engines.md)
+VLLM_VERSION = "0.33.0"
+VLLM_PIN = f"vllm=={VLLM_VERSION}"
+#: the torch that release pins (its own ``Requires-Dist``): in the GPU image only, never beside farm[torch]'s CPU pin
+VLLM_TORCH = "torch==2.14.0"
+INSTALL = f"pip install 'farm[gpu]' ({VLLM_PIN}) in a venv without farm's torch/llm extras, or use farm's GPU image"
 FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
          "gpu_memory_utilization": "--gpu-memory-utilization"}
+#: offline (no hub, no usage report: model files come from farm's store and nothing leaves the worker)
+ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+#: vLLM's API process and engine core share tensors over shared memory; Docker's default /dev/shm is 64 MB
+SHM_SIZE = "2g"
+#: the distributions farm's image variant ``<tag>-gpu`` starts from; their requirements are followed
+#: (``Package.closure``): vLLM needs about 150, with torch's CUDA build and the nvidia-* wheels
+VLLM_DISTRIBUTIONS = ("vllm",)
 
 
 def vllm_argv(spec: JobSpec, model: str, site: Site) -> list[str]:
     """vLLM's OpenAI server for ``spec`` serving the folder ``model`` (as the server sees it)."""
     argv = [site.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-            "--served-model-name", SERVED_MODEL_NAME, "--host", site.host, "--port", port_arg(site)]
+            "--served-model-name", SERVED_MODEL_NAME, "--host", site.host, "--port", port_arg(site),
+            "--disable-uvicorn-access-log"]  # a log line per request costs the server's CPU during the measurement
     for knob, flag in FLAGS.items():
         if knob in spec.knobs:
             argv += [flag, str(spec.knobs[knob])]
@@ -36,7 +55,7 @@ class Vllm(ServingEngine):
     """vLLM on a GPU job's folder."""
 
     name = "vllm"
-    package = Package("vllm", ("vllm",), extra=None)
+    package = Package("vllm", VLLM_DISTRIBUTIONS, extra="gpu", closure=True)
 
     def launch(self, spec: JobSpec, model_path: Path, site: Site) -> Launch:
         if not spec.device.startswith("gpu"):
@@ -44,6 +63,6 @@ class Vllm(ServingEngine):
                                    "transformers engine (or llama.cpp with a GGUF file) on a CPU")
         require_module(spec, site, "vllm", INSTALL)
         model = site.path(model_path)
-        return Launch(argv=wrap(site, vllm_argv(spec, model, site)), port=site.port, model=model,
-                      mounts=site.mounts(model_path), env={"HF_HUB_OFFLINE": "1"}, listen_prefix=listen_prefix(site),
-                      ready=wait_openai_ready)
+        return Launch(argv=wrap(site, vllm_argv(spec, model, site), cuda_index=True), port=site.port, model=model,
+                      mounts=site.mounts(model_path), env=dict(ENV), shm_size=SHM_SIZE if site.container else None,
+                      listen_prefix=listen_prefix(site), ready=wait_openai_ready)

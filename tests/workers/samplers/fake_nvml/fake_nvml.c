@@ -183,6 +183,14 @@ static nvmlReturn_t copy_str(const char *s, char *out, unsigned int length) {
     return NVML_SUCCESS;
 }
 
+nvmlReturn_t nvmlDeviceGetIndex(void *device, unsigned int *index) {
+    NEED_INIT();
+    fake_gpu *g = dev(device);
+    if (!g || !index) return NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned int)g->index;
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetUUID(void *device, char *uuid, unsigned int length) {
     NEED_INIT();
     fake_gpu *g = dev(device);
