@@ -61,7 +61,8 @@ WIDE_METRICS: tuple[str, ...] = (
 LLM_TABLE_METRICS: tuple[str, ...] = ("output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")
 LLM_WIDE_METRICS: tuple[str, ...] = (
     "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "tpot_p50_ms", "latency_p50_ms",
-    "goodput_req_per_s", "requests_per_s", "error_count", "cpu_pct_avg", "mem_peak_bytes",
+    "goodput_req_per_s", "requests_per_s", "error_count", "cpu_pct_avg", "mem_peak_bytes", "gpu_util_avg_pct",
+    "gpu_mem_peak_bytes", "gpu_power_avg_w",
 )
 #: metrics whose range over a cell's runs the table shows beside the median (``farm.results.merge_repeats``)
 RANGE_METRICS = ("throughput_infer_per_s", "latency_p50_ms")

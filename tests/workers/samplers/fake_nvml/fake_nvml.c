@@ -2,7 +2,8 @@
  * detection and sampling, driven by a state file so a test can change values while sampling.
  *
  * Build: gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fake_nvml.c
- * State file: path in $FAKE_NVML_STATE, re-read on every call, one setting per line:
+ * State file: path in $FAKE_NVML_STATE, else nvml.state beside this library (for processes whose environment
+ * is an allowlist, e.g. a job's server), re-read on every call, one setting per line:
  *   driver 550.54.15
  *   init_error 9                       (nvmlInit fails with this NVML return code)
  *   gpu <i> uuid GPU-...
@@ -14,6 +15,8 @@
  *   gpu <i> proc <pid> <bytes>         (one line per compute process; bytes -1 = not available)
  * The device count is the highest <i> + 1. Writers should replace the file atomically (rename).
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +74,16 @@ static void load_state(void) {
         state.gpus[i].cc_major = 8;
     }
     const char *path = getenv("FAKE_NVML_STATE");
+    char beside[4096];
+    Dl_info info;
+    if (!path && dladdr((void *)load_state, &info) && info.dli_fname) {
+        const char *slash = strrchr(info.dli_fname, '/');
+        size_t dir = slash ? (size_t)(slash - info.dli_fname) : 0;
+        if (dir + sizeof "/nvml.state" > sizeof beside) return;
+        memcpy(beside, info.dli_fname, dir);
+        strcpy(beside + dir, slash ? "/nvml.state" : "nvml.state");
+        path = beside;
+    }
     if (!path) return;
     FILE *f = fopen(path, "r");
     if (!f) return;
