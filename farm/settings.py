@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = Field(default=7200, ge=60)
     server_ready_timeout_s: float = Field(default=60.0, gt=0)
     triton_image: str = "nvcr.io/nvidia/tritonserver:24.08-py3"  # must already be on the Docker host
+    #: the image vLLM jobs run in on the Docker runner (docker/Dockerfile --target vllm, on the Docker host);
+    #: None: farm's local image's ``-gpu`` variant, built from this worker's Python (docs/llm-engines.md)
+    vllm_image: str | None = None
     triton_url: str | None = None  # attach to a running Triton (host:port) instead of starting one
     triton_model: str = "model"
     #: queued jobs absent from the broker this long are sent again (`farm scheduler`), s

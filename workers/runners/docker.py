@@ -213,7 +213,7 @@ class DockerRunner(Runner):
         """The container's command and entrypoint arguments: the launch's, or this runner's ``server_command``
         for a launch in farm's image."""
         if launch.image is not None:
-            return launch.argv, {}
+            return launch.argv, ({"entrypoint": launch.entrypoint} if launch.entrypoint is not None else {})
         if self.server_command:
             return [a.replace(MODEL_PLACEHOLDER, launch.model) for a in self.server_command], {}
         return launch.argv, dict(hd.NO_ENTRYPOINT)

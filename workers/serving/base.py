@@ -82,7 +82,8 @@ class Launch:
     -> path inside, read-only; ``prepare``: what to write before a new server starts (a model repository);
     ``ready``: the readiness check; ``cwd``: the directory the server starts in (None: the runner's);
     ``runs_model_code``: the model's format runs code from the file when loaded (``farm.sandbox.CODE_FORMATS``),
-    so a runner without containers starts the server in a jail.
+    so a runner without containers starts the server in a jail; ``entrypoint``: the entrypoint of the launch's
+    own ``image`` (None: the image's; ``[""]``: none, ``argv`` is the whole command).
     """
 
     argv: list[str]
@@ -99,6 +100,7 @@ class Launch:
     prepare: Callable[[], object] | None = None
     ready: ReadyCheck = wait_ready
     cwd: str | None = None
+    entrypoint: list[str] | None = None
 
 
 class ServingEngine(ABC):

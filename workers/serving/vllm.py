@@ -4,17 +4,21 @@
 package refuses the job with what to install. Its knobs (``schemas.llm_engines.KNOBS["vllm"]``) map to vLLM's
 flags (``FLAGS``); the model is served as ``model`` like every LLM engine; readiness is a one-token completion.
 
-The job's GPU: the Docker runner asks for it by UUID (a device request), so the container sees that GPU only;
-the process runner sets ``CUDA_VISIBLE_DEVICES`` to its UUID, which vLLM cannot read (it takes the variable's
-entries as integers), so the launch wrapper rewrites it to the GPU's NVML index in PCI bus order
-(``workers.serving.lease_exec --cuda-index``). The pins (vLLM and the torch it brings, kept out of the CPU
-install's torch) are in ``pyproject.toml``'s ``gpu`` extra and ``docker/Dockerfile``'s ``vllm`` target;
-``tests/workers/serving/test_vllm_launch.py`` checks that they agree with ``VLLM_VERSION`` and the docs."""
+Images: on the Docker runner, the image named by ``FARM_VLLM_IMAGE`` (``docker/Dockerfile``'s ``vllm`` target,
+built on the GPU host), else farm's local image's ``-gpu`` variant, copied from the worker's own Python with
+every distribution vLLM requires. The job's GPU: the Docker runner asks for it by UUID (a device request), so
+the container sees that GPU only; the process runner sets ``CUDA_VISIBLE_DEVICES`` to its UUID, which vLLM
+cannot read (it takes the variable's entries as integers), so the launch wrapper rewrites it to the GPU's NVML
+index in PCI bus order (``workers.serving.lease_exec --cuda-index``). The pins (vLLM and the torch it brings,
+kept out of the CPU install's torch) are in ``pyproject.toml``'s ``gpu`` extra and ``docker/Dockerfile``'s
+``vllm`` target; ``tests/workers/serving/test_vllm_launch.py`` checks that they agree with ``VLLM_VERSION`` and
+the docs."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from farm.errors import UnsupportedError
+from farm.settings import get_settings
 from schemas import JobSpec
 from schemas.engines import SERVED_MODEL_NAME
 from workers.engines.base import Package
@@ -63,6 +67,9 @@ class Vllm(ServingEngine):
                                    "transformers engine (or llama.cpp with a GGUF file) on a CPU")
         require_module(spec, site, "vllm", INSTALL)
         model = site.path(model_path)
+        image = get_settings().vllm_image if site.container else None
         return Launch(argv=wrap(site, vllm_argv(spec, model, site), cuda_index=True), port=site.port, model=model,
                       mounts=site.mounts(model_path), env=dict(ENV), shm_size=SHM_SIZE if site.container else None,
-                      listen_prefix=listen_prefix(site), ready=wait_openai_ready)
+                      listen_prefix=listen_prefix(site), ready=wait_openai_ready, image=image,
+                      image_help=f"build it there: docker build -f docker/Dockerfile --target vllm -t {image} .",
+                      entrypoint=[""] if image else None)  # farm's image's entrypoint is the CLI: run argv itself

@@ -16,6 +16,7 @@ from unittest import mock
 import pytest
 
 from farm.errors import ContainerError, UnsupportedError
+from farm.settings import reset_settings
 from schemas import GpuInfo, JobSpec, MeasurementSettings
 from schemas.engines import SERVED_MODEL_NAME
 from tests.test_images import instruction, stages
@@ -101,7 +102,8 @@ os.execv(sys.executable, [sys.executable, "-m", "workers.serving.lease_exec", "-
     assert "Traceback" not in bad.stderr
 
 
-def test_the_docker_runner_requests_the_jobs_gpu_by_uuid(with_vllm: None, tmp_path: Path) -> None:
+def _created(tmp_path: Path, **knobs: Any) -> dict[str, Any]:
+    """What the Docker runner would create for a vLLM job on the H100 (the fake client stops at create)."""
     created: dict[str, Any] = {}
 
     def create(**kwargs: Any) -> Any:
@@ -114,11 +116,16 @@ def test_the_docker_runner_requests_the_jobs_gpu_by_uuid(with_vllm: None, tmp_pa
     network = mock.MagicMock(attrs={"Internal": True})
     network.name = "farm-serving"
     client.networks.list.return_value = [network]
-    runner = docker_runner.DockerRunner("t", image="farm:0.1.0-vllm", gpus=GPUS, build_image=False, cleanup=False,
+    runner = docker_runner.DockerRunner("t", image="farm:0.1.0", gpus=GPUS, build_image=False, cleanup=False,
                                         reuse=False, docker_client=client)
     with pytest.raises(ContainerError, match="could not create the serving container"):
-        with runner.serve(spec(device="gpu:h100", max_num_seqs=8), tmp_path, None):
+        with runner.serve(spec(device="gpu:h100", **knobs), tmp_path, None):
             pass
+    return created
+
+
+def test_the_docker_runner_requests_the_jobs_gpu_by_uuid(with_vllm: None, tmp_path: Path) -> None:
+    created = _created(tmp_path, max_num_seqs=8)
     (request,) = created["device_requests"]
     assert request["DeviceIDs"] == [UUID1] and request["Capabilities"] == [["gpu"]]  # that GPU only, by UUID
     server = _server_argv(created["command"])
@@ -126,6 +133,17 @@ def test_the_docker_runner_requests_the_jobs_gpu_by_uuid(with_vllm: None, tmp_pa
     assert server[server.index("--model") + 1] == f"/model/{tmp_path.name}" and "--max-num-seqs" in server
     assert created["shm_size"] == vllm.SHM_SIZE and created["environment"]["HF_HUB_OFFLINE"] == "1"
     assert "CUDA_VISIBLE_DEVICES" not in created["environment"]  # the container sees its one GPU as index 0
+    assert created["image"] == "farm:0.1.0" and created["entrypoint"] == [""]  # farm's image, its CLI entrypoint off
+
+
+def test_a_named_vllm_image_runs_the_server_itself(with_vllm: None, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FARM_VLLM_IMAGE", "farm:0.1.0-vllm")  # docker/Dockerfile --target vllm
+    reset_settings()
+    created = _created(tmp_path)
+    assert created["image"] == "farm:0.1.0-vllm" and created["entrypoint"] == [""]
+    assert _server_argv(created["command"])[2] == "vllm.entrypoints.openai.api_server"
+    assert created["device_requests"][0]["DeviceIDs"] == [UUID1]
 
 
 def test_the_vllm_pin_is_the_same_in_the_code_the_extra_the_image_and_the_docs() -> None:
