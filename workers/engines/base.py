@@ -41,20 +41,22 @@ class Package:
     Python (``workers.images``): ``module`` (checked on the host), its ``distributions``, and farm's pip
     ``extra`` that installs it (None: part of farm's base install and base image); ``closure``: the image
     also takes every distribution those require, as installed on the host (``workers.images.requirement_closure``)
-    instead of a list kept by hand."""
+    instead of a list kept by hand; ``install``: what to do when the host has none (None: install the extra,
+    or use the onnxruntime engine)."""
 
     module: str
     distributions: tuple[str, ...]
     extra: str | None = None
     closure: bool = False
+    install: str | None = None
 
     def missing(self, job_id: str, engine: str) -> str | None:
         """Why farm's image cannot carry this package for ``job_id`` (the host has none), else None."""
         if importlib.util.find_spec(self.module) is not None:
             return None
+        todo = self.install or f"pip install 'farm[{self.extra}]' here, or run it with the onnxruntime engine"
         return (f"job {job_id} runs on the {engine} engine, and farm's image takes {self.module} from this "
-                f"worker's Python, which has none; pip install 'farm[{self.extra}]' here, or run it with the "
-                "onnxruntime engine")
+                f"worker's Python, which has none; {todo}")
 
 
 @dataclass(frozen=True)

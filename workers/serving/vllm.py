@@ -59,7 +59,8 @@ class Vllm(ServingEngine):
     """vLLM on a GPU job's folder."""
 
     name = "vllm"
-    package = Package("vllm", VLLM_DISTRIBUTIONS, extra="gpu", closure=True)
+    package = Package("vllm", VLLM_DISTRIBUTIONS, extra="gpu", closure=True,
+                      install=f"{INSTALL}: build docker/Dockerfile's vllm target and name it in FARM_VLLM_IMAGE")
 
     def launch(self, spec: JobSpec, model_path: Path, site: Site) -> Launch:
         if not spec.device.startswith("gpu"):

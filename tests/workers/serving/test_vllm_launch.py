@@ -165,6 +165,9 @@ def test_the_vllm_pin_is_the_same_in_the_code_the_extra_the_image_and_the_docs()
 
 def test_the_images_gpu_variant_takes_vllms_requirements_as_installed() -> None:
     assert vllm.Vllm.package is not None and vllm.Vllm.package.closure and vllm.Vllm.package.extra == "gpu"
+    if importlib.util.find_spec("vllm") is None:  # the Docker runner's refusal on a worker without vLLM
+        why = vllm.Vllm.package.missing("j", "vllm") or ""
+        assert "pip install 'farm[gpu]'" in why and "FARM_VLLM_IMAGE" in why and "onnxruntime" not in why
     got = requirement_closure(["celery"])  # one installed here with requirements of requirements
     assert {"celery", "kombu", "amqp", "vine", "billiard"} <= set(got)
     assert "pytest" not in got  # an optional extra's requirement is not followed
