@@ -15,6 +15,7 @@ kept out of the CPU install's torch) are in ``pyproject.toml``'s ``gpu`` extra a
 the docs."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from farm.errors import UnsupportedError
@@ -37,9 +38,18 @@ FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 #: vLLM's API process and engine core share tensors over shared memory; Docker's default /dev/shm is 64 MB
 SHM_SIZE = "2g"
+#: the least time vLLM gets to answer its first completion, s: before it serves, it profiles memory, compiles the
+#: model (torch.compile) and captures CUDA graphs, a minute or more even for a tiny model (FARM_SERVER_READY_TIMEOUT_S,
+#: 60 s by default, is sized for farm's own servers); a server that exits is still reported at once
+READY_FLOOR_S = 600.0
 #: the distributions farm's image variant ``<tag>-gpu`` starts from; their requirements are followed
 #: (``Package.closure``): vLLM needs about 150, with torch's CUDA build and the nvidia-* wheels
 VLLM_DISTRIBUTIONS = ("vllm",)
+
+
+def wait_vllm_ready(url: str, model_name: str, timeout_s: float, alive: Callable[[], bool] | None = None) -> None:
+    """``wait_openai_ready`` with at least ``READY_FLOOR_S`` for vLLM's start-up."""
+    wait_openai_ready(url, model_name, max(timeout_s, READY_FLOOR_S), alive=alive)
 
 
 def vllm_argv(spec: JobSpec, model: str, site: Site) -> list[str]:
@@ -71,6 +81,6 @@ class Vllm(ServingEngine):
         image = get_settings().vllm_image if site.container else None
         return Launch(argv=wrap(site, vllm_argv(spec, model, site), cuda_index=True), port=site.port, model=model,
                       mounts=site.mounts(model_path), env=dict(ENV), shm_size=SHM_SIZE if site.container else None,
-                      listen_prefix=listen_prefix(site), ready=wait_openai_ready, image=image,
+                      listen_prefix=listen_prefix(site), ready=wait_vllm_ready, image=image,
                       image_help=f"build it there: docker build -f docker/Dockerfile --target vllm -t {image} .",
                       entrypoint=[""] if image else None)  # farm's image's entrypoint is the CLI: run argv itself

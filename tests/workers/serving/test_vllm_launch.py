@@ -63,11 +63,19 @@ def test_knobs_become_vllm_flags_and_the_model_is_served_as_model(with_vllm: Non
         "64", "4096", "0.5")
     assert "--no-enable-prefix-caching" in server and "--enable-prefix-caching" not in server
     assert "--disable-uvicorn-access-log" in server
-    assert launch.ready.__name__ == "wait_openai_ready"  # a tiny completion, not /health
+    assert launch.ready is vllm.wait_vllm_ready  # a tiny completion, not /health, with time to compile
     assert launch.env["HF_HUB_OFFLINE"] == "1" and launch.env["VLLM_NO_USAGE_STATS"] == "1"
     assert launch.shm_size is None  # a process shares the host's /dev/shm
     plain = _server_argv(vllm.Vllm().launch(spec(enable_prefix_caching=True), tmp_path, PROCESS_SITE).argv)
     assert "--enable-prefix-caching" in plain and not any(a.startswith("--max-num") for a in plain)
+
+
+def test_vllm_gets_time_to_compile_before_its_first_completion(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[float] = []
+    monkeypatch.setattr(vllm, "wait_openai_ready", lambda url, name, timeout_s, alive=None: seen.append(timeout_s))
+    vllm.wait_vllm_ready("h:1", "model", 60.0)
+    vllm.wait_vllm_ready("h:1", "model", 1200.0)
+    assert seen == [vllm.READY_FLOOR_S, 1200.0]
 
 
 def test_a_cpu_job_or_a_worker_without_vllm_is_refused_with_what_to_do(tmp_path: Path) -> None:
