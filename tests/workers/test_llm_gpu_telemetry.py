@@ -80,5 +80,5 @@ def test_an_llm_job_on_a_gpu_gets_the_nvml_figures_of_its_own_gpu(fake_nvml_dir:
     assert row["ttft_p50_ms"] >= 5 and row["itl_p50_ms"] > 0 and row["output_tokens_per_s"] > 0
     assert row["gpu_mem_peak_bytes"] == 300 * MIB  # the server process's own memory, from NVML
     assert 0 < row["gpu_util_avg_pct"] <= 70 and 30 <= row["gpu_power_avg_w"] <= 150  # never the T4's 100 %
-    wide = farm("results", rid, "--wide", env=env).stdout
+    wide = farm("results", rid, "--wide", env={**env, "COLUMNS": "400"}).stdout  # wide enough: no header cut
     assert "GPU mem" in wide and "GPU W" in wide  # the LLM table shows them where measured
