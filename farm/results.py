@@ -17,6 +17,7 @@ from farm.errors import NotFoundError, RequestError
 from farm.settings import get_settings
 from schemas import COORDINATE_KEYS, MEASUREMENT_KEYS, SERVING_KEYS
 from schemas.job import JobStatus
+from schemas.llm_facts import LLM_FACT_COLUMNS
 from schemas.measured import LLM_RPC, how_measured
 from schemas.metrics import BY_NAME, JOB_METRICS
 from schemas.metrics import merge_repeats as merge_metrics
@@ -89,9 +90,10 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     in matrix order; ``rpc``, ``client`` and ``input_data`` (``random``, ``zeros`` or ``file:NAME``) say how
     the request drove its jobs (``client``: the one that measured the row, ``farm`` or ``perf_analyzer``, where
     the request left the choice to the worker, ``auto``); ``server`` (``NAME VERSION``) names the running
-    server an endpoint request profiled."""
+    server an endpoint request profiled; an LLM job's facts (``schemas.llm_facts.LLM_FACT_COLUMNS``: knobs,
+    n_threads, tokenizer, workload) are None for other jobs; ``model_sha256`` is the request's model file."""
     req = find_request(request_id)
-    metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + METRIC_NAMES]
+    metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + LLM_FACT_COLUMNS + METRIC_NAMES]
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
                    Job.status, Job.attempts, Job.worker_id, Job.error, Job.spec["repeat"], *metric_cols,
                    Job.spec["measurement"], Job.rate,
@@ -104,13 +106,13 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     with session_scope() as s:
         rows = s.execute(stmt).all()
         server = _endpoint_server(s, req)
-    names = JOB_COLUMNS + PLACEMENT_COLUMNS + METRIC_NAMES
+    names = JOB_COLUMNS + PLACEMENT_COLUMNS + LLM_FACT_COLUMNS + METRIC_NAMES
     measurement = req.spec.get("measurement") or {}  # how every job of it was driven, and by which client
     rpc, client = measurement.get("rpc", "unary"), measurement.get("client", "farm")  # before "auto": farm
     rpc = LLM_RPC if measurement.get("llm") else rpc
     data = req.spec.get("input_data") or {"kind": "random"}  # which values every job of it sent
     input_data = f"file:{data.get('source')}" if data.get("kind") == "file" else data.get("kind", "random")
-    extra: dict[str, Any] = {"rpc": rpc, "client": client, "input_data": input_data,
+    extra: dict[str, Any] = {"rpc": rpc, "client": client, "input_data": input_data, "model_sha256": req.model_sha256,
                              **({"server": server} if server else {})}
     out = []
     for *values, job_measurement, rate, measured_by, first_note in rows:

@@ -18,6 +18,7 @@ from farm.settings import get_settings
 from schemas import JobResult, JobSpec, Placement
 from schemas.engines import FOLDER_FORMATS
 from schemas.job import JobStatus
+from schemas.llm_facts import LlmFacts
 from schemas.result import SHARED_NOTE, shared_unisolated
 from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
@@ -82,7 +83,8 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     for note in (steal_note(metrics.get("cpu_steal_pct")), SHARED_NOTE if shared else None):
         if note is not None:
             details["notes"].append(note)
-    return JobResult(job_id=spec.job_id, metrics=metrics, details=details, placement=m.placement)
+    facts = LlmFacts.of(spec, len(m.server_cpus) or None, load.details.get("token_sources"))
+    return JobResult(job_id=spec.job_id, metrics=metrics, details=details, placement=m.placement, llm=facts)
 
 
 def placed(result: JobResult, slot: int, gpu_uuid: str | None) -> JobResult:
