@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from farm.db.models import Job, ModelArtifact, Request, Result, Worker, live_worker
 from farm.db.session import session_scope
 from farm.errors import NotFoundError, RequestError
+from farm.formatting import knobs_text
 from farm.settings import get_settings
 from schemas import COORDINATE_KEYS, MEASUREMENT_KEYS, SERVING_KEYS
 from schemas.job import JobStatus
@@ -33,8 +34,10 @@ COORDINATE_COLUMNS = COORDINATE_KEYS
 #: a row's coordinates after the job's own (``schemas.MEASUREMENT_KEYS``): the serving dimensions its spec's
 #: measurement holds (``jobs.spec -> measurement``) and the open-loop rate (the ``jobs.rate`` column)
 MEASUREMENT_COLUMNS = MEASUREMENT_KEYS
-#: what makes two jobs (of the same or of different requests) repeats of one measurement
-CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "rpc", "client")
+#: what makes two jobs (of the same or of different requests) repeats of one measurement; ``knob_set``: the LLM
+#: engine knobs the job asked for (``JobSpec.knobs`` as ``farm.formatting.knobs_text``; None: none), so the
+#: cells of a knob sweep stay apart (the ``knobs`` column holds what the server ran with, n_threads included)
+CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "knob_set", "rpc", "client")
 
 
 def llm_rows(rows: list[dict[str, Any]]) -> bool:
@@ -96,7 +99,7 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + LLM_FACT_COLUMNS + METRIC_NAMES]
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
                    Job.status, Job.attempts, Job.worker_id, Job.error, Job.spec["repeat"], *metric_cols,
-                   Job.spec["measurement"], Job.rate,
+                   Job.spec["measurement"], Job.rate, Job.spec["knobs"],
                    Result.details[("load", "client")].as_string(),
                    Result.details[("load", "notes", 0)].as_string())
             .outerjoin(Result, Result.job_id == Job.id)
@@ -115,9 +118,10 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     extra: dict[str, Any] = {"rpc": rpc, "client": client, "input_data": input_data, "model_sha256": req.model_sha256,
                              **({"server": server} if server else {})}
     out = []
-    for *values, job_measurement, rate, measured_by, first_note in rows:
+    for *values, job_measurement, rate, asked, measured_by, first_note in rows:
         row = dict(zip(names, values, strict=True))
         r = {**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **measurement_values(job_measurement, rate), **row, **extra}
+        r["knob_set"] = knobs_text(asked) if isinstance(asked, dict) and asked else None
         r["client"] = measured_by or client
         # under auto, why the client before it could not measure (the load notes' first, ``clients.measure``)
         r["client_note"] = first_note if first_note and first_note.startswith("measured by ") else None

@@ -60,3 +60,41 @@ def test_llm_options_on_an_onnx_model_are_left_out_with_the_reason(tmp_path: Pat
     proc = farm("submit", str(example_onnx), "--input-tokens", "16", "--dry-run", env=env, check=False)
     assert "not the OpenAI API" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_llama_cpp_rows_carry_their_knobs_threads_and_workload_as_columns(tiny_llama: Any) -> None:
+    """A knob sweep on llama.cpp: each row stores the knobs its server ran with (n_threads filled in from the
+    job's core lease), the workload and the model file's hash, as columns of ``farm results``, of the CSV export
+    and of the SQL view ``job_results``."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install 'farm[llm]'")
+    import sqlite3
+
+    env = farm_env()
+    out = farm("submit", str(tiny_llama.gguf), *SHORT, "--knob", "n_ctx=256,512", "--json", env=env, timeout=420)
+    rid = json.loads(out.stdout)["request_id"]
+    rows = json.loads(farm("results", rid, "--format", "json", env=env).stdout)
+    assert sorted(r["knobs"]["n_ctx"] for r in rows) == [256, 512]
+    for r in rows:
+        assert r["status"] == "succeeded", r.get("error")
+        cores = len(_cpus(r["server_cpus"]))
+        assert r["knobs"]["n_threads"] == r["n_threads"] == cores >= 1  # the lease's core count, as the server got it
+        assert (r["input_tokens"], r["output_tokens"], r["prefix_tokens"], r["workload_seed"]) == ("24", "16", 0, 0)
+        assert r["token_source"] in ("usage", "tokenizer", "chunks") and r["prompts"] is None
+        assert len(r["model_sha256"]) == 64
+    table = farm("results", rid, "--columns", "knobs,n_threads,output_tokens_per_s", env=env).stdout
+    assert "n_ctx=256" in table and "n_ctx=512" in table and "n_threads" in table
+    csv_text = farm("results", rid, "--format", "csv", env=env).stdout
+    assert '"{""n_ctx"": 256' in csv_text  # knobs as JSON text in a CSV cell
+    with sqlite3.connect(Path(env["FARM_HOME"]) / "farm.db") as con:  # the embedded database
+        got = con.execute("SELECT json_extract(knobs, '$.n_ctx'), n_threads, output_tokens, model_sha256 "
+                          "FROM job_results WHERE request_id = ? ORDER BY 1", (rid,)).fetchall()
+    assert [g[0] for g in got] == [256, 512] and all(g[1] >= 1 and g[2] == "16" and len(g[3]) == 64 for g in got)
+
+
+def _cpus(text: str) -> set[int]:
+    """``0-1,3`` as {0, 1, 3}."""
+    out: set[int] = set()
+    for part in filter(None, text.split(",")):
+        a, _, b = part.partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out

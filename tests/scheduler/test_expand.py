@@ -204,3 +204,14 @@ def test_repeats_out_of_bounds_are_refused(repeats: object) -> None:
 def test_repeats_and_quick_search_do_not_combine() -> None:
     with pytest.raises(ValidationError, match="repeats and a quick search do not combine"):
         ProfileRequest(model="m.onnx", concurrency=[1, 2, 4], repeats=3, measurement={"search": "quick"})
+
+
+def test_each_job_row_of_a_knob_sweep_keeps_its_own_knobs() -> None:
+    """The bulk insert dumps the request-wide fields once: the knobs are per job (a sweep once stored the
+    first job's knobs in every row)."""
+    gguf = ModelRef(sha256="c" * 64, format="gguf", filename="m.gguf", inputs=())
+    req = ProfileRequest(model="m.gguf", knobs={"n_ctx": ["256", "512"], "n_batch": ["8"]})
+    jobs = expand(req, "r1", gguf).jobs
+    rows = job_rows("r1", jobs)
+    assert sorted(row["spec"]["knobs"]["n_ctx"] for row in rows) == [256, 512]
+    assert [row["spec"]["knobs"] for row in rows] == [dict(j.knobs) for j in jobs]
