@@ -35,6 +35,11 @@ class Knee:
     saturated: bool
     points: int
 
+    def as_json(self, sweep: str) -> dict[str, Any]:
+        """The knee of sweep ``sweep`` as ``--json`` prints it (``farm report``, ``farm status``)."""
+        return {"sweep": sweep, "concurrency": self.concurrency, "output_tokens_per_s": self.tokens_per_s,
+                "saturated": self.saturated, "next_gain_pct": self.next_gain_pct}
+
     def text(self) -> str:
         """``knee at c=8: 1,900 tok/s`` (``(still climbing at the sweep's end)`` when not saturated)."""
         tail = "" if self.saturated else " (still climbing at the sweep's end: sweep higher)"

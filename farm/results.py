@@ -80,6 +80,13 @@ def find_request(request_id: str) -> Request:
         return req
 
 
+def request_slo(req: Request) -> dict[str, Any] | None:
+    """The latency goals (``schemas.llm.Slo`` fields, ms) an LLM request was submitted with; None without."""
+    llm = (req.spec.get("measurement") or {}).get("llm") or {}
+    slo = llm.get("slo")
+    return slo if isinstance(slo, dict) and slo else None
+
+
 def job_times(request_id: str) -> dict[str, tuple[datetime | None, datetime | None]]:
     """Each job of the request: when it started running and when it finished (None: not yet)."""
     with session_scope() as s:

@@ -23,6 +23,7 @@ from farm.results import llm_rows
 from farm.settings import get_settings
 from farm.steal import steal_note
 from schemas.llm_facts import LLM_FACT_COLUMNS
+from schemas.measured import MEASURED_EDGE
 from schemas.metrics import BY_NAME, JOB_METRICS
 from schemas.result import (
     SHARED_NOTE,
@@ -339,7 +340,7 @@ def measured_lines(rows: list[dict[str, Any]]) -> list[str]:
     kinds = list(dict.fromkeys(("edge" if r.get("edge_profile") else "serving", r.get("measured")) for r in rows
                                if r.get("measured")))
     lines = [f"{kind} rows: {how}" for kind, how in kinds]
-    if {k for k, _ in kinds} == {"serving", "edge"}:
+    if {k for k, _ in kinds} == {"serving", "edge"} and any(how == MEASURED_EDGE for _, how in kinds):
         lines.append("edge rows pay no per-request transport cost: do not compare their throughput or latency "
                      "with serving rows")
     return lines

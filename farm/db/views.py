@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from schemas.measured import LLM_RPC, MEASURED_EDGE, MEASURED_LLM, MEASURED_SERVING
+from schemas.measured import LLM_RPC, MEASURED_EDGE, MEASURED_LLM, MEASURED_LLM_EDGE, MEASURED_SERVING
 
 VIEW = "job_results"
 #: the serving dimensions each job keeps in ``jobs.spec -> 'measurement'`` (integers; NULL when absent)
@@ -93,13 +93,16 @@ def job_results_sql(dialect: str, metrics: Sequence[str], load: Sequence[str] = 
            f"ELSE COALESCE({_json_text(dialect, 'j.spec', 'measurement', 'rpc')}, 'unary') END")
     before, after = (_sql_text(part) for part in MEASURED_SERVING.split("{rpc}"))
     cols = ",\n  ".join(f"r.{c}" for c in (*PLACEMENT, *facts, *metrics))
+    # from 0010 (facts given): an LLM engine's edge run is served over HTTP under the limits, said so
+    llm_edge = (f"WHEN j.edge_profile IS NOT NULL AND {llm} IS NOT NULL THEN {_sql_text(MEASURED_LLM_EDGE)}\n       "
+                if facts else "")
     return f"""CREATE VIEW {VIEW} AS SELECT
   j.request_id, q.name AS request_name, {_json_text(dialect, 'q.spec', 'model')} AS model, q.model_sha256,
   j.id AS job_id, j.device, j.engine, j.batch_size, j.concurrency,{_load_sql(dialect, load)} j.edge_profile,
   {rpc} AS rpc,
   {dims},
   j.status, j.attempts, j.worker_id, j.error, j.created_at, j.finished_at,
-  CASE WHEN j.edge_profile IS NOT NULL THEN {_sql_text(MEASURED_EDGE)}
+  CASE {llm_edge}WHEN j.edge_profile IS NOT NULL THEN {_sql_text(MEASURED_EDGE)}
        WHEN {llm} IS NOT NULL THEN {_sql_text(MEASURED_LLM)} ELSE {before} || {rpc} || {after} END AS measured,
   {cols}
 FROM jobs j
