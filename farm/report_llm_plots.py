@@ -16,12 +16,17 @@ from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 
 from farm.knee import KNEE_GAIN_PCT, KNEE_METRIC, Knee, sweep_key, sweep_label
-from farm.report_plots import MAX_WIDTH_IN, SMALL_PT, _log_if_wide, _plain_axis, label, plain, to_svg
+from farm.report_plots import MAX_WIDTH_IN, SMALL_PT, _log_if_wide, _plain_axis, label, to_svg
 
 #: the percentiles drawn per latency figure, with their line styles
 PERCENTILES = (("p50", "-"), ("p90", "--"), ("p99", ":"))
 #: the share of requests inside the SLO a rate must keep to count as sustained (the max-goodput search's goal), %
 GOODPUT_GOAL_PCT = 95.0
+
+
+def _short(v: float) -> str:
+    """A figure on a plot: whole numbers from 100 up (``1,241``), three significant digits below (``42.2``)."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 def _llm(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -90,7 +95,7 @@ def tokens_vs_concurrency(rows: list[dict[str, Any]], knees: list[tuple[str, Kne
         if knee is not None:
             ax.plot([knee.concurrency], [knee.tokens_per_s], marker="*", markersize=16, color=f"C{i}",
                     markeredgecolor="black", linestyle="none")
-            ax.annotate(f"knee c={knee.concurrency:g}: {plain(knee.tokens_per_s)} tok/s",
+            ax.annotate(f"knee c={knee.concurrency:g}: {_short(knee.tokens_per_s)} tok/s",
                         (knee.concurrency, knee.tokens_per_s), xytext=(6, -14), textcoords="offset points",
                         fontsize=SMALL_PT)
     _x_axis(ax, "concurrency", (r["concurrency"] for g in sweeps.values() for r in g))
@@ -139,7 +144,7 @@ def engines(rows: list[dict[str, Any]]) -> str | None:
     for ax, vals, metric, title in ((axes[0][0], peak, KNEE_METRIC, "peak output tokens/s (any concurrency)"),
                                     (axes[0][1], light, "ttft_p50_ms", "TTFT p50 at the lightest load")):
         bars = ax.barh(ys, vals, color=[f"C{i}" for i in ys])
-        ax.bar_label(bars, [plain(v) for v in vals], padding=3, fontsize=SMALL_PT)
+        ax.bar_label(bars, [_short(v) for v in vals], padding=3, fontsize=SMALL_PT)
         ax.set_yticks(ys, names if ax is axes[0][0] else [""] * len(ys), fontsize=SMALL_PT)
         ax.invert_yaxis()
         _plain_axis(ax, "x")
