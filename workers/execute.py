@@ -16,7 +16,7 @@ from farm.lifecycle import failure_result
 from farm.models.llm_info import unpack_folder
 from farm.settings import get_settings
 from schemas import JobResult, JobSpec, Placement
-from schemas.engines import FOLDER_FORMATS
+from schemas.engines import FOLDER_FORMATS, OPENAI_ENGINES
 from schemas.job import JobStatus
 from schemas.llm_facts import LlmFacts
 from schemas.result import SHARED_NOTE, shared_unisolated
@@ -26,6 +26,7 @@ from workers.loadgen.clients import run_load
 from workers.measure import Measurement, Served, lease_for
 from workers.profiling.job import profile_job
 from workers.runners.base import Runner
+from workers.runners.llm_edge import run_llm_edge
 from workers.samplers.host import steal_note
 from workers.spool import Spool, SpooledResult, is_transient, retry_db
 
@@ -60,6 +61,8 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     if spec.is_edge:
         refuse_command(spec)
         announce(f"edge run under {spec.edge_profile.name if spec.edge_profile else 'its'} limits")
+        if spec.engine in OPENAI_ENGINES:  # an LLM engine's server under the limits, driven over HTTP
+            return run_llm_edge(spec, model_path, runner.name)
         return runner.run_edge(spec, model_path)
     started = time.monotonic()
     with Measurement(spec, gpu_uuids or [], slots) as m:

@@ -88,9 +88,9 @@ def report(
         say(f"ops {breakdown_line(p)}")
     for line in measured_lines(rep.ranked[:top] + rep.edge):
         say(line)
-    if static:
-        console.print("model: " + ", ".join(f"{BY_NAME[k].title} {headline(static, k)}" for k in
-                                            ("params", "macs_per_sample", "flops_per_sample") if k in static))
+    shown = [k for k in ("params", "macs_per_sample", "flops_per_sample") if k in static]
+    if shown:  # an LLM model's static metrics hold none of these
+        console.print("model: " + ", ".join(f"{BY_NAME[k].title} {headline(static, k)}" for k in shown))
     next_hint(f"farm report {req.id[:8]} -o report.html (plots, every job)", f"farm compare {req.id[:8]} <other id>")
 
 

@@ -98,3 +98,37 @@ def _cpus(text: str) -> set[int]:
         a, _, b = part.partition("-")
         out.update(range(int(a), int(b or a) + 1))
     return out
+
+
+def _cgroups_limit() -> bool:
+    """Whether this host lets farm create a memory- and CPU-limited cgroup (root, or a delegated cgroup)."""
+    from workers.limits import LimitedCgroup
+
+    with LimitedCgroup(cpus=1.0, memory_bytes=256 * 2**20) as cg:
+        return cg.enforced
+
+
+def test_llama_cpp_under_edge_limits_fits_the_slo_or_is_killed_out_of_memory(tiny_llama: Any) -> None:
+    """``--edge`` on a GGUF file: farm starts llama.cpp inside the edge profile's cgroup and drives it over HTTP;
+    the 512 MiB box fits the SLO with its memory peak under the limit, the 40 MiB box kills the server while it
+    loads: an OOM verdict (a failed row saying so), not a crash; ``farm report`` gives both verdicts."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install 'farm[llm]'")
+    if not _cgroups_limit():
+        pytest.skip("this host does not let farm create limited cgroups (run as root or in a delegated cgroup)")
+    env = farm_env()
+    out = farm("submit", str(tiny_llama.gguf), *SHORT, "--edge", "cpus=1,memory=512m,name=box", "--edge",
+               "cpus=1,memory=40m,name=tiny", "--slo", "ttft=5000,tpot=1000", "--json", env=env, timeout=420)
+    rid = json.loads(out.stdout)["request_id"]
+    rows = {r["edge_profile"]: r for r in json.loads(farm("results", rid, "--format", "json", env=env).stdout)}
+    box, tiny = rows["box"], rows["tiny"]
+    assert box["status"] == "succeeded", box.get("error")
+    assert box["limits_enforced"] is True and box["oom_killed"] is False and box["mem_limit_bytes"] == 512 * 2**20
+    assert 0 < box["mem_peak_bytes"] < box["mem_limit_bytes"] and box["output_tokens_per_s"] > 0
+    assert box["goodput_req_per_s"] == pytest.approx(box["requests_per_s"], rel=0.05) and box["n_threads"] == 1
+    assert "held to the edge profile's CPU and memory limits" in box["measured"]
+    assert tiny["status"] == "failed" and tiny["oom_killed"] is True and "killed: out of memory" in tiny["error"]
+    report = json.loads(farm("report", rid, "--json", env=env).stdout)
+    verdicts = {e["edge_profile"]: e for e in report["edge"]}
+    assert verdicts["box"]["fits"] is True and verdicts["box"]["within_slo_pct"] >= 95
+    assert verdicts["tiny"]["fits"] is False and verdicts["tiny"]["oom"] is True
+    assert verdicts["tiny"]["reason"] == "killed: out of memory"
