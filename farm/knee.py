@@ -49,7 +49,7 @@ class Knee:
 def gain_per_doubling_pct(c0: float, y0: float, c1: float, y1: float) -> float:
     """The gain of the step (c0, y0) -> (c1, y1) per doubling of ``c``, % (c1 > c0 > 0, y0 > 0)."""
     doublings = math.log2(c1 / c0)
-    return 100.0 * ((max(y1, 0.0) / y0) ** (1.0 / doublings) - 1.0)
+    return 100.0 * (float((max(y1, 0.0) / y0) ** (1.0 / doublings)) - 1.0)
 
 
 def find_knee(points: Iterable[tuple[float, float]], min_gain_pct: float = KNEE_GAIN_PCT) -> Knee | None:

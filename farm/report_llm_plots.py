@@ -9,7 +9,7 @@ plotted against concurrency, open-loop rows against their offered rate (requests
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
@@ -19,7 +19,7 @@ from farm.knee import KNEE_GAIN_PCT, KNEE_METRIC, Knee, sweep_key, sweep_label
 from farm.report_plots import MAX_WIDTH_IN, SMALL_PT, _log_if_wide, _plain_axis, label, to_svg
 
 #: the percentiles drawn per latency figure, with their line styles
-PERCENTILES = (("p50", "-"), ("p90", "--"), ("p99", ":"))
+PERCENTILES: tuple[tuple[str, Literal["-", "--", ":"]], ...] = (("p50", "-"), ("p90", "--"), ("p99", ":"))
 #: the share of requests inside the SLO a rate must keep to count as sustained (the max-goodput search's goal), %
 GOODPUT_GOAL_PCT = 95.0
 
