@@ -168,13 +168,13 @@ def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | 
     except FarmError as exc:
         log.warning("job %s failed: %s", job_id, exc)
         msg = str(exc)
-        record(spec, worker_id, placed(failure_result(spec.job_id, msg), slot, gpu_uuid), JobStatus.failed, msg, spool)
+        record(spec, worker_id, placed(_failed(spec, msg), slot, gpu_uuid), JobStatus.failed, msg, spool)
         return JobStatus.failed
     except Exception as exc:  # a bug or an unexpected library error: record it, keep the worker alive
         log.error("job %s crashed: %s: %s", job_id, type(exc).__name__, exc,
                   exc_info=log.isEnabledFor(logging.DEBUG))
         msg = f"internal error: {type(exc).__name__}: {exc}"
-        record(spec, worker_id, placed(failure_result(spec.job_id, msg), slot, gpu_uuid), JobStatus.failed, msg, spool)
+        record(spec, worker_id, placed(_failed(spec, msg), slot, gpu_uuid), JobStatus.failed, msg, spool)
         return JobStatus.failed
     result = placed(result, slot, gpu_uuid)
     error = result.details.get("error")
@@ -183,6 +183,12 @@ def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | 
         log.info("job %s was cancelled or requeued while it ran; its result is dropped", job_id)
         return "skipped"
     return status
+
+
+def _failed(spec: JobSpec, reason: str) -> JobResult:
+    """The result of a job that failed before it measured: ``reason``, and an LLM job's facts as asked (its
+    knobs and workload; the effective thread count is unknown: the server may never have started)."""
+    return failure_result(spec.job_id, reason).model_copy(update={"llm": LlmFacts.of(spec, None)})
 
 
 def _interrupted(spec: JobSpec, worker_id: str, reason: str, spool: Spool | None) -> str:
