@@ -65,6 +65,7 @@ def test_the_html_report_draws_the_llm_plots_with_slo_lines_and_knees(llm_report
     assert "goodput (req/s)" in texts["llm-goodput"] and "offered rate (all requests inside the SLO)" in texts[
         "llm-goodput"] and "SLO goal: 95 % of requests inside it" in texts["llm-goodput"]
     assert "TTFT ≤ 200 ms" in texts["llm-goodput"]
+    assert "LLM servers held to the limits" in texts["edge"] and "output tokens/s (tok/s)" in texts["edge"]
     for name in ("cpu llama.cpp n_parallel=1", "cpu llama.cpp n_parallel=4", "cpu transformers"):
         assert name in texts["llm-engines"] and name in texts["llm-tokens-knee"]
     shown = html.unescape(page)
@@ -104,3 +105,25 @@ def test_the_llm_plots_read_well_in_a_1400_px_window(llm_report: tuple[str, Path
         assert 300 < width <= 1400 - 40 and height > 150, (fid, rendered[fid])
         assert float(fonts[fid]) >= 11.0, (fid, fonts[fid])
         assert int(marks[fid]) > 20, (fid, marks[fid])
+
+
+def test_llm_facts_export_as_typed_columns_in_csv_json_and_parquet(sqlite_url: str, tmp_path: Path) -> None:
+    import csv
+    import io
+
+    import pyarrow.parquet as pq
+
+    rid = seed_llm_request(np.random.default_rng(4), edge=False)
+    rows = json.loads(farm("results", rid, "--format", "json").stdout)
+    assert {json.dumps(r["knobs"], sort_keys=True) for r in rows} == {
+        '{"n_parallel": 1, "n_threads": 2}', '{"n_parallel": 4, "n_threads": 2}', '{"n_threads": 2}'}
+    assert all(r["n_threads"] == 2 and r["output_tokens"] == "64" and r["token_source"] == "usage" for r in rows)
+    table = list(csv.DictReader(io.StringIO(farm("results", rid, "--format", "csv").stdout)))
+    assert json.loads(table[0]["knobs"])["n_threads"] == 2 and table[0]["workload_seed"] == "0"
+    out = tmp_path / "r.parquet"
+    farm("results", rid, "--format", "parquet", "-o", str(out))
+    t = pq.read_table(out)
+    assert str(t.schema.field("n_threads").type) == "int64" and str(t.schema.field("knobs").type) == "string"
+    assert {json.loads(k)["n_threads"] for k in t.column("knobs").to_pylist()} == {2}
+    wide = farm("results", rid, "--wide").stdout
+    assert "n_parallel=4 n_threads=2" in wide and "in 128 out 64 seed 0" in wide
