@@ -37,11 +37,20 @@ VERDICTS = (FASTER, SLOWER, SAME, INCONCLUSIVE)
 MIN_REPEATS = 3
 #: the tested metrics: (metric, higher is better)
 TESTED = (("throughput_infer_per_s", True), ("latency_p50_ms", False))
-#: the tested metrics of LLM rows (the OpenAI client's): generated tokens/s, then TTFT p50 (open loop: primary)
-LLM_TESTED = (("output_tokens_per_s", True), ("ttft_p50_ms", False))
+#: the tested metrics of LLM rows (the OpenAI client's): generated tokens/s, then TTFT p50 (open loop: primary),
+#: then ITL and TPOT p50 as detail (latencies: lower is better)
+LLM_TESTED = (("output_tokens_per_s", True), ("ttft_p50_ms", False), ("itl_p50_ms", False), ("tpot_p50_ms", False))
 #: the ratio columns of a comparison: (metric, label); B / A
 RATIOS = (("throughput_infer_per_s", "throughput"), ("latency_p50_ms", "p50"), ("latency_p99_ms", "p99"),
           ("mem_peak_bytes", "memory"))
+#: the same for LLM rows
+LLM_RATIOS = (("output_tokens_per_s", "tok/s"), ("ttft_p50_ms", "TTFT"), ("itl_p50_ms", "ITL"),
+              ("tpot_p50_ms", "TPOT"), ("mem_peak_bytes", "memory"))
+
+
+def ratio_columns(rows: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """The ratio columns of a comparison of ``rows``: :data:`LLM_RATIOS` for LLM rows, else :data:`RATIOS`."""
+    return LLM_RATIOS if llm_rows(rows) else RATIOS
 
 
 @dataclass
@@ -82,6 +91,8 @@ class Comparison:
     min_effect_pct: float
     alpha: float
     matches: list[Match] = field(default_factory=list)
+    #: the ratio columns (:func:`ratio_columns`): (metric, label)
+    ratios: tuple[tuple[str, str], ...] = RATIOS
     only_a: list[dict[str, Any]] = field(default_factory=list)
     only_b: list[dict[str, Any]] = field(default_factory=list)
 
@@ -159,7 +170,7 @@ def judge(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]], min_effect
     """The tests, verdict and its reason (empty when conclusive) of B's succeeded runs against A's (result rows,
     one per run)."""
     open_loop = any(r.get("rate") is not None for r in runs_a + runs_b)
-    throughput, latency = (metric for metric, _ in tested(runs_a + runs_b))
+    throughput, latency = (metric for metric, _ in tested(runs_a + runs_b)[:2])
     primary = latency if open_loop else throughput
     tests = run_tests(runs_a, runs_b, primary, min_effect_pct, alpha)
     n_a, n_b = len(_values(runs_a, primary)), len(_values(runs_b, primary))
@@ -197,23 +208,24 @@ def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], ignore: 
     ``ignore``; the runs of one configuration on one side are its samples."""
     columns = tuple(c for c in CONFIG_COLUMNS if c not in ignore)
     ga, gb = _groups(rows_a, columns), _groups(rows_b, columns)
-    out = Comparison(ignore, min_effect_pct, alpha)
+    out = Comparison(ignore, min_effect_pct, alpha, ratios=ratio_columns(rows_a + rows_b))
     for key, group_a in ga.items():
         if key not in gb:
             out.only_a.extend(group_a)
             continue
-        out.matches.append(_match(dict(zip(columns, key, strict=True)), group_a, gb[key], min_effect_pct, alpha))
+        out.matches.append(_match(dict(zip(columns, key, strict=True)), group_a, gb[key], min_effect_pct, alpha,
+                                  out.ratios))
     out.only_b = [r for key, group in gb.items() if key not in ga for r in group]
     return out
 
 
 def _match(key: dict[str, Any], group_a: list[dict[str, Any]], group_b: list[dict[str, Any]],
-           min_effect_pct: float, alpha: float) -> Match:
+           min_effect_pct: float, alpha: float, columns: tuple[tuple[str, str], ...] = RATIOS) -> Match:
     """One matched configuration: merged metrics of each side (medians), ratios B / A, tests and verdict."""
     ok_a = [r for r in group_a if r["status"] == JobStatus.succeeded]
     ok_b = [r for r in group_b if r["status"] == JobStatus.succeeded]
     a, b = merge_repeats(group_a, center="median")[0], merge_repeats(group_b, center="median")[0]
-    ratios = {label: (None if a.get(m) in (None, 0) or b.get(m) is None else b[m] / a[m]) for m, label in RATIOS}
+    ratios = {label: (None if a.get(m) in (None, 0) or b.get(m) is None else b[m] / a[m]) for m, label in columns}
     if not ok_a or not ok_b:
         return Match(key, a, b, ratios, [], INCONCLUSIVE, 0.0, "a side did not succeed", len(ok_a), len(ok_b),
                      host_marks(group_a, group_b))

@@ -6,12 +6,14 @@ carries its unit, direction and description as field metadata, so pandas, DuckDB
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.errors import RequestError
 from farm.formatting import to_csv, to_json
 from farm.results import JOB_COLUMNS, MEASUREMENT_COLUMNS, METRIC_NAMES, find_request, result_rows
+from schemas.llm_facts import LLM_FACT_COLUMNS, LLM_FACT_INTS
 from schemas.metrics import BY_NAME
 from schemas.result import PLACEMENT_COLUMNS
 
@@ -24,11 +26,15 @@ REQUEST_COLUMNS = ("request_id", "model", "model_sha256")
 #: how the request drove its jobs (``farm.results.result_rows``): call kind, load client, input values, the
 #: endpoint's server (``NAME VERSION``; empty for a model file)
 HOW_DRIVEN = ("rpc", "client", "input_data", "server")
-#: every exported column, in order: request, job coordinates, how and where measured, metrics
+#: every exported column, in order: request, job coordinates, how and where measured, an LLM job's facts (knobs
+#: as JSON text in CSV and Parquet, an object in JSON; ``schemas.llm_facts``), metrics
 EXPORT_COLUMNS: tuple[str, ...] = (REQUEST_COLUMNS + JOB_COLUMNS[:6] + HOW_DRIVEN + MEASUREMENT_COLUMNS
-                                   + JOB_COLUMNS[6:] + ("measured",) + PLACEMENT_COLUMNS + METRIC_NAMES)
+                                   + JOB_COLUMNS[6:] + ("measured",) + PLACEMENT_COLUMNS + LLM_FACT_COLUMNS
+                                   + METRIC_NAMES)
 _FLOAT_COLUMNS = {"rate"}  # the open-loop rate, requests/s (the other measurement columns are integers)
-_INT_COLUMNS = {"batch_size", "concurrency", "attempts", "slot", "repeat", *MEASUREMENT_COLUMNS} - _FLOAT_COLUMNS
+_INT_COLUMNS = {"batch_size", "concurrency", "attempts", "slot", "repeat", *MEASUREMENT_COLUMNS,
+                *LLM_FACT_INTS} - _FLOAT_COLUMNS
+_JSON_COLUMNS = {"knobs"}  # objects: JSON text where the format has no objects (CSV, Parquet)
 _BOOL_COLUMNS = {"host_shared", "isolated"}
 
 
@@ -70,10 +76,18 @@ def to_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     pq.write_table(table, path)
 
 
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with its object columns (knobs) as compact JSON text, keys sorted (CSV and Parquet cells)."""
+    return {k: json.dumps(v, sort_keys=True) if k in _JSON_COLUMNS and v is not None else v for k, v in row.items()}
+
+
 def _cell(column: str, value: Any) -> Any:
-    """A value as its Parquet column's type takes it (integral floats of int metrics become ints)."""
+    """A value as its Parquet column's type takes it (integral floats of int metrics become ints; knobs as JSON
+    text)."""
     if value is None:
         return None
+    if column in _JSON_COLUMNS:
+        return json.dumps(value, sort_keys=True)
     m = BY_NAME.get(column)
     if m is not None and m.kind == "int":
         return int(value)
@@ -91,7 +105,7 @@ def write(rows: list[dict[str, Any]], fmt: str, path: Path | None) -> str | None
             raise RequestError("Parquet is binary: give a file with -o results.parquet")
         to_parquet(rows, path)
         return None
-    text = to_csv(rows) if fmt == "csv" else to_json(rows) + "\n"
+    text = to_csv([_flat(r) for r in rows]) if fmt == "csv" else to_json(rows) + "\n"
     if path is None:
         return text
     path.write_text(text)

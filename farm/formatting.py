@@ -40,10 +40,19 @@ def safe_text(value: object, style: str = "") -> Text:
     return Text(printable(value), style=style)
 
 
+def knobs_text(knobs: dict[str, Any] | None) -> str:
+    """An LLM job's knobs compactly, by name: ``n_parallel=4 n_threads=2`` (``-``: none)."""
+    if not knobs:
+        return "-"
+    return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(knobs.items()))
+
+
 def fmt_value(name: str, value: Any) -> str:
     """A metric value for humans, in its registry unit (bytes shown in MiB)."""
     if value is None:
         return "-"
+    if isinstance(value, dict):  # an LLM job's knobs: ``n_parallel=4 n_threads=2``
+        return knobs_text(value)
     m = BY_NAME.get(name)
     if isinstance(value, bool) or (m is not None and m.kind == "bool"):
         return "yes" if value else "no"

@@ -96,13 +96,15 @@ def failure_result(job_id: str, reason: str) -> JobResult:
 
 def result_row(result: JobResult, request_id: str, worker_id: str | None,
                now: datetime | None = None) -> dict[str, Any]:
-    """The results-table row for a JobResult: registered metrics and the placement as columns, the rest in
-    details."""
+    """The results-table row for a JobResult: registered metrics, the placement and an LLM job's facts as
+    columns, the rest in details."""
     row: dict[str, Any] = {"job_id": result.job_id, "request_id": request_id, "worker_id": worker_id,
                            "details": result.details, "created_at": now or utcnow()}
     row.update(result.metrics)  # names checked against schemas.metrics when the JobResult was built
     if result.placement is not None:
         row.update(result.placement.model_dump())
+    if result.llm is not None:
+        row.update(result.llm.columns())
     return row
 
 

@@ -9,7 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.errors import RequestError
+from farm.formatting import fmt_value
+from farm.knee import Knee, knees
+from farm.results import llm_rows
 from schemas import COORDINATE_KEYS, LOAD_KEYS
+from schemas.engines import OPENAI_ENGINES
 from schemas.job import JobStatus
 from schemas.metrics import BY_NAME
 from schemas.result import CLIENT_LIMITED_PCT, client_limited
@@ -69,6 +73,8 @@ class Report:
     #: the best ranked row of each serving configuration (``SERVING_GROUP``), in rank order
     best_per_serving: list[dict[str, Any]] = field(default_factory=list)
     edge: list[dict[str, Any]] = field(default_factory=list)
+    #: the knee of each LLM concurrency sweep (``farm.knee``): (sweep label, knee), serving rows only
+    knees: list[tuple[str, Knee]] = field(default_factory=list)
 
 
 def _why_not(row: dict[str, Any], constraints: list[Constraint], require_stable: bool) -> str | None:
@@ -87,24 +93,90 @@ def _why_not(row: dict[str, Any], constraints: list[Constraint], require_stable:
 LIMITS_NOT_ENFORCED = "limits not enforced: verdict unknown"
 
 
-def _edge_verdict(row: dict[str, Any], constraints: list[Constraint]) -> dict[str, Any]:
+#: the share of an LLM edge run's requests that must meet the SLO for the box to fit it, % (the max-goodput
+#: search's goal: goodput >= 95 % of the completed requests)
+LLM_FIT_PCT = 95.0
+
+
+def within_slo_pct(row: dict[str, Any]) -> float | None:
+    """The share of an LLM row's completed requests inside its SLO (goodput over request rate), %; None without
+    an SLO (no goodput measured) or without requests."""
+    good, done = row.get("goodput_req_per_s"), row.get("requests_per_s")
+    return None if good is None or not done else min(100.0, 100.0 * float(good) / float(done))
+
+
+def _slo_miss(row: dict[str, Any], slo: dict[str, Any] | None) -> str | None:
+    """Why an LLM edge run misses the SLO (``ttft_ms``/``tpot_ms``/``e2e_ms`` goals, ms), or None when it meets
+    it: fewer than :data:`LLM_FIT_PCT` % of its requests inside, said with its p90 figures against the goals."""
+    share = within_slo_pct(row)
+    if share is None:
+        return None if not slo else "no goodput measured: the SLO was not applied to this run"
+    if share >= LLM_FIT_PCT:
+        return None
+    figures = [f"{key.upper()} p90 {row[f'{key}_p90_ms']:.0f} ms vs goal {slo[f'{key}_ms']:g} ms"
+               for key in ("ttft", "tpot") if slo and slo.get(f"{key}_ms") and row.get(f"{key}_p90_ms") is not None]
+    return (f"{share:.0f} % of requests inside the SLO (needs {LLM_FIT_PCT:g} %)"
+            + (f": {', '.join(figures)}" if figures else ""))
+
+
+#: an LLM edge run's figures beside its verdict (``--json``, the verdict line)
+LLM_EDGE_FIGURES = ("output_tokens_per_s", "ttft_p90_ms", "tpot_p90_ms")
+
+
+def llm_edge(row: dict[str, Any]) -> bool:
+    """Whether an edge row is an LLM engine's run (served over HTTP, measured by the OpenAI client), even one
+    killed before it measured anything."""
+    return row.get("output_tokens_per_s") is not None or row.get("engine") in OPENAI_ENGINES
+
+
+def llm_edge_figures(e: dict[str, Any]) -> str:
+    """An LLM edge run's figures for its verdict: tokens/s, TTFT and TPOT p90, the share of requests inside the
+    SLO, the memory peak against the limit (MiB)."""
+    share = within_slo_pct(e)
+    tps, ttft, tpot = (fmt_value(k, e.get(k)) for k in LLM_EDGE_FIGURES)
+    peak, limit = fmt_value("mem_peak_bytes", e.get("mem_peak_bytes")), fmt_value("mem_limit_bytes",
+                                                                                  e.get("mem_limit_bytes"))
+    inside = "-" if share is None else f"{share:.0f}"
+    return (f"{tps} tok/s, TTFT p90 {ttft} ms, TPOT p90 {tpot} ms, {inside} % of requests inside the SLO, "
+            f"memory peak {peak} of {limit} MiB")
+
+
+def _edge_verdict(row: dict[str, Any], constraints: list[Constraint], slo: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:
     """``row`` plus ``fits`` (True, False, or None when unknown) and ``reason``. A run that failed or missed
     a constraint does not fit even unlimited (limits only take resources away); a run that passed fits only
-    when its limits were enforced: without them it measured a bigger box than the profile."""
+    when its limits were enforced: without them it measured a bigger box than the profile. An LLM run (the
+    OpenAI client's) also needs :data:`LLM_FIT_PCT` % of its requests inside the request's ``slo``; one
+    OOM-killed (while loading its model or serving) gets ``oom`` True."""
     reason = _why_not(row, constraints, False)
+    if reason is None and row.get("output_tokens_per_s") is not None:
+        reason = _slo_miss(row, slo)
     if row.get("oom_killed"):
         reason = "killed: out of memory"
     fits: bool | None = reason is None
     if fits and row.get("limits_enforced") is not True:
         fits, reason = None, LIMITS_NOT_ENFORCED
-    return {**row, "fits": fits, "reason": reason}
+    return {**row, "fits": fits, "reason": reason, "oom": bool(row.get("oom_killed"))}
 
 
-def build_report(rows: list[dict[str, Any]], objective: str = "throughput_infer_per_s",
-                 constraints: list[Constraint] | None = None, require_stable: bool = False) -> Report:
+#: the objective of a report on LLM rows when none is named, and their ranked table's columns after it
+LLM_OBJECTIVE = "output_tokens_per_s"
+LLM_RANKED = ("output_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms", "goodput_req_per_s")
+
+
+def default_objective(rows: list[dict[str, Any]], objective: str | None) -> str:
+    """``objective``, else output tokens/s for LLM rows (``farm.results.llm_rows``), else inferences/s."""
+    return objective or (LLM_OBJECTIVE if llm_rows(rows) else "throughput_infer_per_s")
+
+
+def build_report(rows: list[dict[str, Any]], objective: str | None = None,
+                 constraints: list[Constraint] | None = None, require_stable: bool = False,
+                 slo: dict[str, Any] | None = None) -> Report:
     """Rank serving jobs that meet every constraint by ``objective`` (its registry direction); judge edge
-    jobs: an edge profile fits when its runs succeeded, were not OOM-killed, meet the constraints and ran under
-    enforced limits (``fits`` is None, "verdict unknown", when they passed without them)."""
+    jobs: an edge profile fits when its runs succeeded, were not OOM-killed, meet the constraints (an LLM run:
+    and the request's ``slo``, ``schemas.llm.Slo`` fields) and ran under enforced limits (``fits`` is None,
+    "verdict unknown", when they passed without them). No ``objective``: :func:`default_objective`."""
+    objective = default_objective(rows, objective)
     if objective not in BY_NAME or BY_NAME[objective].scope != "job":
         raise RequestError(f"objective {objective!r} is unknown; use a result metric such as throughput_infer_per_s")
     constraints = constraints or []
@@ -112,7 +184,7 @@ def build_report(rows: list[dict[str, Any]], objective: str = "throughput_infer_
     better = BY_NAME[objective].higher_is_better
     for row in rows:
         if row.get("edge_profile"):
-            report.edge.append(_edge_verdict(row, constraints))
+            report.edge.append(_edge_verdict(row, constraints, slo))
             continue
         reason = _why_not(row, constraints, require_stable)
         if reason is None and row.get(objective) is None:
@@ -127,4 +199,5 @@ def build_report(rows: list[dict[str, Any]], objective: str = "throughput_infer_
         report.best_per_device.setdefault(row["device"], row)
         groups.setdefault(tuple(row.get(c) for c in SERVING_GROUP), row)
     report.best_per_serving = list(groups.values())
+    report.knees = knees(r for r in rows if not r.get("edge_profile"))
     return report

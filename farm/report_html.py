@@ -11,18 +11,21 @@ import html
 from datetime import UTC, datetime
 from typing import Any
 
+from farm import report_llm_plots as llm_plots
 from farm import report_ops
 from farm import report_plots as plots
 from farm.db.session import session_scope
-from farm.formatting import fmt_value, rate_text
+from farm.formatting import fmt_value, knobs_text, rate_text
 from farm.op_profile import request_profiles
-from farm.report import Constraint, Report, build_report
+from farm.report import Constraint, Report, build_report, llm_edge, llm_edge_figures
 from farm.results import (
     MEASUREMENT_COLUMNS,
     METRIC_NAMES,
     find_request,
+    llm_rows,
     load_details,
     model_static_metrics,
+    request_slo,
     result_details,
     result_rows,
 )
@@ -55,6 +58,9 @@ figure.plot svg{max-width:100%;height:auto}abbr{text-decoration:underline dotted
 #: the metrics of the "Every job" table (those some job measured), in this order; every metric is in "All metrics"
 HEADLINE = ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms", "server_compute_p50_ms", "stable",
             "error_count", "cpu_pct_avg", "mem_peak_bytes", "gpu_util_avg_pct", "gpu_mem_peak_bytes")
+#: the same for LLM rows (the OpenAI client's)
+LLM_HEADLINE = ("output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "goodput_req_per_s",
+                "requests_per_s", "error_count", "cpu_pct_avg", "mem_peak_bytes", "mem_limit_bytes")
 #: a serving configuration's keys, compactly (``1 inst · 2 thr · delay 100 µs``)
 SERVING_SHORT = {"instances": "{} inst", "threads": "{} thr", "max_queue_delay_us": "delay {} µs",
                  "preferred_batch_size": "pref. batch {}"}
@@ -87,12 +93,14 @@ def _config(r: dict[str, Any]) -> str:
     return f"{r['device']} {r['engine']} batch {r['batch_size']} × concurrency {r['concurrency']}{rate_text(r)}{edge}"
 
 
-def render(request_id: str, objective: str = "throughput_infer_per_s", constraints: list[Constraint] | None = None,
+def render(request_id: str, objective: str | None = None, constraints: list[Constraint] | None = None,
            require_stable: bool = False) -> str:
-    """The report of request ``request_id`` as one HTML document."""
+    """The report of request ``request_id`` as one HTML document (no ``objective``: ``farm.report``'s default
+    for the rows)."""
     req = find_request(request_id)
     rows = result_rows(req.id)
-    rep = build_report(rows, objective, constraints or [], require_stable)
+    slo = request_slo(req)
+    rep = build_report(rows, objective, constraints or [], require_stable, slo)
     top = rep.ranked[:3]
     details = result_details([r["job_id"] for r in top])
     cdf = [(_config(r), load_details(details.get(r["job_id"], {})).get("latency_histogram") or {}) for r in top]
@@ -105,6 +113,7 @@ def render(request_id: str, objective: str = "throughput_infer_per_s", constrain
                                             "gpu_power_avg_w"), "Resources vs batch size")),
         ("edge", plots.edge_profiles(rows)),
         ("cdf", plots.latency_cdf(cdf)),
+        *(_llm_figures(rows, rep, slo) if llm_rows(rows) else []),
     ]
     title = f"farm report: {req.spec.get('model', req.id)}"
     body = [f"<h1>{_e(title)}</h1>",
@@ -115,6 +124,16 @@ def render(request_id: str, objective: str = "throughput_infer_per_s", constrain
             *(f'<figure class="plot" id="plot-{fid}">{svg}</figure>' for fid, svg in figures if svg),
             _static(model_static_metrics(req.model_sha256)), _op_profiles(req.id), _jobs(rows)]
     return _page(title, "\n".join(body))
+
+
+def _llm_figures(rows: list[dict[str, Any]], rep: Report, slo: dict[str, Any] | None) -> list[tuple[str, str | None]]:
+    """The LLM rows' plots (``farm.report_llm_plots``): latency percentiles vs concurrency and vs rate, tokens/s
+    with the knees, goodput vs rate, engines compared."""
+    return [("llm-latency-concurrency", llm_plots.latency_vs_load(rows, "concurrency", slo)),
+            ("llm-latency-rate", llm_plots.latency_vs_load(rows, "rate", slo)),
+            ("llm-tokens-knee", llm_plots.tokens_vs_concurrency(rows, rep.knees)),
+            ("llm-goodput", llm_plots.goodput_vs_rate(rows, slo)),
+            ("llm-engines", llm_plots.engines(rows))]
 
 
 def _op_profiles(request_id: str) -> str:
@@ -137,8 +156,8 @@ def _how_measured(rows: list[dict[str, Any]]) -> str:
     parts = []
     if serving:
         parts.append(f"serving rows: {_e(serving)}")
-    if any(r.get("edge_profile") for r in rows):
-        parts.append(f"edge rows: {_e(MEASURED_EDGE)}")
+    for how in dict.fromkeys(r["measured"] for r in rows if r.get("edge_profile") and r.get("measured")):
+        parts.append(f"edge rows: {_e(how or MEASURED_EDGE)}")
     return ('<p class="note"><b>How rows were measured.</b> ' + "; ".join(parts) + ". An edge row pays no "
             "per-request transport cost, so its throughput is not comparable with a serving row's.</p>")
 
@@ -163,12 +182,17 @@ def _summary(rep: Report) -> str:
     if rep.rejected:
         out.append("<h3>Left out</h3><ul>" + "".join(f"<li>{_e(_config(r))}: {_e(why)}</li>"
                                                      for r, why in rep.rejected) + "</ul>")
+    if rep.knees:
+        out.append('<h3>Knees of the concurrency sweeps</h3><ul id="knees">' + "".join(
+            f"<li>{_e(name)}: {_e(knee.text())}</li>" for name, knee in rep.knees) + "</ul>")
     if rep.edge:
         def verdict(e: dict[str, Any]) -> str:
-            return "fits" if e["fits"] else f"<span class=bad>does not fit</span> ({_e(e['reason'])})"
+            text = ("fits" if e["fits"] else _e(e["reason"]) if e["fits"] is None
+                    else f"<span class=bad>does not fit</span> ({_e(e['reason'])})")
+            return text + (f"; {_e(llm_edge_figures(e))}" if llm_edge(e) else "")
 
-        out.append("<h3>Edge profiles</h3><ul>" + "".join(f"<li>{_e(_config(e))}: {verdict(e)}</li>"
-                                                          for e in rep.edge) + "</ul>")
+        out.append('<h3>Edge profiles</h3><ul id="edge-fit">' + "".join(f"<li>{_e(_config(e))}: {verdict(e)}</li>"
+                                                                       for e in rep.edge) + "</ul>")
     return "\n".join(out)
 
 
@@ -192,6 +216,8 @@ def _config_cell(r: dict[str, Any]) -> str:
                if r.get(k) not in (None, "")]
     if r.get("rpc") and r["rpc"] != "unary":
         serving.append(f"rpc {r['rpc']}")
+    if r.get("knobs"):  # an LLM engine's knobs as its server ran (n_threads included)
+        serving.append(knobs_text(r["knobs"]))
     if r.get("repeat"):
         serving.append(f"repeat {r['repeat']}")
     return _e(" · ".join(parts + serving))
@@ -212,7 +238,7 @@ def _flags(r: dict[str, Any]) -> str:
 def _jobs(rows: list[dict[str, Any]]) -> str:
     """Two tables: "Every job" (configuration, status, flags and the headline metrics some job measured, for a
     1,400 px window without scrolling) and "All metrics" (every stored value, exact in ``data-value``)."""
-    shown = [m for m in HEADLINE if any(r.get(m) is not None for r in rows)]
+    shown = [m for m in (LLM_HEADLINE if llm_rows(rows) else HEADLINE) if any(r.get(m) is not None for r in rows)]
     out = ['<h2>Every job</h2><p>How each row was measured is said above; hover a flag for its sentence. '
            'Every metric of every job is in <a href="#all-metrics">All metrics</a>.</p>'
            '<table id="jobs-summary"><tr><th class=l>job</th><th class=l>configuration</th><th class=l>status</th>'

@@ -176,7 +176,8 @@ def e2e_vs_compute(rows: list[dict[str, Any]], limit: int = 40) -> str | None:
 
 
 def edge_profiles(rows: list[dict[str, Any]]) -> str | None:
-    """Per edge profile and batch size: throughput, p99, CPU % and memory peak against the limit; OOM marked."""
+    """Per edge profile and batch size: throughput, p99, CPU % (LLM runs: output tokens/s, TTFT and TPOT p90) and
+    memory peak against the limit; OOM marked."""
     edge = [r for r in rows if r.get("edge_profile")]
     if not edge:
         return None
@@ -184,7 +185,10 @@ def edge_profiles(rows: list[dict[str, Any]]) -> str | None:
     fig, axes = plt.subplots(1, 4, figsize=(MAX_WIDTH_IN, 2.0 + 0.4 * len(edge)), squeeze=False, layout="constrained")
     ys = list(range(len(edge)))
     colours = ["tab:red" if r.get("oom_killed") else "tab:blue" for r in edge]
-    for ax, m in zip(axes[0][:3], ("throughput_infer_per_s", "latency_p99_ms", "cpu_pct_avg"), strict=True):
+    llm = any(r.get("output_tokens_per_s") is not None for r in edge)  # LLM servers under the limits
+    shown = ("output_tokens_per_s", "ttft_p90_ms", "tpot_p90_ms") if llm else (
+        "throughput_infer_per_s", "latency_p99_ms", "cpu_pct_avg")
+    for ax, m in zip(axes[0][:3], shown, strict=True):
         ax.barh(ys, [value(r, m) or 0 for r in edge], color=colours)
         ax.set(title=BY_NAME[m].title, xlabel=label(m))
         _plain_axis(ax, "x")
@@ -200,7 +204,8 @@ def edge_profiles(rows: list[dict[str, Any]]) -> str | None:
     ax.set_yticks(ys, [""] * len(ys))
     ax.invert_yaxis()
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower right", ncol=2)
-    fig.suptitle("Edge profiles (in-process, no transport; red: killed out of memory)")
+    how = "LLM servers held to the limits, over HTTP" if llm else "in-process, no transport"
+    fig.suptitle(f"Edge profiles ({how}; red: killed out of memory)")
     return to_svg(fig)
 
 

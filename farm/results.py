@@ -14,9 +14,11 @@ from sqlalchemy.orm import Session
 from farm.db.models import Job, ModelArtifact, Request, Result, Worker, live_worker
 from farm.db.session import session_scope
 from farm.errors import NotFoundError, RequestError
+from farm.formatting import knobs_text
 from farm.settings import get_settings
 from schemas import COORDINATE_KEYS, MEASUREMENT_KEYS, SERVING_KEYS
 from schemas.job import JobStatus
+from schemas.llm_facts import LLM_FACT_COLUMNS
 from schemas.measured import LLM_RPC, how_measured
 from schemas.metrics import BY_NAME, JOB_METRICS
 from schemas.metrics import merge_repeats as merge_metrics
@@ -32,8 +34,10 @@ COORDINATE_COLUMNS = COORDINATE_KEYS
 #: a row's coordinates after the job's own (``schemas.MEASUREMENT_KEYS``): the serving dimensions its spec's
 #: measurement holds (``jobs.spec -> measurement``) and the open-loop rate (the ``jobs.rate`` column)
 MEASUREMENT_COLUMNS = MEASUREMENT_KEYS
-#: what makes two jobs (of the same or of different requests) repeats of one measurement
-CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "rpc", "client")
+#: what makes two jobs (of the same or of different requests) repeats of one measurement; ``knob_set``: the LLM
+#: engine knobs the job asked for (``JobSpec.knobs`` as ``farm.formatting.knobs_text``; None: none), so the
+#: cells of a knob sweep stay apart (the ``knobs`` column holds what the server ran with, n_threads included)
+CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "knob_set", "rpc", "client")
 
 
 def llm_rows(rows: list[dict[str, Any]]) -> bool:
@@ -76,6 +80,13 @@ def find_request(request_id: str) -> Request:
         return req
 
 
+def request_slo(req: Request) -> dict[str, Any] | None:
+    """The latency goals (``schemas.llm.Slo`` fields, ms) an LLM request was submitted with; None without."""
+    llm = (req.spec.get("measurement") or {}).get("llm") or {}
+    slo = llm.get("slo")
+    return slo if isinstance(slo, dict) and slo else None
+
+
 def job_times(request_id: str) -> dict[str, tuple[datetime | None, datetime | None]]:
     """Each job of the request: when it started running and when it finished (None: not yet)."""
     with session_scope() as s:
@@ -89,12 +100,13 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     in matrix order; ``rpc``, ``client`` and ``input_data`` (``random``, ``zeros`` or ``file:NAME``) say how
     the request drove its jobs (``client``: the one that measured the row, ``farm`` or ``perf_analyzer``, where
     the request left the choice to the worker, ``auto``); ``server`` (``NAME VERSION``) names the running
-    server an endpoint request profiled."""
+    server an endpoint request profiled; an LLM job's facts (``schemas.llm_facts.LLM_FACT_COLUMNS``: knobs,
+    n_threads, tokenizer, workload) are None for other jobs; ``model_sha256`` is the request's model file."""
     req = find_request(request_id)
-    metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + METRIC_NAMES]
+    metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + LLM_FACT_COLUMNS + METRIC_NAMES]
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
                    Job.status, Job.attempts, Job.worker_id, Job.error, Job.spec["repeat"], *metric_cols,
-                   Job.spec["measurement"], Job.rate,
+                   Job.spec["measurement"], Job.rate, Job.spec["knobs"],
                    Result.details[("load", "client")].as_string(),
                    Result.details[("load", "notes", 0)].as_string())
             .outerjoin(Result, Result.job_id == Job.id)
@@ -104,18 +116,19 @@ def result_rows(request_id: str) -> list[dict[str, Any]]:
     with session_scope() as s:
         rows = s.execute(stmt).all()
         server = _endpoint_server(s, req)
-    names = JOB_COLUMNS + PLACEMENT_COLUMNS + METRIC_NAMES
+    names = JOB_COLUMNS + PLACEMENT_COLUMNS + LLM_FACT_COLUMNS + METRIC_NAMES
     measurement = req.spec.get("measurement") or {}  # how every job of it was driven, and by which client
     rpc, client = measurement.get("rpc", "unary"), measurement.get("client", "farm")  # before "auto": farm
     rpc = LLM_RPC if measurement.get("llm") else rpc
     data = req.spec.get("input_data") or {"kind": "random"}  # which values every job of it sent
     input_data = f"file:{data.get('source')}" if data.get("kind") == "file" else data.get("kind", "random")
-    extra: dict[str, Any] = {"rpc": rpc, "client": client, "input_data": input_data,
+    extra: dict[str, Any] = {"rpc": rpc, "client": client, "input_data": input_data, "model_sha256": req.model_sha256,
                              **({"server": server} if server else {})}
     out = []
-    for *values, job_measurement, rate, measured_by, first_note in rows:
+    for *values, job_measurement, rate, asked, measured_by, first_note in rows:
         row = dict(zip(names, values, strict=True))
         r = {**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **measurement_values(job_measurement, rate), **row, **extra}
+        r["knob_set"] = knobs_text(asked) if isinstance(asked, dict) and asked else None
         r["client"] = measured_by or client
         # under auto, why the client before it could not measure (the load notes' first, ``clients.measure``)
         r["client_note"] = first_note if first_note and first_note.startswith("measured by ") else None

@@ -29,7 +29,7 @@ from schemas.job import JobStatus
 
 #: JobSpec fields that differ between the jobs of one request (the rest is dumped once per request)
 _PER_JOB = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "queue", "measurement",
-            "repeat")
+            "repeat", "knobs")
 
 
 @dataclass
@@ -127,7 +127,7 @@ def spec_json(job: JobSpec, common: dict[str, Any] | None = None,
         return job.model_dump(mode="json")
     out = dict(common)
     out.update(job_id=job.job_id, device=job.device, engine=job.engine, batch_size=job.batch_size,
-               concurrency=job.concurrency, queue=job.queue, repeat=job.repeat,
+               concurrency=job.concurrency, queue=job.queue, repeat=job.repeat, knobs=dict(job.knobs),
                edge_profile=job.edge_profile.model_dump(mode="json") if job.edge_profile else None,
                measurement=_dump_measurement(job, dumped if dumped is not None else {}))
     return out

@@ -183,7 +183,10 @@ def request_engines(request: ProfileRequest, model_format: str) -> list[str]:
 def _add_edge_jobs(result: Expansion, request: ProfileRequest, model_format: str, batches: list[int],
                    common: dict[str, Any]) -> None:
     """One edge job per (edge profile x in-process engine x batch size); a profile without an engine for the
-    model's format is excluded."""
+    model's format is excluded. An LLM model's edge jobs are its CPU LLM engines' (:func:`_add_llm_edge_jobs`)."""
+    if model_format in LLM_FORMAT_ENGINE:
+        _add_llm_edge_jobs(result, request, model_format, common)
+        return
     engines = edge_engines(request.engines, model_format)
     for profile in request.edge:
         if not engines:
@@ -196,6 +199,28 @@ def _add_edge_jobs(result: Expansion, request: ProfileRequest, model_format: str
                     job_id=job_id_for(common["request_id"], "cpu", edge_engine, b, 1, profile.name), device="cpu",
                     engine=edge_engine, batch_size=b, concurrency=1, edge_profile=profile, queue=EDGE_QUEUE,
                     measurement=request.measurement, **common))
+
+
+def _add_llm_edge_jobs(result: Expansion, request: ProfileRequest, model_format: str, common: dict[str, Any]) -> None:
+    """An LLM model on edge boxes: one job per (edge profile x CPU LLM engine x knob set x load level), its
+    server held to the profile's limits and driven by the OpenAI client like a serving job (the worker's runner:
+    ``workers.runners.llm_edge``); a profile with no CPU engine for the model's format is excluded."""
+    engines = [e for e in request_engines(request, model_format) if e in OPENAI_ENGINES
+               and incompatibility(e, model_format, "cpu") is None]
+    for profile in request.edge:
+        if not engines:
+            result.excluded.append({"edge_profile": profile.name, "reason": f"no CPU LLM engine serves {model_format} "
+                                    "models on an edge box (llama.cpp serves .gguf, transformers a Hugging Face "
+                                    "folder)"})
+            continue
+        for engine, knobs in ((e, k) for e in engines for k in request.knob_configs()):
+            for c, rate in _levels(request):
+                m = request.measurement.model_copy(update={"rate": rate, "llm": _llm_for(request, engine)})
+                job_id = job_id_for(common["request_id"], "cpu", engine, 1, c, profile.name,
+                                    {**PLAIN_SERVING, "rate": rate}, knobs)
+                result.jobs.append(JobSpec(job_id=job_id, device="cpu", engine=engine, batch_size=1, concurrency=c,
+                                           edge_profile=profile, queue=EDGE_QUEUE, measurement=m, knobs=knobs,
+                                           **common))
 
 
 def _levels(request: ProfileRequest) -> list[tuple[int, float | None]]:
@@ -232,6 +257,10 @@ def job_count(request: ProfileRequest, model: ModelRef, gpu_products: list[str] 
     levels = 1 if m.search == "quick" else len(request.concurrency) * len(request.rate_levels())  # as _levels
     configs *= len(request.knob_configs())
     edge = len(request.edge) * len(edge_engines(request.engines, model.format)) * batches  # as _add_edge_jobs
+    if model.format in LLM_FORMAT_ENGINE:  # as _add_llm_edge_jobs
+        cpu = sum(1 for e in request_engines(request, model.format)
+                  if e in OPENAI_ENGINES and incompatibility(e, model.format, "cpu") is None)
+        edge = len(request.edge) * cpu * len(request.knob_configs()) * levels
     return pairs * batches * configs * levels + edge
 
 

@@ -12,13 +12,16 @@ MEASURED_LLM = "end-to-end over HTTP (OpenAI API, streamed as server-sent events
 #: an edge row, in short and in full
 EDGE_SHORT = "in-process"
 MEASURED_EDGE = EDGE_SHORT + " on the edge profile (no server, no transport)"
+#: an LLM engine's edge row: its server held to the profile's limits, driven over HTTP like a serving row
+MEASURED_LLM_EDGE = ("end-to-end over HTTP (OpenAI API, server-sent events) to an LLM server held to the edge "
+                     "profile's CPU and memory limits")
 
 
 def how_measured(edge: bool, rpc: str | None = None) -> str:
     """The ``measured`` text of a row: an edge run, an LLM job (``rpc`` sse) or a serving job over ``rpc``
     calls (default unary)."""
     if edge:
-        return MEASURED_EDGE
+        return MEASURED_LLM_EDGE if rpc == LLM_RPC else MEASURED_EDGE
     return MEASURED_LLM if rpc == LLM_RPC else MEASURED_SERVING.format(rpc=rpc or "unary")
 
 

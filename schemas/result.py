@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
+from schemas.llm_facts import LlmFacts
 from schemas.metrics import JOB_METRICS
 
 _JOB_METRIC_NAMES = frozenset(m.name for m in JOB_METRICS)
@@ -102,13 +103,15 @@ class JobResult(BaseModel):
     that was not measured is absent (reported as null), never 0. An unregistered name fails validation
     here, when the result is built. ``details`` holds the rest: latency histogram, per-window series,
     error counts by gRPC status, sampler series, notes on unenforced limits. ``placement``: where it was
-    measured (None: it never ran, e.g. a failure recorded by the scheduler).
+    measured (None: it never ran, e.g. a failure recorded by the scheduler). ``llm``: what an LLM job ran with
+    (knobs, token source, workload: ``schemas.llm_facts``), stored as columns; None for other jobs.
     """
 
     job_id: str
     metrics: dict[str, float | int | bool | None] = Field(default_factory=dict)
     details: dict[str, Any] = Field(default_factory=dict)
     placement: Placement | None = None
+    llm: LlmFacts | None = None
 
     @field_validator("metrics")
     @classmethod

@@ -16,8 +16,9 @@ from farm.lifecycle import failure_result
 from farm.models.llm_info import unpack_folder
 from farm.settings import get_settings
 from schemas import JobResult, JobSpec, Placement
-from schemas.engines import FOLDER_FORMATS
+from schemas.engines import FOLDER_FORMATS, OPENAI_ENGINES
 from schemas.job import JobStatus
+from schemas.llm_facts import LlmFacts
 from schemas.result import SHARED_NOTE, shared_unisolated
 from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
@@ -25,6 +26,7 @@ from workers.loadgen.clients import run_load
 from workers.measure import Measurement, Served, lease_for
 from workers.profiling.job import profile_job
 from workers.runners.base import Runner
+from workers.runners.llm_edge import run_llm_edge
 from workers.samplers.host import steal_note
 from workers.spool import Spool, SpooledResult, is_transient, retry_db
 
@@ -59,6 +61,8 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     if spec.is_edge:
         refuse_command(spec)
         announce(f"edge run under {spec.edge_profile.name if spec.edge_profile else 'its'} limits")
+        if spec.engine in OPENAI_ENGINES:  # an LLM engine's server under the limits, driven over HTTP
+            return run_llm_edge(spec, model_path, runner.name)
         return runner.run_edge(spec, model_path)
     started = time.monotonic()
     with Measurement(spec, gpu_uuids or [], slots) as m:
@@ -82,7 +86,8 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     for note in (steal_note(metrics.get("cpu_steal_pct")), SHARED_NOTE if shared else None):
         if note is not None:
             details["notes"].append(note)
-    return JobResult(job_id=spec.job_id, metrics=metrics, details=details, placement=m.placement)
+    facts = LlmFacts.of(spec, len(m.server_cpus) or None, load.details.get("token_sources"))
+    return JobResult(job_id=spec.job_id, metrics=metrics, details=details, placement=m.placement, llm=facts)
 
 
 def placed(result: JobResult, slot: int, gpu_uuid: str | None) -> JobResult:
@@ -163,13 +168,13 @@ def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | 
     except FarmError as exc:
         log.warning("job %s failed: %s", job_id, exc)
         msg = str(exc)
-        record(spec, worker_id, placed(failure_result(spec.job_id, msg), slot, gpu_uuid), JobStatus.failed, msg, spool)
+        record(spec, worker_id, placed(_failed(spec, msg), slot, gpu_uuid), JobStatus.failed, msg, spool)
         return JobStatus.failed
     except Exception as exc:  # a bug or an unexpected library error: record it, keep the worker alive
         log.error("job %s crashed: %s: %s", job_id, type(exc).__name__, exc,
                   exc_info=log.isEnabledFor(logging.DEBUG))
         msg = f"internal error: {type(exc).__name__}: {exc}"
-        record(spec, worker_id, placed(failure_result(spec.job_id, msg), slot, gpu_uuid), JobStatus.failed, msg, spool)
+        record(spec, worker_id, placed(_failed(spec, msg), slot, gpu_uuid), JobStatus.failed, msg, spool)
         return JobStatus.failed
     result = placed(result, slot, gpu_uuid)
     error = result.details.get("error")
@@ -178,6 +183,12 @@ def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | 
         log.info("job %s was cancelled or requeued while it ran; its result is dropped", job_id)
         return "skipped"
     return status
+
+
+def _failed(spec: JobSpec, reason: str) -> JobResult:
+    """The result of a job that failed before it measured: ``reason``, and an LLM job's facts as asked (its
+    knobs and workload; the effective thread count is unknown: the server may never have started)."""
+    return failure_result(spec.job_id, reason).model_copy(update={"llm": LlmFacts.of(spec, None)})
 
 
 def _interrupted(spec: JobSpec, worker_id: str, reason: str, spool: Spool | None) -> str:

@@ -14,7 +14,7 @@ from farm.cli.op_profile_cmd import compare_ops_cmd
 from farm.cli.prepare import prepare_db
 from farm.cli.request_options import ID_ARGS, ID_HELP, request_ids
 from farm.cli.views import console, err_console, fmt_value, load_label, safe_row, say, serving_label
-from farm.compare import FASTER, MIN_REPEATS, RATIOS, SLOWER, Comparison
+from farm.compare import FASTER, MIN_REPEATS, SLOWER, Comparison
 from farm.compare import as_json as comparison_json
 from farm.compare import compare as run_compare
 from farm.errors import RequestError
@@ -22,8 +22,15 @@ from farm.results import CONFIG_COLUMNS, find_request, result_rows
 from schemas.measured import how_measured_short
 from schemas.metrics import BY_NAME
 
-#: the ratio columns' headers: the metric's short label without its unit (the cells are ratios B / A)
-RATIO_HEADS = {label: BY_NAME[m].label.split()[0] for m, label in RATIOS}
+
+def ratio_head(metric: str) -> str:
+    """A ratio column's header: the metric's short label without its unit (the cells are ratios B / A)."""
+    return "tok/s" if metric == "output_tokens_per_s" else BY_NAME[metric].label.split()[0]
+
+
+#: a test's metric, short, in the wide table's tests column
+TEST_SHORT = {"throughput_infer_per_s": "thr", "latency_p50_ms": "p50", "output_tokens_per_s": "tok/s",
+              "ttft_p50_ms": "ttft", "itl_p50_ms": "itl", "tpot_p50_ms": "tpot"}
 
 
 def compare(
@@ -94,19 +101,19 @@ def _print(c: Comparison, a: str, b: str, wide: bool = False) -> None:
     if wide:
         table.add_column("measured")
     table.add_column("runs", no_wrap=True)
-    for _, label in RATIOS:
-        table.add_column(RATIO_HEADS[label], justify="right", no_wrap=True)
+    for metric, _ in c.ratios:
+        table.add_column(ratio_head(metric), justify="right", no_wrap=True)
     if wide:
         table.add_column("tests (change, p)")
     table.add_column("verdict", overflow="fold")
     for m in c.matches:
-        tests = "; ".join(f"{'thr' if t.metric.startswith('throughput') else 'p50'}{'*' if t.primary else ''} "
+        tests = "; ".join(f"{TEST_SHORT.get(t.metric, t.metric)}{'*' if t.primary else ''} "
                           f"{t.change_pct:+.1f}% p={t.p_value:.2g}" for t in m.tests)
         colour = "red" if m.verdict == SLOWER else "green" if m.verdict == FASTER else ""
         verdict = m.verdict + (f" ({m.reason})" if m.reason else "")
         flags = [] if m.reason == "; ".join(m.flags) else m.flags  # already the reason: not twice
         safe_row(table, _coords(m.key), *((how_measured_short(bool(m.a.get("edge_profile"))),) if wide else ()),
-                 f"{m.n_a}/{m.n_b}", *(fmt_value("", m.ratios[label]) for _, label in RATIOS),
+                 f"{m.n_a}/{m.n_b}", *(fmt_value("", m.ratios[label]) for _, label in c.ratios),
                  *((tests or "-",) if wide else ()), _verdict_cell(verdict, colour, flags, wide))
     console.print(table)
     console.print(f"runs A/B: succeeded runs per side (--repeats). faster/slower: a Mann-Whitney test over the "
@@ -114,7 +121,8 @@ def _print(c: Comparison, a: str, b: str, wide: bool = False) -> None:
                   "same: otherwise; inconclusive: under "
                   f"{MIN_REPEATS} runs a side, too few runs for the test to reach p < {c.alpha:g}, a host flag on a "
                   "run (speed drift or foreign load over 10 %), or a failed side. The starred test decides: "
-                  "throughput, p50 latency in open loop. Edge rows are in-process (no transport): compare them "
+                  "throughput (LLM rows: output tokens/s), p50 latency (LLM rows: TTFT p50) in open loop. "
+                  "Edge rows are in-process (no transport): compare them "
                   "only with edge rows.", highlight=False)
     for side, rows in (("A", c.only_a), ("B", c.only_b)):
         if rows:

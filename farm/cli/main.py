@@ -29,6 +29,7 @@ from farm.cli.views import console, err_console
 from farm.db.models import utcnow
 from farm.db.session import session_scope
 from farm.errors import RequestError
+from farm.knee import knees
 from farm.results import (
     find_request,
     job_times,
@@ -307,10 +308,13 @@ def status(request_id: str | None = typer.Argument(None, callback=request_option
                  "batch_size": r["batch_size"], "concurrency": r["concurrency"], "rate": r["rate"],
                  "started_at": times[r["job_id"]][0], "finished_at": times[r["job_id"]][1]} for r in rows]
         print(json.dumps({"request_id": rid, "counts": counts, "waiting": waiting, "searches": searches,
+                          "knees": [k.as_json(label) for label, k in knees(rows)],
                           "jobs": followups.job_payload(jobs)}))
         return
     console.print(views.status_table(rows, times, title=f"request {rid}: "
                                      + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))))
+    for label, knee in knees(rows):  # an LLM concurrency sweep: where more concurrency stops buying tokens/s
+        views.say(f"{label}: {knee.text()}")
     for sr in searches:  # quick search: where each serving configuration's search stands, or its answer
         views.say(f"search {views.config_label(sr['config'])}: {sr['state']}", style="bold" if sr["done"] else None)
     for queue, n in waiting.items():

@@ -29,8 +29,18 @@ from farm.db.session import session_scope
 from farm.formatting import safe_text
 from farm.models.analysis import headline
 from farm.op_profile import breakdown_line, by_op_type, request_profiles
-from farm.report import Constraint, Report, build_report, parse_constraint
-from farm.results import find_request, model_static_metrics, result_rows
+from farm.report import (
+    LLM_EDGE_FIGURES,
+    LLM_RANKED,
+    Constraint,
+    Report,
+    build_report,
+    llm_edge,
+    llm_edge_figures,
+    parse_constraint,
+    within_slo_pct,
+)
+from farm.results import find_request, llm_rows, model_static_metrics, request_slo, result_rows
 from schemas import COORDINATE_KEYS
 from schemas.metrics import BY_NAME
 from schemas.result import shared_unisolated
@@ -38,8 +48,9 @@ from schemas.result import shared_unisolated
 
 def report(
     request_id: str = typer.Argument(..., callback=request_ids, help=ID_HELP),
-    objective: str = typer.Option("throughput_infer_per_s", "--objective", help="Metric to rank by; its "
-                                  "direction (higher/lower is better) comes from the metric registry."),
+    objective: str | None = typer.Option(None, "--objective", help="Metric to rank by (default: "
+                                         "throughput_infer_per_s; output_tokens_per_s for LLM rows); its direction "
+                                         "(higher/lower is better) comes from the metric registry."),
     constraint: list[str] | None = typer.Option(None, "--constraint", "-C",
                                                    help="metric=limit, e.g. latency_p99_ms=20; repeat."),
     p99: float | None = typer.Option(None, "--p99", help="Shorthand for --constraint latency_p99_ms=MS."),
@@ -60,7 +71,7 @@ def report(
         next_hint(f"open {output} in a browser (it works offline)")
         return
     req = find_request(request_id)
-    rep = build_report(result_rows(req.id), objective, constraints, stable)
+    rep = build_report(result_rows(req.id), objective, constraints, stable, request_slo(req))
     static = model_static_metrics(req.model_sha256)
     with session_scope() as s:
         profiles = request_profiles(s, req.id)
@@ -77,9 +88,9 @@ def report(
         say(f"ops {breakdown_line(p)}")
     for line in measured_lines(rep.ranked[:top] + rep.edge):
         say(line)
-    if static:
-        console.print("model: " + ", ".join(f"{BY_NAME[k].title} {headline(static, k)}" for k in
-                                            ("params", "macs_per_sample", "flops_per_sample") if k in static))
+    shown = [k for k in ("params", "macs_per_sample", "flops_per_sample") if k in static]
+    if shown:  # an LLM model's static metrics hold none of these
+        console.print("model: " + ", ".join(f"{BY_NAME[k].title} {headline(static, k)}" for k in shown))
     next_hint(f"farm report {req.id[:8]} -o report.html (plots, every job)", f"farm compare {req.id[:8]} <other id>")
 
 
@@ -106,12 +117,15 @@ def _as_json(request_id: str, rep: Report, top: int, static: dict[str, Any]) -> 
         "best_per_device": {d: _short(r, objective) for d, r in rep.best_per_device.items()},
         "best_per_serving": [_short(r, objective) for r in rep.best_per_serving],
         "rejected": [{**_short(r, objective), "reason": why} for r, why in rep.rejected],
-        "edge": [{"edge_profile": e["edge_profile"], "batch_size": e["batch_size"], "fits": e["fits"],
-                  "measured": e.get("measured"),
+        "edge": [{"edge_profile": e["edge_profile"], "engine": e["engine"], "batch_size": e["batch_size"],
+                  "fits": e["fits"], "oom": e["oom"], "measured": e.get("measured"),
+                  **{k: e.get(k) for k in LLM_EDGE_FIGURES if e.get(k) is not None},
+                  "within_slo_pct": within_slo_pct(e),
                   "reason": e["reason"], "throughput_infer_per_s": e.get("throughput_infer_per_s"),
                   "latency_p99_ms": e.get("latency_p99_ms"), "mem_peak_bytes": e.get("mem_peak_bytes"),
                   "mem_limit_bytes": e.get("mem_limit_bytes"), "limits_enforced": e.get("limits_enforced")}
                  for e in rep.edge],
+        "knees": [k.as_json(label) for label, k in rep.knees],
         "model": static,
     }
 
@@ -122,8 +136,9 @@ def _print_ranked(request_id: str, rep: Report, top: int) -> None:
     title = f"request {request_id}: best by {BY_NAME[objective].title}" + (
         f" with {', '.join(map(str, constraints))}" if constraints else "")
     table = Table(title=safe_text(title), box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    cols = [objective] + [m for m in ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms", "stable")
-                          if m != objective]
+    shown = LLM_RANKED if llm_rows(rep.ranked) else ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms",
+                                                     "stable")
+    cols = [objective] + [m for m in shown if m != objective]
     serving = any(serving_label(r) != "-" for r in rep.ranked[:top])
     for c in ("#", "job", "device", "engine", *(("serving",) if serving else ()), "b x c"):
         table.add_column(c, justify="right" if c == "#" else "left", no_wrap=True, overflow="ellipsis")
@@ -152,9 +167,14 @@ def _print_verdicts(rep: Report) -> None:
         say(f"{len(rep.rejected)} configuration(s) left out: "
             + "; ".join(f"{r['job_id'][:6]} {why}" for r, why in rep.rejected[:5])
             + (" ..." if len(rep.rejected) > 5 else ""))
+    for label, knee in rep.knees:  # LLM concurrency sweeps: where more concurrency stops buying tokens/s
+        say(f"{label}: {knee.text()}")
     for e in rep.edge:
         verdict = ("fits" if e["fits"] else e["reason"] if e["fits"] is None
                    else f"does not fit ({e['reason']})")
+        if llm_edge(e):
+            say(f"edge {e['edge_profile']} {e['engine']} (served over HTTP): {verdict}; {llm_edge_figures(e)}")
+            continue
         say(f"edge {e['edge_profile']} at batch {e['batch_size']} (in-process): {verdict}; "
             f"{fmt_value('throughput_infer_per_s', e.get('throughput_infer_per_s'))} infer/s, "
             f"p99 {fmt_value('latency_p99_ms', e.get('latency_p99_ms'))} ms, memory peak "
@@ -166,7 +186,7 @@ def _figure(name: str, row: dict[str, Any]) -> str:
     """A metric of a row for a sentence: ``762 infer/s``, ``4.1 ms p99 latency`` (the registry's unit and title)."""
     m = BY_NAME[name]
     unit = "MiB" if m.unit == "B" else m.unit
-    return f"{fmt_value(name, row.get(name))} {unit}" + ("" if name.startswith("throughput") else f" {m.title}")
+    return f"{fmt_value(name, row.get(name))} {unit}" + ("" if m.higher_is_better else f" {m.title}")
 
 
 def register(app: typer.Typer) -> None:

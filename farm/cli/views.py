@@ -16,12 +16,14 @@ from farm.db.models import utcnow
 from farm.errors import RequestError
 
 # farm.formatting: shared with the reports; to_csv and to_json are re-exported for the CLI's commands
-from farm.formatting import fmt_value, rate_text, safe_text
+from farm.formatting import fmt_value, knobs_text, rate_text, safe_text
 from farm.formatting import to_csv as to_csv
 from farm.formatting import to_json as to_json
 from farm.results import llm_rows
 from farm.settings import get_settings
 from farm.steal import steal_note
+from schemas.llm_facts import LLM_FACT_COLUMNS
+from schemas.measured import MEASURED_EDGE
 from schemas.metrics import BY_NAME, JOB_METRICS
 from schemas.result import (
     SHARED_NOTE,
@@ -98,7 +100,7 @@ def results_table(rows: list[dict[str, Any]], title: str = "", metrics: tuple[st
     for col in cells:
         table.add_column(col, no_wrap=True, overflow="ellipsis")
     for name in metrics:
-        label = BY_NAME[name].label
+        label = BY_NAME[name].label if name in BY_NAME else name
         table.add_column(label, justify="right", no_wrap=True, min_width=len(label))
     for r in rows:
         safe_row(table, *(cells[c](r) for c in cells), *(metric_cell(r, n) for n in metrics))
@@ -114,6 +116,12 @@ def _identity_columns(rows: list[dict[str, Any]], wide: bool) -> dict[str, Any]:
     cols["b x c"] = load_label
     if wide or any(r.get("edge_profile") for r in rows):
         cols["edge"] = lambda r: r["edge_profile"] or "-"
+    if any(r.get("knobs") for r in rows):  # an LLM engine's settings, as its server ran (n_threads included)
+        cols["knobs"] = lambda r: knobs_text(r.get("knobs"))
+    if wide and llm_rows(rows):
+        cols["workload"] = workload_label
+        cols["tokens by"] = lambda r: r.get("token_source") or "-"
+        cols["model"] = lambda r: (r.get("model_sha256") or "-")[:12]
     if wide:
         cols["client"] = client_label
     if wide or any(r["status"] != "succeeded" for r in rows):
@@ -123,21 +131,35 @@ def _identity_columns(rows: list[dict[str, Any]], wide: bool) -> dict[str, Any]:
     return cols
 
 
+def workload_label(r: dict[str, Any]) -> str:
+    """An LLM row's workload: ``in 128 out 64 prefix 32 seed 0`` or ``prompts FILE out 64 seed 0``."""
+    if r.get("output_tokens") is None:
+        return "-"
+    head = f"prompts {Path(str(r['prompts'])).name}" if r.get("prompts") else f"in {r.get('input_tokens')}"
+    prefix = f" prefix {r['prefix_tokens']}" if r.get("prefix_tokens") else ""
+    return f"{head} out {r['output_tokens']}{prefix} seed {r.get('workload_seed')}"
+
+
 #: the metric labels ``--columns`` takes besides metric names (``Metric.label``, case-insensitive)
 _BY_LABEL = {m.label.lower(): m.name for m in JOB_METRICS}
+#: the other columns ``--columns`` takes: an LLM job's facts (``schemas.llm_facts``) and the model file's hash
+FACT_COLUMNS = (*LLM_FACT_COLUMNS, "model_sha256")
 
 
 def parse_columns(text: str) -> tuple[str, ...]:
-    """``--columns a,b,c``: metric names or their short labels (``p99 ms``, ``infer/s``) -> metric names, in the
-    order given; RequestError naming the unknown one and where the names are listed."""
+    """``--columns a,b,c``: metric names or their short labels (``p99 ms``, ``infer/s``), or an LLM row's facts
+    (:data:`FACT_COLUMNS`: ``knobs``, ``n_threads``, ``tokenizer``, ...) -> column names, in the order given;
+    RequestError naming the unknown one and where the names are listed."""
     names = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        name = part if part in BY_NAME and BY_NAME[part].scope == "job" else _BY_LABEL.get(part.lower())
+        name = (part if (part in BY_NAME and BY_NAME[part].scope == "job") or part in FACT_COLUMNS
+                else _BY_LABEL.get(part.lower()))
         if name is None:
-            raise RequestError(f"--columns: {part!r} is neither a result metric nor its label; e.g. "
-                               "throughput_infer_per_s,latency_p99_ms or 'infer/s,p99 ms' (docs/cli.md lists them)")
+            raise RequestError(f"--columns: {part!r} is neither a result metric nor its label (nor an LLM row's "
+                               f"fact: {', '.join(FACT_COLUMNS)}); e.g. throughput_infer_per_s,latency_p99_ms or "
+                               "'infer/s,p99 ms' (docs/cli.md lists them)")
         names.append(name)
     if not names:
         raise RequestError("--columns needs at least one metric, e.g. --columns infer/s,p99 ms")
@@ -319,7 +341,7 @@ def measured_lines(rows: list[dict[str, Any]]) -> list[str]:
     kinds = list(dict.fromkeys(("edge" if r.get("edge_profile") else "serving", r.get("measured")) for r in rows
                                if r.get("measured")))
     lines = [f"{kind} rows: {how}" for kind, how in kinds]
-    if {k for k, _ in kinds} == {"serving", "edge"}:
+    if {k for k, _ in kinds} == {"serving", "edge"} and any(how == MEASURED_EDGE for _, how in kinds):
         lines.append("edge rows pay no per-request transport cost: do not compare their throughput or latency "
                      "with serving rows")
     return lines

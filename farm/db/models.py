@@ -26,6 +26,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from farm.settings import get_settings
 from schemas.job import JobStatus
+from schemas.llm_facts import LLM_FACT_COLUMNS
 from schemas.metrics import JOB_METRICS
 from schemas.result import PLACEMENT_COLUMNS
 from schemas.worker import WorkerStatus
@@ -181,6 +182,16 @@ class Result(Base):
     loadgen_cpus: Mapped[str | None] = mapped_column(String(255), nullable=True)
     host_shared: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     isolated: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    # an LLM job's facts (``schemas.llm_facts.LlmFacts``; NULL for other jobs), migration 0010
+    knobs: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    n_threads: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tokenizer: Mapped[str | None] = mapped_column(Text, nullable=True)
+    token_source: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    input_tokens: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    output_tokens: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    prefix_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    workload_seed: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    prompts: Mapped[str | None] = mapped_column(Text, nullable=True)
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -189,6 +200,7 @@ for _m in JOB_METRICS:
     setattr(Result, _m.name, mapped_column(_m.name, _SQL_TYPES[_m.kind], nullable=True))
 del _m
 assert all(hasattr(Result, c) for c in PLACEMENT_COLUMNS), "a Placement field without its results column"
+assert all(hasattr(Result, c) for c in LLM_FACT_COLUMNS), "an LlmFacts field without its results column"
 
 
 class OpProfileRow(Base):

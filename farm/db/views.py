@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from schemas.measured import LLM_RPC, MEASURED_EDGE, MEASURED_LLM, MEASURED_SERVING
+from schemas.measured import LLM_RPC, MEASURED_EDGE, MEASURED_LLM, MEASURED_LLM_EDGE, MEASURED_SERVING
 
 VIEW = "job_results"
 #: the serving dimensions each job keeps in ``jobs.spec -> 'measurement'`` (integers; NULL when absent)
@@ -49,6 +49,9 @@ LLM_METRICS_0008 = (
 LLM_INT_METRICS_0008 = ('output_overrun_count',)
 #: the metric columns of results at migration 0008, frozen
 METRICS_0008 = METRICS_0007 + LLM_METRICS_0008
+#: the LLM job's facts migration 0010 added to results (``schemas.llm_facts``: knobs as JSON, then scalars), frozen
+LLM_FACTS_0010 = ('knobs', 'n_threads', 'tokenizer', 'token_source', 'input_tokens', 'output_tokens',
+                  'prefix_tokens', 'workload_seed', 'prompts')
 
 
 def _json_text(dialect: str, column: str, *path: str) -> str:
@@ -79,23 +82,27 @@ def _load_sql(dialect: str, load: Sequence[str]) -> str:
     return "".join(f" {sql[c]}," for c in load)
 
 
-def job_results_sql(dialect: str, metrics: Sequence[str], load: Sequence[str] = LOAD) -> str:
-    """``CREATE VIEW job_results`` for ``dialect`` (``postgresql`` or ``sqlite``) with ``metrics`` columns
-    and the ``load`` columns."""
+def job_results_sql(dialect: str, metrics: Sequence[str], load: Sequence[str] = LOAD,
+                    facts: Sequence[str] = ()) -> str:
+    """``CREATE VIEW job_results`` for ``dialect`` (``postgresql`` or ``sqlite``) with ``metrics`` columns,
+    the ``load`` columns and the LLM ``facts`` columns of results (:data:`LLM_FACTS_0010` or none)."""
     dims = ",\n  ".join(f"CAST({_json_text(dialect, 'j.spec', 'measurement', d)} AS INTEGER) AS {d}"
                         for d in SPEC_DIMENSIONS)
     llm = _json_text(dialect, 'j.spec', 'measurement', 'llm')  # an LLM job: the OpenAI client's server-sent events
     rpc = (f"CASE WHEN {llm} IS NOT NULL THEN {_sql_text(LLM_RPC)} "
            f"ELSE COALESCE({_json_text(dialect, 'j.spec', 'measurement', 'rpc')}, 'unary') END")
     before, after = (_sql_text(part) for part in MEASURED_SERVING.split("{rpc}"))
-    cols = ",\n  ".join(f"r.{c}" for c in (*PLACEMENT, *metrics))
+    cols = ",\n  ".join(f"r.{c}" for c in (*PLACEMENT, *facts, *metrics))
+    # from 0010 (facts given): an LLM engine's edge run is served over HTTP under the limits, said so
+    llm_edge = (f"WHEN j.edge_profile IS NOT NULL AND {llm} IS NOT NULL THEN {_sql_text(MEASURED_LLM_EDGE)}\n       "
+                if facts else "")
     return f"""CREATE VIEW {VIEW} AS SELECT
   j.request_id, q.name AS request_name, {_json_text(dialect, 'q.spec', 'model')} AS model, q.model_sha256,
   j.id AS job_id, j.device, j.engine, j.batch_size, j.concurrency,{_load_sql(dialect, load)} j.edge_profile,
   {rpc} AS rpc,
   {dims},
   j.status, j.attempts, j.worker_id, j.error, j.created_at, j.finished_at,
-  CASE WHEN j.edge_profile IS NOT NULL THEN {_sql_text(MEASURED_EDGE)}
+  CASE {llm_edge}WHEN j.edge_profile IS NOT NULL THEN {_sql_text(MEASURED_EDGE)}
        WHEN {llm} IS NOT NULL THEN {_sql_text(MEASURED_LLM)} ELSE {before} || {rpc} || {after} END AS measured,
   {cols}
 FROM jobs j
@@ -103,9 +110,10 @@ JOIN requests q ON q.id = j.request_id
 LEFT JOIN results r ON r.job_id = j.id"""
 
 
-def create_job_results(dialect: str, metrics: Sequence[str], load: Sequence[str] = LOAD) -> list[str]:
+def create_job_results(dialect: str, metrics: Sequence[str], load: Sequence[str] = LOAD,
+                       facts: Sequence[str] = ()) -> list[str]:
     """The statements that (re)create the view: drop it if present, then create it."""
-    return [drop_job_results(), job_results_sql(dialect, metrics, load)]
+    return [drop_job_results(), job_results_sql(dialect, metrics, load, facts)]
 
 
 def drop_job_results() -> str:
@@ -113,10 +121,10 @@ def drop_job_results() -> str:
 
 
 @contextmanager
-def view_dropped(op: Any, metrics: Sequence[str]) -> Iterator[None]:
+def view_dropped(op: Any, metrics: Sequence[str], facts: Sequence[str] = ()) -> Iterator[None]:
     """Inside a migration (``op``: ``alembic.op``): drop ``job_results``, run the block, create it again with
-    ``metrics`` columns."""
+    ``metrics`` columns (and the LLM ``facts`` columns, from migration 0010)."""
     op.execute(drop_job_results())
     yield
-    for statement in create_job_results(op.get_bind().dialect.name, metrics):
+    for statement in create_job_results(op.get_bind().dialect.name, metrics, facts=facts):
         op.execute(statement)

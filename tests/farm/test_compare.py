@@ -170,3 +170,47 @@ def test_configurations_at_different_open_loop_rates_are_never_matched() -> None
     c = compare([row("a50", 50.0), row("a100", 100.0)], [row("b100", 100.0)])
     assert [(m.a["job_id"], m.b["job_id"], m.key["rate"]) for m in c.matches] == [("a100", "b100", 100.0)]
     assert [r["job_id"] for r in c.only_a] == ["a50"] and c.only_b == []
+
+
+def _llm_runs(rng: np.random.Generator, slowdown: float, n: int = REPEATS, **extra: Any) -> list[dict[str, Any]]:
+    """``n`` fabricated LLM runs (the OpenAI client's metrics) of one configuration at concurrency 4."""
+    from tests.farm.results_data import llm_metrics
+
+    return [{**llm_metrics(rng, 1000.0 / slowdown, 50.0 * slowdown, 10.0 * slowdown, 1.0), "job_id": f"llm{k}",
+             "status": "succeeded", "rate": None, **extra} for k in range(n)]
+
+
+@pytest.mark.parametrize(("slowdown", "verdict"), [(1.3, SLOWER), (1 / 1.3, FASTER)])
+def test_llm_rows_are_judged_on_tokens_per_s_with_latencies_lower_is_better(slowdown: float, verdict: str) -> None:
+    """Tokens/s decides (closed loop); TTFT, ITL and TPOT are tested too, each worse when it grew."""
+    rng = np.random.default_rng(5)
+    tests, got, reason = judge(_llm_runs(rng, 1.0), _llm_runs(rng, slowdown), 5.0, 0.05)
+    assert (got, reason) == (verdict, "")
+    by = {t.metric: t for t in tests}
+    assert set(by) == {"output_tokens_per_s", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms"}
+    assert by["output_tokens_per_s"].primary and by["output_tokens_per_s"].change_pct * (slowdown - 1) < 0
+    for latency in ("ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms"):
+        assert by[latency].worse is (verdict == SLOWER) and by[latency].better is (verdict == FASTER), by[latency]
+    open_a, open_b = _llm_runs(rng, 1.0, rate=4.0), _llm_runs(rng, slowdown, rate=4.0)
+    tests, got, _ = judge(open_a, open_b, 5.0, 0.05)
+    assert got == verdict and next(t for t in tests if t.primary).metric == "ttft_p50_ms"  # open loop: TTFT decides
+
+
+def test_farm_compare_on_llm_requests_shows_token_and_latency_ratios_and_keeps_knob_cells_apart(
+        sqlite_url: str) -> None:
+    from tests.farm.results_data import seed_llm_request
+
+    a = seed_llm_request(np.random.default_rng(1), edge=False)
+    b = seed_llm_request(np.random.default_rng(2), edge=False, slowdown=1.3)
+    data = json.loads(farm("compare", a, b, "--json").stdout)
+    assert len(data["matches"]) == 3 * (5 + 4) and not data["only_in_a"] and not data["only_in_b"]
+    assert {m["key"]["knob_set"] for m in data["matches"]} == {"n_parallel=1", "n_parallel=4", None}
+    for m in data["matches"]:
+        assert set(m["ratios"]) == {"tok/s", "TTFT", "ITL", "TPOT", "memory"}
+        assert m["verdict"] == INCONCLUSIVE  # one run a side
+        if m["key"]["rate"] is None:
+            assert m["ratios"]["tok/s"] == pytest.approx(1 / 1.3, rel=0.1)
+            assert m["ratios"]["ITL"] == pytest.approx(1.3, rel=0.1) and m["ratios"]["TPOT"] == pytest.approx(1.3,
+                                                                                                              rel=0.1)
+    table = farm("compare", a, b).stdout
+    assert "tok/s" in table and "ttft50" in table and "tpot50" in table and "infer/s" not in table

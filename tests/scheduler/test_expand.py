@@ -204,3 +204,34 @@ def test_repeats_out_of_bounds_are_refused(repeats: object) -> None:
 def test_repeats_and_quick_search_do_not_combine() -> None:
     with pytest.raises(ValidationError, match="repeats and a quick search do not combine"):
         ProfileRequest(model="m.onnx", concurrency=[1, 2, 4], repeats=3, measurement={"search": "quick"})
+
+
+def test_each_job_row_of_a_knob_sweep_keeps_its_own_knobs() -> None:
+    """The bulk insert dumps the request-wide fields once: the knobs are per job (a sweep once stored the
+    first job's knobs in every row)."""
+    gguf = ModelRef(sha256="c" * 64, format="gguf", filename="m.gguf", inputs=())
+    req = ProfileRequest(model="m.gguf", knobs={"n_ctx": ["256", "512"], "n_batch": ["8"]})
+    jobs = expand(req, "r1", gguf).jobs
+    rows = job_rows("r1", jobs)
+    assert sorted(row["spec"]["knobs"]["n_ctx"] for row in rows) == [256, 512]
+    assert [row["spec"]["knobs"] for row in rows] == [dict(j.knobs) for j in jobs]
+
+
+def test_an_llm_model_on_an_edge_box_gets_llm_engine_jobs_under_the_profile() -> None:
+    """A GGUF file with --edge: llama.cpp jobs on the edge queue, one per knob set x concurrency, each with the
+    OpenAI client's settings (the SLO) and the profile's limits; job_count agrees."""
+    from scheduler.expand import job_count
+    from schemas.queues import EDGE_QUEUE
+
+    gguf = ModelRef(sha256="c" * 64, format="gguf", filename="m.gguf", inputs=())
+    req = ProfileRequest(model="m.gguf", concurrency=[1, 2], knobs={"n_ctx": ["256", "512"]},
+                         edge=[{"cpus": 1, "memory": "512m", "name": "pi"}],
+                         measurement={"llm": {"slo": "ttft=500,tpot=100"}})
+    jobs = expand(req, "r1", gguf).jobs
+    edge = [j for j in jobs if j.is_edge]
+    assert len(edge) == 2 * 2 and len(jobs) == 2 * len(edge) == job_count(req, gguf)
+    assert {(j.engine, j.queue, j.edge_profile.name, j.edge_profile.memory) for j in edge  # type: ignore[union-attr]
+            } == {("llama.cpp", EDGE_QUEUE, "pi", 512 * 2**20)}
+    assert sorted((j.concurrency, j.knobs["n_ctx"]) for j in edge) == [(1, 256), (1, 512), (2, 256), (2, 512)]
+    assert all(j.measurement.llm is not None and j.measurement.llm.slo is not None for j in edge)
+    assert len({j.job_id for j in jobs}) == len(jobs)

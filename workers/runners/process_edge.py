@@ -15,6 +15,7 @@ from farm.errors import UnsupportedError, WorkerError
 from farm.sandbox import jail_argv, model_jail
 from farm.secrets import clean_env
 from schemas import JobResult, JobSpec
+from workers.limits import LimitedCgroup, Limits
 from workers.measure import Measurement, Served
 from workers.runners.common import MODEL_PLACEHOLDER, bench_command, edge_input_file
 from workers.runners.edge_result import edge_result
@@ -37,6 +38,18 @@ def edge_argv(spec: JobSpec, model_path: Path, data: Path | None = None) -> tupl
     return argv, False
 
 
+def limits_state(cg: LimitedCgroup, limits: Limits) -> tuple[bool, list[str]]:
+    """Whether an edge run in ``cg`` is held to ``limits`` and the notes saying how (or why not): its own cgroup,
+    else the worker's cgroup when it carries exactly the profile's limits (an edge pool's pod)."""
+    notes = list(cg.notes)
+    if cg.enforced:
+        return True, notes
+    around = limits.enforced_around()
+    if around:  # no cgroup of its own (a pod's read-only cgroupfs), but the pod is sized to the profile
+        return True, [*notes, around]
+    return False, [*notes, f"limits NOT enforced: {cg.reason}"]
+
+
 def run_edge_process(spec: JobSpec, model_path: Path) -> JobResult:
     """Run edge job ``spec`` as a cgroup-limited process and return its result (OOM kills reported)."""
     with edge_input_file(spec) as data:
@@ -52,14 +65,7 @@ def _run_edge_process(spec: JobSpec, model_path: Path, data: Path | None) -> Job
     assert m.limits is not None
     started = time.monotonic()
     with m, m.limits.cgroup(name=f"farm-edge-{spec.job_id[:12]}") as cg:
-        notes = list(cg.notes)
-        enforced = cg.enforced
-        around = None if enforced else m.limits.enforced_around()
-        if around:  # no cgroup of its own (a pod's read-only cgroupfs), but the pod is sized to the profile
-            enforced = True
-            notes.append(around)
-        elif not enforced:
-            notes.append(f"limits NOT enforced: {cg.reason}")
+        enforced, notes = limits_state(cg, m.limits)
         cores = m.server_cpus  # pinned also where the cgroup's cpuset could not be set
         proc = subprocess.Popen(cg.command(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=clean_env(), start_new_session=True,
