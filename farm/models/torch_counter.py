@@ -152,6 +152,8 @@ def _counting_mode() -> Any:
             self.ops: dict[str, dict[str, Any]] = {}
             self.unknown: dict[str, int] = {}
             self.macs = self.flops = self.act_bytes = 0
+            #: every call in order: (op name, its cost or None, new output bytes, the storages of its inputs)
+            self.calls: list[tuple[str, Cost | None, int, set[int]]] = []
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                                kwargs: dict[str, Any] | None = None) -> Any:
@@ -177,9 +179,12 @@ def _counting_mode() -> Any:
                     entry["macs"] += cost[0]
                     entry["flops"] += cost[1]
             in_ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            new_bytes = 0
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in in_ptrs:
-                    self.act_bytes += _numel(t) * t.element_size()
+                    new_bytes += _numel(t) * t.element_size()
+            self.act_bytes += new_bytes
+            self.calls.append((name, cost, new_bytes, in_ptrs))
             return out
 
     return Counter()

@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from farm.peaks import Peak, gpu_peak, measure_cpu_peak
 from schemas.cpus import cpu_list
 from schemas.input_data import InputData
 from schemas.op_profile import OpNode, OpProfile, missing
 from workers.engines.backends import make_backend
+from workers.engines.base import parse_device
 from workers.profiling.collect import Collected, profiler_for, timed
 
 
@@ -57,7 +59,24 @@ def run_pass(model: Path, engine: str, batch_size: int, threads: int, workdir: P
         col = profiler.finish(backend)
         cores = thread_cpus()  # the engines' pools are still alive here
     prof = summarize(engine, col, compute, batch_size=batch_size, threads=threads, warmup=warmup)
-    return prof.model_copy(update={"cpus": cpu_list(cores)}), col.trace
+    peak = device_peak(device, threads) if prof.status == "ok" else None
+    return prof.model_copy(update={"cpus": cpu_list(cores), "peak_gflops": peak.gflops if peak else None,
+                                   "peak_source": peak.source if peak else None}), col.trace
+
+
+def device_peak(device: str, threads: int) -> Peak | None:
+    """The peak FLOP rate of the pass's device (``farm.peaks``): a GPU's datasheet figure by its NVML name
+    (None: a GPU the table does not know, or NVML absent), else measured on this process's cores with the pass's
+    threads (0: one per core), after the profiled inferences, under the same limits."""
+    if parse_device(device)[0] == "gpu":
+        from workers.hardware import detect_gpus, gpu_uuids_for  # noqa: PLC0415 - NVML only for a GPU pass
+
+        gpus = detect_gpus()
+        uuid = (gpu_uuids_for(gpus, device) or [None])[0]
+        name = next((g.name for g in gpus if g.uuid == uuid), None)
+        return gpu_peak(name) if name else None
+    mine = os.sched_getaffinity(0)
+    return measure_cpu_peak(threads or len(mine), cpu_list(mine))
 
 
 def thread_cpus() -> set[int]:
