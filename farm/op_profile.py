@@ -23,8 +23,9 @@ from schemas.op_profile import OVERHEAD, OpNode, OpProfile
 
 DETAIL_KEY = "op_profile"
 TRACE_KEY = "op_profile_trace_gz_b64"
-#: profile fields kept in the result's ``details`` summary (the device's peak), not in ``op_profiles``' columns
-PEAK_FIELDS = ("peak_gflops", "peak_source")
+#: profile fields kept in the result's ``details`` summary (the device's peak, where the pass ran), not in
+#: ``op_profiles``' columns
+SUMMARY_FIELDS = ("peak_gflops", "peak_source", "site")
 Bind = Connection | Session
 
 
@@ -38,7 +39,7 @@ def attach(details: dict[str, Any], prof: OpProfile, trace_gz: bytes | None) -> 
 def summary(prof: OpProfile) -> dict[str, Any]:
     """What the results row keeps of a profile (the rest lives in ``op_profiles`` / ``op_nodes``)."""
     return {"status": prof.status, "reason": prof.reason, "nodes": len(prof.nodes), "node_sum_ms": prof.node_sum_ms,
-            "compute_ms": prof.compute_ms, **{k: getattr(prof, k) for k in PEAK_FIELDS}}
+            "compute_ms": prof.compute_ms, **{k: getattr(prof, k) for k in SUMMARY_FIELDS}}
 
 
 def split(details: dict[str, Any]) -> tuple[dict[str, Any], OpProfile | None, bytes | None]:
@@ -57,7 +58,7 @@ def store(bind: Bind, job_id: str, prof: OpProfile, trace_gz: bytes | None) -> N
     """Write ``prof`` as the op profile of ``job_id`` (replacing an earlier one of a re-run)."""
     bind.execute(delete(OpNodeRow).where(OpNodeRow.job_id == job_id))
     bind.execute(delete(OpProfileRow).where(OpProfileRow.job_id == job_id))
-    head = prof.model_dump(exclude={"nodes", *PEAK_FIELDS})
+    head = prof.model_dump(exclude={"nodes", *SUMMARY_FIELDS})
     bind.execute(insert(OpProfileRow).values(job_id=job_id, trace_gz=trace_gz, created_at=utcnow(), **head))
     if prof.nodes:
         bind.execute(insert(OpNodeRow), [{"job_id": job_id, "rank": i, **n.model_dump()}
@@ -118,10 +119,10 @@ def load(session: Session, job_id: str) -> Stored:
 
 
 def _peak(session: Session, jid: str) -> dict[str, Any]:
-    """The peak fields the job's result keeps in ``details.op_profile`` (none: an older result)."""
+    """The fields the job's result keeps in ``details.op_profile`` (none: an older result)."""
     details = session.execute(select(Result.details).where(Result.job_id == jid)).scalar()
     kept = (details or {}).get(DETAIL_KEY) if isinstance(details, dict) else None
-    return {k: kept.get(k) for k in PEAK_FIELDS} if isinstance(kept, dict) else {}
+    return {k: kept.get(k) for k in SUMMARY_FIELDS} if isinstance(kept, dict) else {}
 
 
 def trace(session: Session, job_id: str) -> bytes:

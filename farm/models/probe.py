@@ -1,7 +1,8 @@
 """The jailed side of a model's parse, dry run or analysis (``farm.sandbox.run_jailed``): run inside the jail as
 ``python -m farm.models.probe inspect|analyze|report|layers MODEL INPUTS_JSON [BATCH]`` (``report``:
 ``farm.models.analysis``'s whole report, the check included; ``layers``: ``farm.models.torch_layers`` at BATCH;
-``INPUTS_JSON``: the given inputs as a JSON list of TensorSpec objects, or ``null``); prints one JSON object (the result, or ``{"error", "kind"}``)."""
+``INPUTS_JSON``: the given inputs as a JSON list of TensorSpec objects, or ``null``); prints one JSON object (the
+result, or ``{"error", "kind"}``)."""
 from __future__ import annotations
 
 import json

@@ -9,6 +9,7 @@ job's leased cores (``workers.profiling.job``) or inside an edge run's limits (`
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,8 @@ def run_pass(model: Path, engine: str, batch_size: int, threads: int, workdir: P
     prof = summarize(engine, col, compute, batch_size=batch_size, threads=threads, warmup=warmup)
     peak = device_peak(device, threads) if prof.status == "ok" else None
     return prof.model_copy(update={"cpus": cpu_list(cores), "peak_gflops": peak.gflops if peak else None,
-                                   "peak_source": peak.source if peak else None}), col.trace
+                                   "peak_source": peak.source if peak else None,
+                                   "site": f"host {socket.gethostname()}, pid {os.getpid()}"}), col.trace
 
 
 def device_peak(device: str, threads: int) -> Peak | None:
