@@ -181,7 +181,7 @@ def _ort_graph(model: Path, optimized: Path, accs: dict[str, NodeAcc]) -> None:
     the optimized node that produces the first of its downstream tensors still present (the fusion kept that
     output), else it was optimized out (constant-folded or removed) and gets a zero row marked so."""
     if not optimized.is_file() or importlib.util.find_spec("onnx") is None:
-        return  # farm's runtime image (an edge container) has no onnx: the nodes stay unmapped, named as run
+        return  # no onnx here (farm's image carries it; a user's own may not): the nodes stay unmapped, named as run
     import onnx  # noqa: PLC0415 - onnx is heavy and only a profiling pass of an ONNX model needs it
 
     orig = onnx.load(str(model), load_external_data=False).graph
