@@ -184,7 +184,7 @@ def join_layers(layers: list[dict[str, Any]], prof: OpProfile | None) -> list[di
         top = _covering_ancestor(n.name, covering)
         owner[n.name] = top or n.name
         ms[owner[n.name]] = ms.get(owner[n.name], 0.0) + n.self_ms_p50
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n in prof.nodes:
         if owner[n.name] != n.name:
             continue

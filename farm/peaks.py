@@ -100,7 +100,7 @@ def _blas_threads(threads: int) -> Iterator[str]:
         yield "its default threads"
         return
     try:
-        from threadpoolctl import threadpool_limits  # noqa: PLC0415 - optional: the runtime image may lack it
+        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]  # noqa: PLC0415 - optional
     except ImportError:
         yield "its default threads (threadpoolctl missing)"
         return

@@ -64,9 +64,10 @@ _VARIANT_DISTRIBUTIONS = [d for _, package in _PACKAGES if package.extra is not 
 # (its engine's package reads it), but the op-profiling pass reads the ONNX graphs with it to map ONNX Runtime's
 # fused nodes back to the graph's names (``workers.profiling.collect``), in a served job's container and in an edge
 # run alike: it comes along (about 55 MB with ml_dtypes) rather than a second, hand-written reader of ONNX's
-# protobuf schema. threadpoolctl (small) sets the BLAS threads of the pass's measured CPU peak (``farm.peaks``).
+# protobuf schema. threadpoolctl (small) sets the BLAS threads of the pass's measured CPU peak, and nvidia-ml-py
+# (small) names a GPU for its datasheet peak (``farm.peaks``).
 BASE_DISTRIBUTIONS: tuple[str, ...] = (
-    "numpy", "grpcio", "protobuf", "tritonclient", "psutil", "onnx", "ml-dtypes", "threadpoolctl",
+    "numpy", "grpcio", "protobuf", "tritonclient", "psutil", "onnx", "ml-dtypes", "threadpoolctl", "nvidia-ml-py",
     "pydantic", "pydantic-core", "pydantic-settings", "python-dotenv", "typing-extensions",
     "annotated-types", "typing-inspection", "packaging", "flatbuffers", "python-rapidjson",
     *(d for _, package in _BASE_PACKAGES for d in package.distributions),

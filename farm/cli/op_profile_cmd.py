@@ -208,7 +208,8 @@ def layers_cmd(model: Path, model_format: str, inputs: list[Any], batch: int, jo
             raise RequestError(f"job {stored.job_id} has no usable op profile: {stored.profile.reason}")
         prof, batch = stored.profile, stored.profile.batch_size
     static = static_layers(model, model_format, inputs, batch)
-    got = joined(static, prof, peak_gflops) if prof is not None else {"layers": static, "total": None}
+    got: dict[str, Any] = joined(static, prof, peak_gflops) if prof is not None else {"layers": static,
+                                                                                     "total": None}
     if as_json:
         print(json.dumps({"batch_size": batch, **got}, indent=2))
         return

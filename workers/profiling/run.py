@@ -74,8 +74,8 @@ def device_peak(device: str, threads: int) -> Peak | None:
         from workers.hardware import detect_gpus, gpu_uuids_for  # noqa: PLC0415 - NVML only for a GPU pass
 
         gpus = detect_gpus()
-        uuid = (gpu_uuids_for(gpus, device) or [None])[0]
-        name = next((g.name for g in gpus if g.uuid == uuid), None)
+        uuids = gpu_uuids_for(gpus, device)
+        name = next((g.name for g in gpus if uuids and g.uuid == uuids[0]), None)
         return gpu_peak(name) if name else None
     mine = os.sched_getaffinity(0)
     return measure_cpu_peak(threads or len(mine), cpu_list(mine))
