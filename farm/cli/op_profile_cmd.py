@@ -24,10 +24,18 @@ from schemas.op_profile import OVERHEAD, OpProfile
 #: the widest a table of these commands gets (columns)
 WIDTH = 80
 NAME_WIDTH = 30
+ATEN = "aten::"
+
+
+def _shown(text: str) -> str:
+    """A node name or op type as the tables show it: TorchScript's ``aten::`` namespace left out (``--json`` and
+    ``--csv`` keep it), so that a call-tree path fits: ``conv2d#12/convolution#0``."""
+    return text.replace(ATEN, "")
 
 
 def _short(text: str, width: int) -> str:
     """``text`` cut in the middle to ``width`` characters (node names differ at both ends)."""
+    text = _shown(text)
     if len(text) <= width:
         return text
     half = (width - 1) // 2
@@ -59,6 +67,8 @@ def header_lines(jid: str, job: dict[str, Any], prof: OpProfile) -> list[str]:
     lines.append(f"{prof.iterations} profiled inferences ({prof.warmup} warm-up), threads "
                  f"{prof.threads or 'of the lease'}" + (f", cores {prof.cpus}" if prof.cpus else "")
                  + "; ms per inference")
+    if prof.site:
+        lines.append(f"taken in: {prof.site}")
     ratio = prof.sum_vs_compute
     lines.append(f"node sum {_ms(prof.node_sum_ms)} ms vs compute {_ms(prof.compute_ms)} ms"
                  + (f" ({100 * ratio:.0f} %)" if ratio is not None else "")
@@ -82,7 +92,7 @@ def nodes_table(prof: OpProfile, top: int) -> Table:
     for n in prof.nodes[:top]:
         mark = "" if n.status == "executed" else f" ({n.status})"
         fused = f" +{len(n.fused)}" if n.fused else ""
-        safe_row(table, _short(n.name + fused + mark, NAME_WIDTH), n.op_type, _ms(n.self_ms_p50),
+        safe_row(table, _short(n.name + fused + mark, NAME_WIDTH), _shown(n.op_type), _ms(n.self_ms_p50),
                  _ms(n.self_ms_p90), _pct(n.share), f"{n.calls:g}")
     return table
 
@@ -93,7 +103,7 @@ def types_table(prof: OpProfile) -> Table:
     for col in ("op type", "nodes", "calls", "ms", "share"):
         table.add_column(col, justify="left" if col == "op type" else "right", overflow="ellipsis")
     for r in op_profile.by_op_type(prof):
-        safe_row(table, r["op_type"], str(r["nodes"]) if r["op_type"] != OVERHEAD else "-", f"{r['calls']:g}",
+        safe_row(table, _shown(r["op_type"]), str(r["nodes"]) if r["op_type"] != OVERHEAD else "-", f"{r['calls']:g}",
                  _ms(r["self_ms"]), _pct(r["share"]))
     return table
 
@@ -186,7 +196,7 @@ def compare_ops_cmd(job_a: str, job_b: str, as_json: bool) -> None:
         verdict = ("only in A" if r["b_ms"] is None else "only in B" if r["a_ms"] is None else
                    "faster" if ratio is not None and ratio < 0.9 else "slower" if ratio is not None and ratio > 1.1
                    else "same")
-        safe_row(table, r["op_type"], _ms(r["a_ms"]), _ms(r["b_ms"]), "-" if ratio is None else f"{ratio:.2f}",
+        safe_row(table, _shown(r["op_type"]), _ms(r["a_ms"]), _ms(r["b_ms"]), "-" if ratio is None else f"{ratio:.2f}",
                  _ms(r["delta_ms"]), verdict)
     console.print(table)
     say80("faster / slower: B / A beyond ±10 % on one profile each (not a test over runs: compare requests with "
@@ -234,7 +244,7 @@ def layers_table(title: str, rows: list[dict[str, Any]], measured: bool, top: in
                      _num(r["gbytes_per_s"], 1, 2)]
         else:
             cells = [_num(r["flops"], 1e6, 2), f"{r['params']:,}", _num(r["activation_bytes"], 1024, 1)]
-        safe_row(table, _short(r["name"], NAME_WIDTH), r["op_type"], *cells)
+        safe_row(table, _short(r["name"], NAME_WIDTH), _shown(r["op_type"]), *cells)
     return table
 
 
@@ -245,8 +255,13 @@ def total_lines(total: dict[str, Any]) -> list[str]:
     if total["peak_gflops"] is None:
         return [line + "; device peak unknown (give --peak-gflops N for its share)"]
     share = "-" if total["of_peak"] is None else f"{100 * total['of_peak']:.1f} %"
-    return [f"{line}, {share} of the device's peak {total['peak_gflops']:,.1f} GFLOP/s",
-            f"peak: {total['peak_source']}"]
+    lines = [f"{line}, {share} of the device's peak {total['peak_gflops']:,.1f} GFLOP/s",
+             f"peak: {total['peak_source']}"]
+    if total["of_peak"] is not None and total["of_peak"] > 1.0:
+        lines.append("above the peak: the peak is a GEMM's reach at the moments it was measured, and the host's "
+                     "speed moved between them and the inferences (or the engine's kernels beat numpy's BLAS); "
+                     "read it as at the peak, not beyond it")
+    return lines
 
 
 def roofline(stored: op_profile.Stored, top: int, peak_gflops: float | None) -> dict[str, Any] | None:

@@ -140,7 +140,9 @@ HANDLERS: dict[str, Callable[[tuple[Any, ...], Any], Cost]] = {
 }
 
 
-def _counting_mode() -> Any:
+def counting_mode() -> Any:
+    """A ``TorchDispatchMode`` that counts every aten op run inside it by ``HANDLERS`` (``farm analyze``, and
+    ``farm.models.torch_layers`` per node: ``calls`` keeps each call in order)."""
     torch = require_torch()
     from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415 - torch is an optional extra (farm[torch])
 
@@ -210,7 +212,7 @@ def analyze_torchscript_here(path: Path, inputs: list[TensorSpec]) -> dict[str, 
     dominant = max(by_dtype, key=lambda k: by_dtype[k]) if by_dtype else None
     dtype = TORCH_TO_V2.get(dominant or "") or (inputs[0].dtype if inputs else None)
     tensors = torch_inputs(inputs, batch=1)
-    counter = _counting_mode()
+    counter = counting_mode()
     try:
         with torch.no_grad(), counter:
             module(*tensors)

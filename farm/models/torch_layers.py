@@ -18,13 +18,12 @@ models (``farm.sandbox``), like ``farm analyze`` of the same file.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from farm.errors import ModelError
 from farm.models.spec import one_line
-from farm.models.torch_counter import FREE, _counting_mode
+from farm.models.torch_counter import FREE, counting_mode
 from farm.models.torch_nodes import TORCH_MARK, torch_nodes
 from farm.models.torchscript import PROBE_MODULE, load_torchscript, probe_args, require_torch, torch_inputs
 from farm.sandbox import model_jail, run_jailed
@@ -63,7 +62,7 @@ def torchscript_layers_here(path: Path, inputs: list[TensorSpec], batch: int = 1
         for t in out if isinstance(out, (tuple, list)) else out.values() if isinstance(out, dict) else [out]:
             t.detach().cpu().numpy()
 
-    counter = _counting_mode()
+    counter = counting_mode()
     try:
         for _ in range(WARMUP):
             call(True)
@@ -125,4 +124,4 @@ def _next_match(op: str, calls: list[tuple[str, Any, int, set[int]]], i: int) ->
 
 def layers_json(path: Path, inputs: list[TensorSpec], batch: int) -> dict[str, Any]:
     """The jailed probe's answer (``farm.models.probe layers``)."""
-    return {"layers": json.loads(json.dumps(torchscript_layers_here(path, inputs, batch)))}
+    return {"layers": torchscript_layers_here(path, inputs, batch)}
