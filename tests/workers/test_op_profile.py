@@ -209,3 +209,9 @@ def test_device_peaks_come_from_the_datasheet_table_by_nvml_name_or_are_unknown(
     assert gpu_peak("NVIDIA A10G") is None and gpu_peak("NVIDIA GeForce RTX 4090") is None  # unknown, not guessed
     peak = measure_cpu_peak(1, "0")
     assert peak.gflops > 0 and "measured" in peak.source and "1 thread" in peak.source
+    from farm.peaks import Peak
+    from workers.profiling.run import best_of
+
+    both = best_of(Peak(10.0, "measured: x"), Peak(12.0, "measured: x"))
+    assert both is not None and both.gflops == 12.0 and "10.0 and 12.0" in both.source  # the better, both said
+    assert best_of(Peak(5.0, "datasheet"), Peak(5.0, "datasheet")) == Peak(5.0, "datasheet")
