@@ -23,6 +23,9 @@ from schemas.op_profile import OVERHEAD, OpNode, OpProfile
 
 DETAIL_KEY = "op_profile"
 TRACE_KEY = "op_profile_trace_gz_b64"
+#: profile fields kept in the result's ``details`` summary (the device's peak, where the pass ran), not in
+#: ``op_profiles``' columns
+SUMMARY_FIELDS = ("peak_gflops", "peak_source", "site")
 Bind = Connection | Session
 
 
@@ -36,7 +39,7 @@ def attach(details: dict[str, Any], prof: OpProfile, trace_gz: bytes | None) -> 
 def summary(prof: OpProfile) -> dict[str, Any]:
     """What the results row keeps of a profile (the rest lives in ``op_profiles`` / ``op_nodes``)."""
     return {"status": prof.status, "reason": prof.reason, "nodes": len(prof.nodes), "node_sum_ms": prof.node_sum_ms,
-            "compute_ms": prof.compute_ms}
+            "compute_ms": prof.compute_ms, **{k: getattr(prof, k) for k in SUMMARY_FIELDS}}
 
 
 def split(details: dict[str, Any]) -> tuple[dict[str, Any], OpProfile | None, bytes | None]:
@@ -55,7 +58,7 @@ def store(bind: Bind, job_id: str, prof: OpProfile, trace_gz: bytes | None) -> N
     """Write ``prof`` as the op profile of ``job_id`` (replacing an earlier one of a re-run)."""
     bind.execute(delete(OpNodeRow).where(OpNodeRow.job_id == job_id))
     bind.execute(delete(OpProfileRow).where(OpProfileRow.job_id == job_id))
-    head = prof.model_dump(exclude={"nodes"})
+    head = prof.model_dump(exclude={"nodes", *SUMMARY_FIELDS})
     bind.execute(insert(OpProfileRow).values(job_id=job_id, trace_gz=trace_gz, created_at=utcnow(), **head))
     if prof.nodes:
         bind.execute(insert(OpNodeRow), [{"job_id": job_id, "rank": i, **n.model_dump()}
@@ -95,7 +98,9 @@ def load(session: Session, job_id: str) -> Stored:
               "batch_size": job.batch_size, "concurrency": job.concurrency, "edge_profile": job.edge_profile,
               "status": job.status,
               "server_compute_p50_ms": session.execute(select(Result.server_compute_p50_ms)  # type: ignore[attr-defined]
-                                                       .where(Result.job_id == jid)).scalar()}
+                                                       .where(Result.job_id == jid)).scalar(),
+              "model_sha256": job.spec.get("model_sha256"), "model_filename": job.spec.get("model_filename"),
+              "model_format": job.spec.get("model_format"), "inputs": job.spec.get("inputs")}
     if row is None:
         raise RequestError(f"job {jid} has no op profile (status {job.status}); submit with --op-profile to take "
                            "one")
@@ -104,13 +109,20 @@ def load(session: Session, job_id: str) -> Stored:
                      batch_size=row.batch_size, threads=row.threads, warmup=row.warmup, iterations=row.iterations,
                      events=row.events, capped=row.capped, node_sum_ms=row.node_sum_ms, compute_ms=row.compute_ms,
                      profiled_ms=row.profiled_ms, overhead_ms=row.overhead_ms, trace_format=row.trace_format,
-                     cpus=row.cpus,
+                     cpus=row.cpus, **_peak(session, jid),
                      nodes=[OpNode(name=n.name, op_type=n.op_type, exec_type=n.exec_type, provider=n.provider,
                                    calls=n.calls, self_ms_p50=n.self_ms_p50, self_ms_p90=n.self_ms_p90, share=n.share,
                                    input_shapes=n.input_shapes, fused=list(n.fused or []),
                                    status=n.status)  # type: ignore[arg-type]
                             for n in nodes])
     return Stored(jid, prof, row.trace_gz is not None, coords)
+
+
+def _peak(session: Session, jid: str) -> dict[str, Any]:
+    """The fields the job's result keeps in ``details.op_profile`` (none: an older result)."""
+    details = session.execute(select(Result.details).where(Result.job_id == jid)).scalar()
+    kept = (details or {}).get(DETAIL_KEY) if isinstance(details, dict) else None
+    return {k: kept.get(k) for k in SUMMARY_FIELDS} if isinstance(kept, dict) else {}
 
 
 def trace(session: Session, job_id: str) -> bytes:
@@ -156,34 +168,57 @@ def compare_ops(a: OpProfile, b: OpProfile) -> list[dict[str, Any]]:
 
 
 def join_layers(layers: list[dict[str, Any]], prof: OpProfile | None) -> list[dict[str, Any]]:
-    """The static per-node costs (``farm.models.onnx_counter.node_costs``) joined with a profile by node name:
-    each profiled node takes the costs of itself and of the graph nodes fused into it, and gets its achieved
-    GFLOP/s and bytes/s (parameters + outputs over its median self time). Without a profile: the layers as
-    they are. Nodes the profile does not name in the graph (layout reorders) keep None costs."""
+    """The static per-node costs (``farm.models.onnx_counter.node_costs``, ``farm.models.torch_layers``) joined
+    with a profile by node name: each profiled node takes the costs of itself and of the graph nodes fused into
+    it, and gets its achieved GFLOP/s and bytes/s (parameters + outputs over its median self time). A static node
+    that ``covers_subtree`` (TorchScript: a counted aten op) also takes the time of the profiled nodes below it
+    (its kernels), which then get no row of their own. Without a profile: the layers as they are. Nodes the
+    profile does not name in the graph (layout reorders) keep None costs."""
     if prof is None:
         return [dict(r) for r in layers]
     by_name = {r["name"]: r for r in layers}
-    rows = []
+    covering = {r["name"] for r in layers if r.get("covers_subtree")}
+    ms: dict[str, float] = {}
+    owner: dict[str, str] = {}
     for n in prof.nodes:
+        top = _covering_ancestor(n.name, covering)
+        owner[n.name] = top or n.name
+        ms[owner[n.name]] = ms.get(owner[n.name], 0.0) + n.self_ms_p50
+    rows: list[dict[str, Any]] = []
+    for n in prof.nodes:
+        if owner[n.name] != n.name:
+            continue
         members = [by_name[m] for m in (n.name, *n.fused) if m in by_name]
         flops = None if not members or any(m["flops"] is None for m in members) else sum(m["flops"] for m in members)
         nbytes = None if not members or any(m["activation_bytes"] is None for m in members) else sum(
             m["param_bytes"] + m["activation_bytes"] for m in members)
-        s = n.self_ms_p50 / 1000.0
-        rows.append({"name": n.name, "op_type": n.op_type, "self_ms": n.self_ms_p50, "flops": flops,
+        s = ms[n.name] / 1000.0
+        rows.append({"name": n.name, "op_type": n.op_type, "self_ms": ms[n.name], "flops": flops,
                      "bytes": nbytes, "params": sum(m["params"] for m in members) if members else None,
                      "gflops_per_s": flops / s / 1e9 if flops is not None and s > 0 else None,
                      "gbytes_per_s": nbytes / s / 1e9 if nbytes is not None and s > 0 else None})
+    rows.sort(key=lambda r: (r["self_ms"] <= 0, -r["self_ms"], r["name"]))
     return rows
 
 
+def _covering_ancestor(name: str, covering: set[str]) -> str | None:
+    """The outermost node above ``name`` (a ``/`` path) whose static cost covers its subtree; None: none."""
+    parts = name.split("/")
+    for i in range(1, len(parts)):
+        if "/".join(parts[:i]) in covering:
+            return "/".join(parts[:i])
+    return None
+
+
 def achieved(layers: list[dict[str, Any]], prof: OpProfile, peak_gflops: float | None) -> dict[str, Any]:
-    """The model's total: FLOPs per batch call over the engine's compute time, and its share of ``peak_gflops``
-    (the device's peak, when the user knows it; farm keeps no table of peaks)."""
+    """The model's total: FLOPs per batch call over the engine's compute time, and its share of the device's peak:
+    ``peak_gflops`` when the user gives it, else the profile's own (``farm.peaks``: measured on the pass's cores,
+    or a GPU's datasheet figure); None when neither is known."""
     flops = None if any(r["flops"] is None for r in layers) else sum(r["flops"] for r in layers)
     rate = flops / (prof.compute_ms / 1000.0) / 1e9 if flops is not None and prof.compute_ms else None
-    return {"flops": flops, "compute_ms": prof.compute_ms, "gflops_per_s": rate, "peak_gflops": peak_gflops,
-            "of_peak": rate / peak_gflops if rate is not None and peak_gflops else None}
+    peak, source = (peak_gflops, "given (--peak-gflops)") if peak_gflops else (prof.peak_gflops, prof.peak_source)
+    return {"flops": flops, "compute_ms": prof.compute_ms, "gflops_per_s": rate, "peak_gflops": peak,
+            "peak_source": source if peak else None, "of_peak": rate / peak if rate is not None and peak else None}
 
 
 def request_profiles(session: Session, request_id: str) -> list[Stored]:

@@ -78,6 +78,13 @@ class OpProfile(BaseModel):
     overhead_ms: float | None = None
     trace_format: str | None = None  # "chrome" (Perfetto / chrome://tracing opens it)
     cpus: str | None = None  # the cores every thread of the pass was allowed on, read before its sessions closed
+    #: the device's peak FLOP rate (GFLOP/s) and how it was found (``farm.peaks``: measured on the pass's cores,
+    #: a GPU datasheet); None: unknown. These three are kept in the result's ``details.op_profile``, not in
+    #: ``op_profiles``' columns.
+    peak_gflops: float | None = None
+    peak_source: str | None = None
+    #: where the pass ran: its hostname and pid (the Docker runner adds its container's id and cpuset)
+    site: str | None = None
     nodes: list[OpNode] = Field(default_factory=list)
 
     @property

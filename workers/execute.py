@@ -24,7 +24,6 @@ from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
 from workers.loadgen.clients import run_load
 from workers.measure import Measurement, Served, lease_for
-from workers.profiling.job import profile_job
 from workers.runners.base import Runner
 from workers.runners.llm_edge import run_llm_edge
 from workers.samplers.host import steal_note
@@ -74,7 +73,7 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
         # after the measured windows, the server stopped, still on the job's cores: never inside the figures
         if spec.measurement.op_profile:
             announce("op profile pass (after the measurement)")
-        profile = profile_job(spec, model_path, m.server_cpus) if spec.measurement.op_profile else None
+        profile = runner.profile_pass(spec, model_path, m.server_cpus) if spec.measurement.op_profile else None
     metrics: dict[str, Any] = {**load.metrics, **m.metrics()}
     details: dict[str, Any] = {"load": load.details, "runner": runner.name, "notes": [*target.notes, *m.notes],
                                "wall_s": round(time.monotonic() - started, 3), **m.details()}

@@ -60,10 +60,14 @@ IMAGE_CODE_DIR = "/opt/farm"
 _PACKAGES = [(b.__module__, b.package) for b in BACKENDS.values() if b.package is not None]
 _BASE_PACKAGES = [(module, package) for module, package in _PACKAGES if package.extra is None]
 _VARIANT_DISTRIBUTIONS = [d for _, package in _PACKAGES if package.extra is not None for d in package.distributions]
-# Distributions always copied (plus their imports found by the probe below). onnx is not needed to
-# *run* a model (its engine's package reads it), so it stays out to keep the image lean.
+# Distributions always copied (plus their imports found by the probe below). onnx is not needed to *run* a model
+# (its engine's package reads it), but the op-profiling pass reads the ONNX graphs with it to map ONNX Runtime's
+# fused nodes back to the graph's names (``workers.profiling.collect``), in a served job's container and in an edge
+# run alike: it comes along (about 55 MB with ml_dtypes) rather than a second, hand-written reader of ONNX's
+# protobuf schema. threadpoolctl (small) sets the BLAS threads of the pass's measured CPU peak, and nvidia-ml-py
+# (small) names a GPU for its datasheet peak (``farm.peaks``).
 BASE_DISTRIBUTIONS: tuple[str, ...] = (
-    "numpy", "grpcio", "protobuf", "tritonclient", "psutil",
+    "numpy", "grpcio", "protobuf", "tritonclient", "psutil", "onnx", "ml-dtypes", "threadpoolctl", "nvidia-ml-py",
     "pydantic", "pydantic-core", "pydantic-settings", "python-dotenv", "typing-extensions",
     "annotated-types", "typing-inspection", "packaging", "flatbuffers", "python-rapidjson",
     *(d for _, package in _BASE_PACKAGES for d in package.distributions),
@@ -72,6 +76,7 @@ BASE_DISTRIBUTIONS: tuple[str, ...] = (
 PROBE_MODULES: tuple[str, ...] = (
     "numpy", "grpc", "tritonclient.grpc", "psutil", "pydantic", "schemas",
     "farm.errors", "schemas.metrics", "workers.engines.server", "workers.engines.ready", "workers.edge_bench",
+    "onnx", "threadpoolctl", "workers.profiling.run",
     *(m for backend, package in _BASE_PACKAGES for m in (package.module, backend)),
 )
 # Never copied unless asked for by name in ``extra_distributions`` (size, or host tooling only). "triton"

@@ -17,17 +17,25 @@ from farm import op_profile
 from farm.cli.prepare import prepare_db
 from farm.cli.views import console, err_console, safe_row, say
 from farm.db.session import session_scope
-from farm.errors import RequestError
-from farm.models.onnx_counter import node_costs
+from farm.errors import FarmError, RequestError
+from farm.op_layers import LAYER_FORMATS, job_layers, joined, static_layers
 from schemas.op_profile import OVERHEAD, OpProfile
 
 #: the widest a table of these commands gets (columns)
 WIDTH = 80
 NAME_WIDTH = 30
+ATEN = "aten::"
+
+
+def _shown(text: str) -> str:
+    """A node name or op type as the tables show it: TorchScript's ``aten::`` namespace left out (``--json`` and
+    ``--csv`` keep it), so that a call-tree path fits: ``conv2d#12/convolution#0``."""
+    return text.replace(ATEN, "")
 
 
 def _short(text: str, width: int) -> str:
     """``text`` cut in the middle to ``width`` characters (node names differ at both ends)."""
+    text = _shown(text)
     if len(text) <= width:
         return text
     half = (width - 1) // 2
@@ -59,6 +67,8 @@ def header_lines(jid: str, job: dict[str, Any], prof: OpProfile) -> list[str]:
     lines.append(f"{prof.iterations} profiled inferences ({prof.warmup} warm-up), threads "
                  f"{prof.threads or 'of the lease'}" + (f", cores {prof.cpus}" if prof.cpus else "")
                  + "; ms per inference")
+    if prof.site:
+        lines.append(f"taken in: {prof.site}")
     ratio = prof.sum_vs_compute
     lines.append(f"node sum {_ms(prof.node_sum_ms)} ms vs compute {_ms(prof.compute_ms)} ms"
                  + (f" ({100 * ratio:.0f} %)" if ratio is not None else "")
@@ -82,7 +92,7 @@ def nodes_table(prof: OpProfile, top: int) -> Table:
     for n in prof.nodes[:top]:
         mark = "" if n.status == "executed" else f" ({n.status})"
         fused = f" +{len(n.fused)}" if n.fused else ""
-        safe_row(table, _short(n.name + fused + mark, NAME_WIDTH), n.op_type, _ms(n.self_ms_p50),
+        safe_row(table, _short(n.name + fused + mark, NAME_WIDTH), _shown(n.op_type), _ms(n.self_ms_p50),
                  _ms(n.self_ms_p90), _pct(n.share), f"{n.calls:g}")
     return table
 
@@ -93,7 +103,7 @@ def types_table(prof: OpProfile) -> Table:
     for col in ("op type", "nodes", "calls", "ms", "share"):
         table.add_column(col, justify="left" if col == "op type" else "right", overflow="ellipsis")
     for r in op_profile.by_op_type(prof):
-        safe_row(table, r["op_type"], str(r["nodes"]) if r["op_type"] != OVERHEAD else "-", f"{r['calls']:g}",
+        safe_row(table, _shown(r["op_type"]), str(r["nodes"]) if r["op_type"] != OVERHEAD else "-", f"{r['calls']:g}",
                  _ms(r["self_ms"]), _pct(r["share"]))
     return table
 
@@ -119,6 +129,10 @@ def ops_cmd(
     as_csv: bool = typer.Option(False, "--csv", help="Every node as CSV (the overhead row last)."),
     trace_out: Path | None = typer.Option(None, "--trace", help="Write the raw trace here (Chrome trace JSON: "
                                           "open it in ui.perfetto.dev or chrome://tracing)."),
+    flops: bool = typer.Option(True, "--flops/--no-flops", help="Join the model's per-node static FLOP: achieved "
+                               "GFLOP/s per node and in total, against the device's peak."),
+    peak_gflops: float | None = typer.Option(None, "--peak-gflops", min=0.0, help="The device's peak GFLOP/s "
+                                             "(else the one the pass measured, or a GPU's datasheet figure)."),
 ) -> None:
     """Where the time goes inside the model of one job: its top nodes and op types (`farm submit --op-profile`)."""
     if as_json and as_csv:
@@ -132,8 +146,10 @@ def ops_cmd(
         say(f"trace written to {trace_out} ({len(raw) / 2**20:.1f} MiB): open it in ui.perfetto.dev", to=err_console)
     prof = stored.profile
     if as_json:
+        extra = _quiet_layers(stored, peak_gflops) if flops and prof.status == "ok" else {}
         print(json.dumps({"job_id": stored.job_id, "job": stored.job, "profile": prof.model_dump(),
-                          "op_types": op_profile.by_op_type(prof), "has_trace": stored.has_trace}, indent=2))
+                          "op_types": op_profile.by_op_type(prof), "has_trace": stored.has_trace, **extra},
+                         indent=2))
         return
     if as_csv:
         _csv(prof)
@@ -143,8 +159,18 @@ def ops_cmd(
     if prof.status == "ok":
         console.print(nodes_table(prof, top))
         console.print(types_table(prof))
+        if flops:
+            roofline(stored, top, peak_gflops)
         if stored.has_trace and trace_out is None:
             say80(f"raw trace: farm ops {stored.job_id[:12]} --trace t.json (open it in ui.perfetto.dev)")
+
+
+def _quiet_layers(stored: op_profile.Stored, peak_gflops: float | None) -> dict[str, Any]:
+    """``--json``'s ``layers`` and ``total`` (or ``layers_error``: why they are missing)."""
+    try:
+        return job_layers(stored, peak_gflops)
+    except FarmError as exc:
+        return {"layers_error": str(exc).splitlines()[0]}
 
 
 def compare_ops_cmd(job_a: str, job_b: str, as_json: bool) -> None:
@@ -170,7 +196,7 @@ def compare_ops_cmd(job_a: str, job_b: str, as_json: bool) -> None:
         verdict = ("only in A" if r["b_ms"] is None else "only in B" if r["a_ms"] is None else
                    "faster" if ratio is not None and ratio < 0.9 else "slower" if ratio is not None and ratio > 1.1
                    else "same")
-        safe_row(table, r["op_type"], _ms(r["a_ms"]), _ms(r["b_ms"]), "-" if ratio is None else f"{ratio:.2f}",
+        safe_row(table, _shown(r["op_type"]), _ms(r["a_ms"]), _ms(r["b_ms"]), "-" if ratio is None else f"{ratio:.2f}",
                  _ms(r["delta_ms"]), verdict)
     console.print(table)
     say80("faster / slower: B / A beyond ±10 % on one profile each (not a test over runs: compare requests with "
@@ -180,9 +206,9 @@ def compare_ops_cmd(job_a: str, job_b: str, as_json: bool) -> None:
 def layers_cmd(model: Path, model_format: str, inputs: list[Any], batch: int, job: str | None,
                peak_gflops: float | None, as_json: bool) -> None:
     """``farm analyze MODEL --layers [--job JOB]``: the layer-wise static view, joined with a job's profile."""
-    if model_format != "onnx":
-        raise RequestError(f"--layers reads ONNX graphs; {model.name} is {model_format} (its op profile names aten "
-                           "calls, not graph nodes): export it to ONNX, or read `farm ops JOB` alone")
+    if model_format not in LAYER_FORMATS:
+        raise RequestError(f"--layers reads ONNX and TorchScript models; {model.name} is {model_format}: export it "
+                           "to ONNX, or read `farm ops JOB` alone")
     prof = None
     if job is not None:
         prepare_db()
@@ -191,35 +217,66 @@ def layers_cmd(model: Path, model_format: str, inputs: list[Any], batch: int, jo
         if stored.profile.status != "ok":
             raise RequestError(f"job {stored.job_id} has no usable op profile: {stored.profile.reason}")
         prof, batch = stored.profile, stored.profile.batch_size
-    import onnx  # noqa: PLC0415 - heavy, and only --layers needs the graph itself
-
-    static = node_costs(onnx.load(str(model)), inputs, batch=batch)
-    rows = op_profile.join_layers(static, prof)
-    total = op_profile.achieved(static, prof, peak_gflops) if prof is not None else None
+    static = static_layers(model, model_format, inputs, batch)
+    got: dict[str, Any] = joined(static, prof, peak_gflops) if prof is not None else {"layers": static,
+                                                                                     "total": None}
     if as_json:
-        print(json.dumps({"batch_size": batch, "layers": rows, "total": total}, indent=2))
+        print(json.dumps({"batch_size": batch, **got}, indent=2))
         return
-    table = Table(title=f"{model.name}, batch {batch}" + (" (joined with the op profile)" if prof else ""),
-                  box=box.SIMPLE_HEAD, width=WIDTH, title_justify="left")
-    heads = ("node", "op type", "ms", "MFLOP", "GFLOP/s", "GB/s") if prof else ("node", "op type", "MFLOP",
-                                                                             "params", "out KiB")
+    title = f"{model.name}, batch {batch}" + (" (joined with the op profile)" if prof else "")
+    console.print(layers_table(title, got["layers"], measured=prof is not None))
+    if got["total"] is not None:
+        for line in total_lines(got["total"]):
+            say80(line)
+
+
+def layers_table(title: str, rows: list[dict[str, Any]], measured: bool, top: int | None = None) -> Table:
+    """Per node: static costs (no profile), or time, FLOP and the achieved GFLOP/s and GB/s (joined)."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, width=WIDTH, title_justify="left")
+    heads = ("node", "op type", "ms", "MFLOP", "GFLOP/s", "GB/s") if measured else ("node", "op type", "MFLOP",
+                                                                                 "params", "out KiB")
     for col in heads:
         table.add_column(col, justify="left" if col in ("node", "op type") else "right", overflow="ellipsis",
                          no_wrap=col == "node", max_width=NAME_WIDTH if col == "node" else None)
-    for r in rows:
-        if prof:
+    for r in rows[:top]:
+        if measured:
             cells = [_ms(r["self_ms"]), _num(r["flops"], 1e6, 2), _num(r["gflops_per_s"], 1, 1),
                      _num(r["gbytes_per_s"], 1, 2)]
         else:
             cells = [_num(r["flops"], 1e6, 2), f"{r['params']:,}", _num(r["activation_bytes"], 1024, 1)]
-        safe_row(table, _short(r["name"], NAME_WIDTH), r["op_type"], *cells)
-    console.print(table)
-    if total is not None:
-        of_peak = f", {100 * total['of_peak']:.1f} % of the given peak" if total["of_peak"] is not None else \
-            " (give --peak-gflops for its share of the device's peak)"
-        line = (f"model: {_num(total['flops'], 1e9, 3)} GFLOP per call in {_ms(total['compute_ms'])} ms = "
-                f"{_num(total['gflops_per_s'], 1, 1)} GFLOP/s{of_peak}")
+        safe_row(table, _short(r["name"], NAME_WIDTH), _shown(r["op_type"]), *cells)
+    return table
+
+
+def total_lines(total: dict[str, Any]) -> list[str]:
+    """The model's achieved FLOP rate and its share of the device's peak (or why that share is unknown)."""
+    line = (f"model: {_num(total['flops'], 1e9, 3)} GFLOP per call in {_ms(total['compute_ms'])} ms = "
+            f"{_num(total['gflops_per_s'], 1, 1)} GFLOP/s")
+    if total["peak_gflops"] is None:
+        return [line + "; device peak unknown (give --peak-gflops N for its share)"]
+    share = "-" if total["of_peak"] is None else f"{100 * total['of_peak']:.1f} %"
+    lines = [f"{line}, {share} of the device's peak {total['peak_gflops']:,.1f} GFLOP/s",
+             f"peak: {total['peak_source']}"]
+    if total["of_peak"] is not None and total["of_peak"] > 1.0:
+        lines.append("above the peak: the peak is a GEMM's reach at the moments it was measured, and the host's "
+                     "speed moved between them and the inferences (or the engine's kernels beat numpy's BLAS); "
+                     "read it as at the peak, not beyond it")
+    return lines
+
+
+def roofline(stored: op_profile.Stored, top: int, peak_gflops: float | None) -> dict[str, Any] | None:
+    """``farm ops``' static-meets-measured part: the per-node achieved rates and the total, printed (None and a
+    line saying why when the model's static costs cannot be had here)."""
+    try:
+        got = job_layers(stored, peak_gflops)
+    except FarmError as exc:
+        say80(f"achieved GFLOP/s: not available ({str(exc).splitlines()[0]})")
+        return None
+    console.print(layers_table(f"achieved, top {min(top, len(got['layers']))} (static FLOP over the node's time)",
+                               got["layers"], measured=True, top=top))
+    for line in total_lines(got["total"]):
         say80(line)
+    return got
 
 
 def _num(v: float | None, unit: float, digits: int) -> str:

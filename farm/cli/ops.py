@@ -25,6 +25,7 @@ from farm.models.analysis import headline
 from farm.models.examples import EXAMPLE_KINDS, LLM_KINDS, build_example
 from farm.models.info import detect_format, inspect_model, tensor_spec
 from farm.models.llm_examples import GGUF_NAME, HF_NAME
+from farm.op_layers import LAYER_FORMATS
 from farm.sandbox import jail_argv, model_jail
 from farm.settings import get_settings, mask_url, reset_settings
 from schemas.engines import FORMAT_ENGINE
@@ -194,18 +195,19 @@ def analyze(model: Path = typer.Argument(..., help="Model file."),
             model_format: str | None = typer.Option(None, "--format"),
             as_json: bool = typer.Option(False, "--json"),
             layers: bool = typer.Option(False, "--layers", help="Per graph node: MACs/FLOPs, params, output bytes "
-                                        "(ONNX); with --job, joined with that job's op profile: GFLOP/s, GB/s."),
+                                        "(ONNX, TorchScript); with --job, joined with that job's op profile: "
+                                        "GFLOP/s, GB/s."),
             batch: int = typer.Option(1, "--batch", min=1, help="With --layers: the batch of one call."),
             job: str | None = typer.Option(None, "--job", help="With --layers: a job id whose op profile "
                                            "(--op-profile) the layers join; its batch size is used."),
             peak_gflops: float | None = typer.Option(None, "--peak-gflops", min=0.0, help="With --layers --job: "
-                                                     "the device's peak GFLOP/s, to show the model's share of it.")
+                                                     "the device's peak GFLOP/s (else the profile's measured one).")
             ) -> None:
     """Static metrics: parameters, size, MACs/FLOPs per sample, activation memory (--layers: per node)."""
     given = [tensor_spec(t) for t in input_spec] if input_spec else None
-    if layers:  # ONNX only (layers_cmd refuses the rest before reading it): parsing a graph runs no model code
+    if layers:  # ONNX and TorchScript (layers_cmd refuses the rest before reading it)
         fmt = model_format or detect_format(model)
-        inputs = inspect_model(model, fmt, given).inputs if fmt == "onnx" else []
+        inputs = inspect_model(model, fmt, given).inputs if fmt in LAYER_FORMATS else []  # TorchScript: jailed
         layers_cmd(model, fmt, inputs, batch, job, peak_gflops, as_json)
         return
     report = run_analysis(model, model_format, given)  # checks the file and inputs first (one jailed run, if any)

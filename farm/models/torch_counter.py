@@ -140,7 +140,9 @@ HANDLERS: dict[str, Callable[[tuple[Any, ...], Any], Cost]] = {
 }
 
 
-def _counting_mode() -> Any:
+def counting_mode() -> Any:
+    """A ``TorchDispatchMode`` that counts every aten op run inside it by ``HANDLERS`` (``farm analyze``, and
+    ``farm.models.torch_layers`` per node: ``calls`` keeps each call in order)."""
     torch = require_torch()
     from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415 - torch is an optional extra (farm[torch])
 
@@ -152,6 +154,8 @@ def _counting_mode() -> Any:
             self.ops: dict[str, dict[str, Any]] = {}
             self.unknown: dict[str, int] = {}
             self.macs = self.flops = self.act_bytes = 0
+            #: every call in order: (op name, its cost or None, new output bytes, the storages of its inputs)
+            self.calls: list[tuple[str, Cost | None, int, set[int]]] = []
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                                kwargs: dict[str, Any] | None = None) -> Any:
@@ -177,9 +181,12 @@ def _counting_mode() -> Any:
                     entry["macs"] += cost[0]
                     entry["flops"] += cost[1]
             in_ptrs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            new_bytes = 0
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in in_ptrs:
-                    self.act_bytes += _numel(t) * t.element_size()
+                    new_bytes += _numel(t) * t.element_size()
+            self.act_bytes += new_bytes
+            self.calls.append((name, cost, new_bytes, in_ptrs))
             return out
 
     return Counter()
@@ -205,7 +212,7 @@ def analyze_torchscript_here(path: Path, inputs: list[TensorSpec]) -> dict[str, 
     dominant = max(by_dtype, key=lambda k: by_dtype[k]) if by_dtype else None
     dtype = TORCH_TO_V2.get(dominant or "") or (inputs[0].dtype if inputs else None)
     tensors = torch_inputs(inputs, batch=1)
-    counter = _counting_mode()
+    counter = counting_mode()
     try:
         with torch.no_grad(), counter:
             module(*tensors)

@@ -128,3 +128,17 @@ def test_analyze_layers_gives_per_node_costs_under_the_names_the_engine_reports(
     assert rows["Relu_1"]["activation_bytes"] == 2 * 512 * 4 and got["total"] is None
     table = farm("analyze", str(example_onnx), "--layers").stdout
     assert "Gemm_0" in table and max(len(line) for line in table.splitlines()) <= 80
+
+
+def test_analyze_layers_of_a_torchscript_model_in_the_jail(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    model = tmp_path / "mlp.pt"
+    farm("example-model", str(model), "--kind", "torchscript-mlp")
+    got = json.loads(farm("analyze", str(model), "--layers", "--batch", "2", "--json").stdout)
+    rows = {r["name"]: r for r in got["layers"]}
+    assert rows["aten::linear#0/aten::addmm#0"]["macs"] == 2 * 256 * 512  # the profile's node names
+    assert rows["aten::linear#0/aten::addmm#0"]["params"] == 256 * 512 + 512 and rows["aten::linear#0"]["flops"] == 0
+    whole = json.loads(farm("analyze", str(model), "--json").stdout)
+    assert sum(r["flops"] for r in got["layers"]) == 2 * whole["flops_per_sample"]  # one rule table, same totals
+    bad = farm("analyze", str(tmp_path / "x.gguf"), "--layers", check=False)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr

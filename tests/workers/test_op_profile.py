@@ -167,3 +167,51 @@ def test_a_pass_that_cannot_load_the_model_says_why(tmp_path: Path) -> None:
     prof, trace = profile_job(_spec(gone), gone, None)
     assert prof.status == "failed" and trace is None
     assert "does not exist" in (prof.reason or ""), prof.reason  # the pass's own one-line error
+
+
+def test_torchscript_layers_join_the_pass_by_node_name(models: dict[str, Path], tmp_path: Path) -> None:
+    """farm analyze --layers of a TorchScript model (jailed, as farm analyze) names its static costs as the pass
+    names the profiled nodes: every counted op joins, its kernels' time is its own, the totals are analyze's."""
+    from farm.models.torch_counter import analyze_torchscript
+    from farm.models.torch_layers import torchscript_layers
+    from farm.op_profile import achieved, join_layers
+    from schemas import TensorSpec
+
+    conv = build_example("torchscript-convnet", tmp_path / "convnet.pt")
+    inputs = [TensorSpec(name="input", dtype="FP32", shape=(3, 32, 32))]
+    prof, _ = run_pass(conv, "torchscript", 2, 1, tmp_path / "out",
+                       inputs=[{"name": "input", "dtype": "FP32", "shape": [3, 32, 32]}], **SHORT)
+    layers = torchscript_layers(conv, inputs, batch=2)
+    names = {n.name for n in prof.nodes}
+    counted = [r for r in layers if r["covers_subtree"]]
+    assert counted and all(r["name"] in names for r in counted)  # the same names on both sides
+    assert achieved(layers, prof, None)["flops"] == 2 * analyze_torchscript(conv, inputs)["flops_per_sample"]
+    rows = {r["name"]: r for r in join_layers(layers, prof)}
+    convs = [r for r in rows.values() if r["op_type"] == "aten::convolution"]
+    assert len(convs) == 2 and all(r["flops"] > 0 and r["gflops_per_s"] > 0 and r["params"] > 0 for r in convs)
+    for r in convs:  # its kernels (aten::mkldnn_convolution ...) have no row: their time is the convolution's
+        below = [n for n in prof.nodes if n.name.startswith(r["name"] + "/")]
+        assert below and not any(n.name in rows for n in below)
+        own = next(n for n in prof.nodes if n.name == r["name"])
+        assert r["self_ms"] == pytest.approx(own.self_ms_p50 + sum(n.self_ms_p50 for n in below))
+    total = achieved(layers, prof, None)
+    assert total["gflops_per_s"] > 0 and total["peak_gflops"] == prof.peak_gflops and total["of_peak"] > 0
+
+
+def test_device_peaks_come_from_the_datasheet_table_by_nvml_name_or_are_unknown() -> None:
+    from farm.peaks import gpu_peak, measure_cpu_peak
+
+    assert gpu_peak("NVIDIA H100 80GB HBM3").gflops == 67_000  # type: ignore[union-attr]
+    assert gpu_peak("NVIDIA H100 PCIe", half=True).gflops == 756_000  # type: ignore[union-attr]
+    assert gpu_peak("NVIDIA A100-SXM4-80GB").gflops == 19_500  # type: ignore[union-attr]
+    assert gpu_peak("Tesla T4").gflops == 8_100  # type: ignore[union-attr]
+    assert gpu_peak("NVIDIA L40S").gflops == 91_600 and gpu_peak("NVIDIA L4").gflops == 30_300  # type: ignore[union-attr]
+    assert gpu_peak("NVIDIA A10G") is None and gpu_peak("NVIDIA GeForce RTX 4090") is None  # unknown, not guessed
+    peak = measure_cpu_peak(1, "0")
+    assert peak.gflops > 0 and "measured" in peak.source and "1 thread" in peak.source
+    from farm.peaks import Peak
+    from workers.profiling.run import best_of
+
+    both = best_of(Peak(10.0, "measured: x"), Peak(12.0, "measured: x"))
+    assert both is not None and both.gflops == 12.0 and "10.0 and 12.0" in both.source  # the better, both said
+    assert best_of(Peak(5.0, "datasheet"), Peak(5.0, "datasheet")) == Peak(5.0, "datasheet")

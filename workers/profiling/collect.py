@@ -4,7 +4,8 @@
   ``args.op_name``, ``provider``, ``input_type_shape``) fall inside one ``model_run`` event per inference. The
   optimized graph (``optimized_model_filepath``) maps the nodes the optimizer fused back to the graph's names.
 - TorchScript: ``torch.profiler`` with ``record_shapes``; each inference inside one ``record_function`` marker;
-  a node is an aten op by its position in the call tree (``aten::linear#3/aten::addmm#0``). The module call's
+  a node is an aten op by its position in the call tree (``aten::linear#3/aten::addmm#0``, ``farm.models.torch_nodes``:
+  ``farm analyze --layers`` names its static costs alike). The module call's
   own self time (the TorchScript interpreter) is no node: it stays in the overhead.
 - OpenVINO: ``PERF_COUNT`` and ``InferRequest.get_profiling_info()`` after each inference (layer, type, exec type,
   real time, EXECUTED / NOT_RUN / OPTIMIZED_OUT); the runtime model's ``originalLayersNames`` lists the fused
@@ -25,14 +26,13 @@ from typing import Any
 import numpy as np
 
 from farm.errors import ServerError
+from farm.models.torch_nodes import TORCH_MARK, torch_nodes
 from workers.engines.base import Backend
 
 Feed = dict[str, np.ndarray]
 #: a trace file larger than this is not parsed (the profile fails and says so), bytes
 MAX_TRACE_FILE = 512 * 1024 * 1024
-TORCH_MARK = "farm::iteration"
 NCHWC = "_nchwc"
-_TORCH_WRAPPERS = ("forward", TORCH_MARK)
 
 
 @dataclass
@@ -181,7 +181,7 @@ def _ort_graph(model: Path, optimized: Path, accs: dict[str, NodeAcc]) -> None:
     the optimized node that produces the first of its downstream tensors still present (the fusion kept that
     output), else it was optimized out (constant-folded or removed) and gets a zero row marked so."""
     if not optimized.is_file() or importlib.util.find_spec("onnx") is None:
-        return  # farm's runtime image (an edge container) has no onnx: the nodes stay unmapped, named as run
+        return  # no onnx here (farm's image carries it; a user's own may not): the nodes stay unmapped, named as run
     import onnx  # noqa: PLC0415 - onnx is heavy and only a profiling pass of an ONNX model needs it
 
     orig = onnx.load(str(model), load_external_data=False).graph
@@ -250,7 +250,7 @@ class TorchProfiler(Profiler):
         marks = [e for e in events if e.name == TORCH_MARK]
         rows = [(name, NodeAcc(op_type=evt.name, exec_type=evt.overload_name or "", provider="cpu",
                                shapes=_torch_shapes(evt)), float(evt.self_cpu_time_total))
-                for mark in marks for name, evt in _torch_nodes(mark)]
+                for mark in marks for name, evt in torch_nodes(mark)]
         if self.take(rows):
             self.trace = self.workdir / "torchscript.trace.json"
             prof.export_chrome_trace(str(self.trace))
@@ -261,27 +261,6 @@ class TorchProfiler(Profiler):
 
 def _torch_shapes(evt: Any) -> str:
     return " ".join(f"[{','.join(str(d) for d in s)}]" for s in (evt.input_shapes or []) if s)
-
-
-def _torch_nodes(mark: Any) -> list[tuple[str, Any]]:
-    """The aten ops under one iteration's marker, each named by its path in the call tree; the module call
-    (``forward``) is walked through, not a node."""
-    out: list[tuple[str, Any]] = []
-    counters: dict[tuple[str, str], int] = defaultdict(int)
-
-    def walk(evt: Any, prefix: str) -> None:
-        for child in evt.cpu_children:
-            if child.name in _TORCH_WRAPPERS:
-                walk(child, prefix)
-                continue
-            k = counters[(prefix, child.name)]
-            counters[(prefix, child.name)] += 1
-            name = f"{prefix}{child.name}#{k}"
-            out.append((name, child))
-            walk(child, name + "/")
-
-    walk(mark, "")
-    return out
 
 
 _OV_STATUS = {"EXECUTED": "executed", "NOT_RUN": "not_run", "OPTIMIZED_OUT": "optimized_out"}

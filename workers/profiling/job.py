@@ -1,9 +1,9 @@
 """The op-profiling pass of a served job (``--op-profile``): after its load measurement, with the server
 stopped, ``python -m workers.profiling`` runs on the job's server cores with the job's engine, device, batch,
 threads and inputs. The pass never overlaps the measured windows, so the job's load figures are the same with
-or without it (``benchmarks/op_profile.py`` shows it). Under the Docker runner too, the pass is a process on the
-job's cores (the host has the engines farm's image takes from it); edge runs take theirs inside their limits
-(``workers.edge_bench``).
+or without it (``benchmarks/op_profile.py`` shows it). This is the process runner's pass (``Runner.profile_pass``);
+the Docker runner takes it in a container of the job's image on the same cpuset
+(``workers.runners.docker_profile``); edge runs take theirs inside their limits (``workers.edge_bench``).
 
 Whatever happens to the pass (no profiler for the engine, a crash, a time-out, a trace over the bound), the
 job keeps its load figures; the profile says why it is missing (``schemas.op_profile``).

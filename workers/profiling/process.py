@@ -55,14 +55,18 @@ def pass_process(engine: str, argv: list[str], timeout: float, cpus: set[int] | 
     return read_pass(engine, proc.returncode, proc.stdout, proc.stderr)
 
 
-def read_pass(engine: str, code: int, stdout: str, stderr: str) -> tuple[OpProfile, bytes | None]:
-    """The profile a pass printed (and its trace file, compressed), or a ``failed`` one saying why."""
+def read_pass(engine: str, code: int, stdout: str, stderr: str,
+              moved: tuple[str, Path] | None = None) -> tuple[OpProfile, bytes | None]:
+    """The profile a pass printed (and its trace file, compressed), or a ``failed`` one saying why. ``moved``:
+    (the pass's output directory as it saw it, the same directory here): a container's pass."""
     report = _last_report(stdout)
     if report is None or "profile" not in report:
         why = (report or {}).get("error") or _crash(code, stderr)
         return missing(engine, "failed", f"the profiling pass failed: {why}"[:500]), None
     prof = OpProfile.model_validate(report["profile"])
     trace = report.get("trace")
+    if trace and moved is not None and trace.startswith(moved[0] + "/"):
+        trace = str(moved[1] / trace[len(moved[0]) + 1:])
     if not trace or not Path(trace).is_file():
         return prof, None
     packed = gzip.compress(Path(trace).read_bytes(), compresslevel=6)

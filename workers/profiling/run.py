@@ -9,15 +9,18 @@ job's leased cores (``workers.profiling.job``) or inside an edge run's limits (`
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from farm.peaks import Peak, gpu_peak, measure_cpu_peak
 from schemas.cpus import cpu_list
 from schemas.input_data import InputData
 from schemas.op_profile import OpNode, OpProfile, missing
 from workers.engines.backends import make_backend
+from workers.engines.base import parse_device
 from workers.profiling.collect import Collected, profiler_for, timed
 
 
@@ -41,6 +44,7 @@ def run_pass(model: Path, engine: str, batch_size: int, threads: int, workdir: P
     if profiler is None:
         return missing(engine, "none", f"engine {engine} has no op profiler in farm"), None
     compute: list[float] = [compute_ms] if compute_ms is not None else []
+    before = device_peak(device, threads)  # before any engine's threads exist, and again after they are gone
     with make_backend(engine) as plain, make_backend(engine) as backend:
         profiler.prepare(backend)
         backend.load(model, device, threads)
@@ -57,7 +61,34 @@ def run_pass(model: Path, engine: str, batch_size: int, threads: int, workdir: P
         col = profiler.finish(backend)
         cores = thread_cpus()  # the engines' pools are still alive here
     prof = summarize(engine, col, compute, batch_size=batch_size, threads=threads, warmup=warmup)
-    return prof.model_copy(update={"cpus": cpu_list(cores)}), col.trace
+    peak = best_of(before, device_peak(device, threads)) if prof.status == "ok" else None
+    return prof.model_copy(update={"cpus": cpu_list(cores), "peak_gflops": peak.gflops if peak else None,
+                                   "peak_source": peak.source if peak else None,
+                                   "site": f"host {socket.gethostname()}, pid {os.getpid()}"}), col.trace
+
+
+def best_of(a: Peak | None, b: Peak | None) -> Peak | None:
+    """The higher of two measurements of the peak, its source saying both were taken (a GPU's: the table's)."""
+    if a is None or b is None or a == b:  # a GPU's datasheet figure twice: one
+        return a or b
+    top = a if a.gflops >= b.gflops else b
+    return Peak(top.gflops, f"{top.source}; the best of two such runs, before and after the profiled inferences "
+                            f"({a.gflops:.1f} and {b.gflops:.1f} GFLOP/s)")
+
+
+def device_peak(device: str, threads: int) -> Peak | None:
+    """The peak FLOP rate of the pass's device (``farm.peaks``): a GPU's datasheet figure by its NVML name
+    (None: a GPU the table does not know, or NVML absent), else measured on this process's cores with the pass's
+    threads (0: one per core), after the profiled inferences, under the same limits."""
+    if parse_device(device)[0] == "gpu":
+        from workers.hardware import detect_gpus, gpu_uuids_for  # noqa: PLC0415 - NVML only for a GPU pass
+
+        gpus = detect_gpus()
+        uuids = gpu_uuids_for(gpus, device)
+        name = next((g.name for g in gpus if uuids and g.uuid == uuids[0]), None)
+        return gpu_peak(name) if name else None
+    mine = os.sched_getaffinity(0)
+    return measure_cpu_peak(threads or len(mine), cpu_list(mine))
 
 
 def thread_cpus() -> set[int]:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from farm.hooks import announce
 from schemas import JobResult, JobSpec
+from schemas.op_profile import OpProfile
+from workers.profiling.job import profile_job
 from workers.serving.base import Launch, ServingTarget, Site
 from workers.serving.confine import check_threads
 from workers.serving.registry import serving_engine
@@ -48,6 +50,11 @@ class Runner(ABC):
     @abstractmethod
     def run_edge(self, spec: JobSpec, model_path: Path) -> JobResult:
         """Run an edge job under the profile's CPU/memory limits and return its result."""
+
+    def profile_pass(self, spec: JobSpec, model_path: Path, cpus: set[int] | None) -> tuple[OpProfile, bytes | None]:
+        """The op-profiling pass of served job ``spec`` after its measurement (``--op-profile``), on cores ``cpus``:
+        here a process on the host (``workers.profiling.job``); the Docker runner takes it in a container."""
+        return profile_job(spec, model_path, cpus)
 
     def cleanup_dead(self, worker_ids: list[str]) -> list[str]:
         """Remove what workers that died on this host left behind (e.g. their containers); returns ids."""

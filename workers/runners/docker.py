@@ -35,6 +35,7 @@ from farm.errors import ContainerError, ServerError
 from farm.hooks import announce
 from farm.settings import get_settings
 from schemas import GpuInfo, JobResult, JobSpec
+from schemas.op_profile import OpProfile, missing
 from workers.cores import cpu_list
 from workers.hardware import gpu_uuids_for
 from workers.images import DEFAULT_TAG, build_local_image, image_exists, requirement_closure
@@ -42,6 +43,7 @@ from workers.runners import hardening as hd
 from workers.runners.base import Runner
 from workers.runners.common import MODEL_PLACEHOLDER
 from workers.runners.docker_edge import run_edge
+from workers.runners.docker_profile import profile_in_container
 from workers.serving.base import Launch, ReadyCheck, ServingTarget, Site
 from workers.serving.registry import serving_engine
 
@@ -366,6 +368,17 @@ class DockerRunner(Runner):
         (``image``, ``command``, ``edge_command``)."""
         return run_edge(self.client, spec, model_path, image=kwargs.pop("image", None) or self.image_for(spec),
                         worker_id=self.worker_id, pids_limit=self.pids_limit, **kwargs)
+
+    def profile_pass(self, spec: JobSpec, model_path: Path, cpus: set[int] | None) -> tuple[OpProfile, bytes | None]:
+        """The pass in a one-shot container of the job's image, with its cpuset and GPU
+        (``workers.runners.docker_profile``): the profile is taken under the limits the job was served with."""
+        try:
+            image = self.image_for(spec)
+            uuids = self._gpu_uuids(spec.device)
+        except ContainerError as exc:
+            return missing(spec.engine, "failed", f"the profiling pass did not run: {exc}"[:500]), None
+        return profile_in_container(self.client, spec, model_path, cpus, image=image, worker_id=self.worker_id,
+                                    pids_limit=self.pids_limit, gpu_uuids=uuids)
 
     # -- lifecycle --------------------------------------------------------------------------------
 

@@ -196,3 +196,5 @@ def test_an_edge_op_profile_is_taken_inside_the_limited_container(runner: Any, m
     assert prof is not None and prof.status == "ok", prof
     assert prof.nodes and prof.compute_ms is not None and prof.threads == 1  # the edge run's own thread count
     assert trace is not None  # ORT's trace, carried out of the container on its stdout
+    assert any(n.fused for n in prof.nodes)  # farm's image reads the ONNX graph: fused nodes mapped back
+    assert (prof.site or "").startswith("host ") and prof.peak_gflops  # where it ran; its measured peak there
