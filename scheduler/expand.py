@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.errors import RequestError
+from scheduler.goodput_rules import round_rate
 from scheduler.search_rules import first_level
 from schemas import JobSpec, ProfileRequest, TensorSpec
 from schemas.engines import FORMAT_ENGINE, IN_PROCESS, LLM_FORMAT_ENGINE, OPENAI_ENGINES, incompatibility
@@ -202,6 +203,9 @@ def _levels(request: ProfileRequest) -> list[tuple[int, float | None]]:
     """The (concurrency, open-loop rate) steps submitted upfront: all of them, or a quick search's first one
     (of the concurrency list, or in open loop of the rates at the request's one concurrency)."""
     rates = request.rate_levels()
+    start = request.measurement.rate
+    if request.measurement.search == "max-goodput" and start is not None:  # its first step (scheduler.goodput_rules)
+        return [(request.concurrency[0], round_rate(start))]
     if request.measurement.search == "quick":
         first = first_level(request.search_levels(), request.measurement.p99_ms)
         if request.search_load() == "rate":
@@ -229,7 +233,7 @@ def job_count(request: ProfileRequest, model: ModelRef, gpu_products: list[str] 
     m = request.measurement
     configs = len(request.instances or [m.instances]) * len(request.threads or [m.threads]) * len(
         request.max_queue_delay_us or [m.max_queue_delay_us])  # as ProfileRequest.serving_configs
-    levels = 1 if m.search == "quick" else len(request.concurrency) * len(request.rate_levels())  # as _levels
+    levels = 1 if m.search != "brute" else len(request.concurrency) * len(request.rate_levels())  # as _levels
     configs *= len(request.knob_configs())
     edge = len(request.edge) * len(edge_engines(request.engines, model.format)) * batches  # as _add_edge_jobs
     return pairs * batches * configs * levels + edge
