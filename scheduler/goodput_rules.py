@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 SHARE = 0.95  # the share of requests within the SLO a passing step needs
 BRACKET = 0.05  # stop once the failing rate is within 5 % above the passing one
-MAX_STEPS = 12  # the most steps one search measures
+MAX_STEPS = 16  # the most steps one search measures (10 doublings then 5 bisections: 1 to 1000x its start)
 MIN_RATE = 0.01  # the lowest rate a search halves down to, requests/s
 MAX_RATE = 1_000_000.0  # the highest rate a search doubles up to, requests/s (``schemas.request.MAX_RATE``)
 
