@@ -73,8 +73,8 @@ def finish(spec: JobSpec, worker_id: str, result: JobResult, status: JobStatus |
 
 
 def _advance_search(request_id: str) -> None:
-    """The result of a search step (quick or max-goodput) landed: raise ``farm.hooks.search_step_done``, whose handler (the
-    scheduler's ``advance``, registered by the CLI at start-up) enqueues the search's next step now.
+    """The result of a search step (quick or max-goodput) landed: raise ``farm.hooks.search_step_done``, whose
+    handler (the scheduler's ``advance``, registered by the CLI at start-up) enqueues the search's next step now.
     A failure here is only logged: reconciliation advances searches too, so the job's result stands."""
     try:
         search_step_done.fire(request_id)

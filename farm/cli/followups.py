@@ -66,8 +66,8 @@ def dry_run(request: ProfileRequest, attach: Attach | None, as_json: bool) -> No
         coords = ", ".join(f"{k}={v}" for k, v in ex.items() if k != "reason")
         say(f"left out {coords}: {ex['reason']}", to=err_console)
     if searches:
-        say(f"{searches} {request.measurement.search} search(es): the first step of each is above; each takes up to {steps} step(s)",
-            to=err_console)
+        say(f"{searches} {request.measurement.search} search(es): the first step of each is above; each takes up "
+            f"to {steps} step(s)", to=err_console)
     where = "in this process" if get_settings().embedded else "on the cluster's workers, one job per slot at once"
     say(f"estimated time {_span(low, high)} {where} (windows from min to max, plus about {JOB_OVERHEAD_S:g} s "
         "per job to start its server and calibrate); nothing was written", to=err_console)
