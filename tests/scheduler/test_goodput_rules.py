@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.expand import ModelRef, expand, job_count
 from scheduler.goodput_rules import (
     BRACKET,
     MAX_STEPS,
@@ -12,6 +13,7 @@ from scheduler.goodput_rules import (
     max_steps_for,
     round_rate,
 )
+from schemas import ProfileRequest
 
 
 def _run(start: float, passes: object, cap: int = MAX_STEPS) -> tuple[list[float], float | None]:
@@ -97,3 +99,13 @@ def test_steps_needed_stay_a_third_of_a_fine_grid(capacity: float) -> None:
     rates, answer = _run(1.0, lambda x: 1.0 if x <= capacity else 0.0)
     assert answer is not None and capacity / (1 + BRACKET) <= answer * 1.01 and answer <= capacity
     assert n == len(rates) and n <= MAX_STEPS and n * 3 <= grid
+
+
+def test_expansion_submits_one_first_step_per_configuration_at_the_rounded_start() -> None:
+    req = ProfileRequest.model_validate({"model": "m.gguf", "format": "gguf", "rates": [3.33333],
+                                         "knobs": {"n_ctx": [512, 2048]},
+                                         "measurement": {"search": "max-goodput", "llm": {"slo": "ttft=500"}}})
+    model = ModelRef(sha256="a" * 64, format="gguf", filename="m.gguf", inputs=())
+    jobs = expand(req, "r", model).jobs
+    assert job_count(req, model) == len(jobs) == 2 and len({j.job_id for j in jobs}) == 2
+    assert {(j.rate, j.measurement.mode) for j in jobs} == {(3.33, "poisson")}
