@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.errors import RequestError
-from scheduler.goodput_rules import round_rate
+from scheduler.goodput_rules import round_rate, step_duration
 from scheduler.search_rules import first_level
 from schemas import JobSpec, ProfileRequest, TensorSpec
 from schemas.engines import FORMAT_ENGINE, IN_PROCESS, LLM_FORMAT_ENGINE, OPENAI_ENGINES, incompatibility
@@ -166,7 +166,7 @@ def _serving_jobs(request: ProfileRequest, device: str, engine: str, batches: li
             for knobs in knob_configs:
                 for c, rate in _levels(request):
                     m = request.measurement.model_copy(
-                        update={**serving, "rate": rate, "llm": _llm_for(request, engine)})
+                        update={**serving, "rate": rate, "llm": _llm_for(request, engine), **_step_time(request, rate)})
                     jobs.append(JobSpec(
                         job_id=job_id_for(request_id, device, engine, b, c, None, {**serving, "rate": rate}, knobs),
                         device=device, engine=engine, batch_size=b, concurrency=c, queue=queue_for(device),
@@ -212,6 +212,14 @@ def _levels(request: ProfileRequest) -> list[tuple[int, float | None]]:
             return [(request.concurrency[0], float(first))]
         return [(int(first), rates[0])]
     return [(c, r) for c in request.concurrency for r in rates]
+
+
+def _step_time(request: ProfileRequest, rate: float | None) -> dict[str, float | None]:
+    """A max-goodput search's first step measures long enough for its rate (``goodput_rules.step_duration``)."""
+    m = request.measurement
+    if m.search != "max-goodput" or rate is None:
+        return {}
+    return {"duration_s": step_duration(m.duration_s, m.max_windows * m.window_s, rate)}
 
 
 def edge_engines(engines: list[str], model_format: str) -> list[str]:

@@ -25,6 +25,8 @@ BRACKET = 0.05  # stop once the failing rate is within 5 % above the passing one
 MAX_STEPS = 16  # the most steps one search measures (10 doublings then 5 bisections: 1 to 1000x its start)
 MIN_RATE = 0.01  # the lowest rate a search halves down to, requests/s
 MAX_RATE = 1_000_000.0  # the highest rate a search doubles up to, requests/s (``schemas.request.MAX_RATE``)
+MIN_STEP_REQUESTS = 20  # a step is lengthened until it expects this many measured requests ...
+MAX_STEP_S = 300.0  # ... up to this long, s
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,17 @@ def _next(nxt: float, steps: Sequence[RateStep], good: RateStep | None, ceiling:
         head = f"max goodput rate {good.rate:g}/s" if good else "no rate met the SLO"
         return GoodputDecision(None, good, ceiling, f"{head} (the bracket cannot narrow at 3 significant digits)")
     return GoodputDecision(nxt, good, ceiling, reason)
+
+
+def step_duration(duration_s: float | None, windows_s: float, rate: float) -> float | None:
+    """The measured time (s) of a step at ``rate`` (requests/s): its ``duration_s`` (None: its windows, at
+    most ``windows_s`` long) unless that expects under ``MIN_STEP_REQUESTS`` requests, then long enough for
+    them (up to ``MAX_STEP_S``): at a low rate, a step of a few requests judges the 95 % rule on noise, and one
+    of none fails."""
+    measured = duration_s if duration_s is not None else windows_s
+    if measured * rate >= MIN_STEP_REQUESTS:
+        return duration_s
+    return round(min(max(measured, MAX_STEP_S), MIN_STEP_REQUESTS / rate), 1)
 
 
 def max_steps_for(start: float, answer: float) -> int:

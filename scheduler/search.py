@@ -26,9 +26,9 @@ from farm.results import find_request
 from farm.settings import get_settings
 from scheduler.enqueue import enqueue_jobs, job_rows
 from scheduler.expand import job_id_for
-from scheduler.goodput_rules import GoodputDecision, RateStep, decide_rate
+from scheduler.goodput_rules import GoodputDecision, RateStep, decide_rate, step_duration
 from scheduler.search_rules import Decision, Step, decide, label
-from schemas import SERVING_KEYS, JobSpec, ProfileRequest
+from schemas import SERVING_KEYS, JobSpec, MeasurementSettings, ProfileRequest
 from schemas.job import FINAL, JobStatus
 
 
@@ -62,6 +62,7 @@ class SearchState:
     load: str = "concurrency"  # what the search walks: concurrency, or the open-loop rate
     rate_steps: list[RateStep] = field(default_factory=list)  # a max-goodput search's steps
     slo: str = ""  # a max-goodput search's SLO, for its line (``Slo.text``)
+    asked: MeasurementSettings | None = None  # the request's measurement (a max-goodput step's time follows it)
 
     def describe(self) -> str:
         """One line for ``farm status``: ``measuring c=4 (measured c=1,2)``, ``... rate=100/s (...)``."""
@@ -110,7 +111,8 @@ def search_states(bind: Any, request_id: str) -> list[SearchState]:
     slo = request.measurement.llm.slo.text() if request.measurement.llm and request.measurement.llm.slo else ""
     for job_spec, status, c, rate, tput, p99, goodput, details in rows:
         key = serving_key(job_spec)
-        st = states.setdefault(key, SearchState(key, [], None, None, job_spec, load, slo=slo))
+        st = states.setdefault(key, SearchState(key, [], None, None, job_spec, load, slo=slo,
+                                                asked=request.measurement))
         level = c if load == "concurrency" else rate
         if status not in FINAL:
             st.pending = level
@@ -161,7 +163,11 @@ def next_steps(bind: Any, request_id: str) -> list[tuple[str, str]]:
         if st.decision is None or st.decision.next is None:
             continue
         t, c, m = st.template, st.template["concurrency"], st.template["measurement"]
-        if st.load == "rate":
+        if isinstance(st.decision, GoodputDecision):
+            asked = st.asked or MeasurementSettings()  # the request's own, not a lengthened step's
+            m = {**m, "rate": st.decision.next, "duration_s": step_duration(
+                asked.duration_s, asked.max_windows * asked.window_s, st.decision.next)}
+        elif st.load == "rate":
             m = {**m, "rate": st.decision.next}
         else:
             c = st.decision.next

@@ -7,11 +7,14 @@ import pytest
 from scheduler.expand import ModelRef, expand, job_count
 from scheduler.goodput_rules import (
     BRACKET,
+    MAX_STEP_S,
     MAX_STEPS,
+    MIN_STEP_REQUESTS,
     RateStep,
     decide_rate,
     max_steps_for,
     round_rate,
+    step_duration,
 )
 from schemas import ProfileRequest
 
@@ -109,3 +112,15 @@ def test_expansion_submits_one_first_step_per_configuration_at_the_rounded_start
     jobs = expand(req, "r", model).jobs
     assert job_count(req, model) == len(jobs) == 2 and len({j.job_id for j in jobs}) == 2
     assert {(j.rate, j.measurement.mode) for j in jobs} == {(3.33, "poisson")}
+    assert {j.measurement.duration_s for j in jobs} == {None}  # 10 s of windows: 33 requests expected
+    short = ProfileRequest.model_validate({**req.model_dump(exclude_unset=True), "rates": [1.0],
+                                           "measurement": {**req.measurement.model_dump(exclude_unset=True),
+                                                           "rate": 1.0, "duration_s": 2.0}})
+    assert {j.measurement.duration_s for j in expand(short, "r", model).jobs} == {MIN_STEP_REQUESTS / 1.0}
+
+
+def test_a_low_rate_step_is_lengthened_to_expect_enough_requests() -> None:
+    assert step_duration(2.0, 10.0, 50.0) == 2.0  # 100 requests expected: as asked
+    assert step_duration(None, 10.0, 5.0) is None  # its windows: 50 requests
+    assert step_duration(2.0, 10.0, 1.0) == MIN_STEP_REQUESTS / 1.0  # 2 requests expected: 20 s
+    assert step_duration(None, 10.0, 0.01) == MAX_STEP_S  # capped
