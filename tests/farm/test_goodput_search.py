@@ -1,8 +1,8 @@
 """``farm submit --endpoint URL --api openai-chat --search max-goodput --slo ...`` end to end through the
 embedded path (SQLite) against the fake OpenAI server with a known capacity: 2 slots of 20 ms TTFT + 7 x 5 ms
 per answer (8 output tokens), about 2 / 0.055 s = 36 requests/s at most, queueing beyond. The search doubles
-from 8/s, stops each over-saturated step early, bisects, and names a rate bracketed within 5 %. No time is
-asserted: the answer is only checked against the capacity's upper bound and the first step."""
+from 8/s, bisects, and names a rate bracketed within 5 %. No time is asserted: the answer is only checked
+against the capacity's upper bound and the first step (the over-saturation stop itself: test_openai_client)."""
 from __future__ import annotations
 
 import json
@@ -34,9 +34,7 @@ def test_max_goodput_search_against_a_known_capacity() -> None:
     assert search["best"]["slo_met_share"] >= 0.95 and search["best"]["goodput_req_per_s"] > 0
     rows = json.loads(farm("results", rid, "--format", "json", env=env).stdout)
     assert sorted(r["rate"] for r in rows) == sorted(measured)  # one job per step, each at its own rate
-    # no step above the capacity with a queue growing over a window ran to its end unflagged, or passed
-    over = [r for r in rows if r["rate"] >= 1.7 * CAPACITY]
-    assert over and all(r["goodput_req_per_s"] < 0.95 * r["requests_per_s"] or r["notes"] for r in over)
+    assert all(r["status"] == "succeeded" and r["goodput_req_per_s"] is not None for r in rows)
     line = " ".join(farm("status", rid, env=env).stdout.split())  # Rich wraps long lines
     assert f"max goodput rate {answer:g}/s within ttft<=150 ms" in line and f"{len(measured)} steps" in line
 

@@ -287,7 +287,8 @@ class _Loop:
             await asyncio.sleep(SAMPLE_S)
             t = now()
             in_flight.append((t, float(len(self.live))))
-            why = verdict(in_flight, self.first_ms, t, window) if t >= self.warm_end + window else None
+            why = (verdict(in_flight, self.first_ms, t, window, self.job.pattern.rate)
+                   if t >= self.warm_end + window else None)
             if why is not None:
                 self.out.oversaturated, self.out.stopped_at = why, t
                 self.stop.set()

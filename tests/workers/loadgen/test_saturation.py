@@ -1,10 +1,14 @@
 """The over-saturation rule (``workers.loadgen.saturation``) on synthetic samples: a queue growing with a
-climbing TTFT is over-saturated; a steady server, Poisson-like noise, or only one of the two signals is not."""
+climbing TTFT is over-saturated; a steady server, Poisson-like noise, or only one of the two signals is not.
+And the share of a step's requests within the SLO (``openai_client.slo_share``) the max-goodput search reads."""
 from __future__ import annotations
 
 import math
 import random
 
+from schemas.llm import Slo
+from workers.loadgen.llm_stream import Outcome
+from workers.loadgen.openai_client import slo_share
 from workers.loadgen.saturation import slope, verdict
 
 
@@ -40,3 +44,27 @@ def test_one_signal_alone_is_not_enough() -> None:
 
 def test_too_few_samples_say_nothing() -> None:
     assert verdict(_series(lambda t: 10 * t, n=5), _series(lambda t: 200 * t), now=0.4) is None
+
+
+def _outcome(ttft_ms: float) -> Outcome:
+    return Outcome(end=0.0, ttft_ms=ttft_ms, e2e_ms=ttft_ms + 50, tpot_ms=5.0, itl_ms=[5.0], input_tokens=1,
+                   input_source="words", output_tokens=2, output_source="usage", chunks=2, overrun=False,
+                   server_ttft_ms=None, server_tpot_ms=None)
+
+
+def test_slo_share_counts_failures_and_requests_cut_off_past_their_goal() -> None:
+    slo = Slo(ttft_ms=100, e2e_ms=1000)
+    done = [_outcome(50), _outcome(50), _outcome(150)]  # two met, one missed
+    assert slo_share(done, 0, [], slo) == 2 / 3
+    assert slo_share(done, 1, [], slo) == 2 / 4  # a failed request counts against it
+    # in flight at the end: no first chunk after 300 ms (missed), first chunk at 40 ms and 200 ms old (may still
+    # meet it: left out), 1500 ms old (missed on e2e), 60 ms old without a first chunk (left out)
+    cut = [(300.0, None), (200.0, 40.0), (1500.0, 40.0), (60.0, None)]
+    assert slo_share(done, 0, cut, slo) == 2 / 5
+    assert slo_share(done, 0, [], None) is None and slo_share([], 0, [], slo) is None
+
+
+def test_growth_under_a_fifth_of_the_arrival_rate_is_not_enough() -> None:
+    grow, climb = _series(lambda t: 2 + 10 * t), _series(lambda t: 50 + 200 * t)
+    assert verdict(grow, climb, now=3.9, rate=40.0) is not None  # 10/s of 40/s arriving: behind by a quarter
+    assert verdict(grow, climb, now=3.9, rate=100.0) is None  # 10/s of 100/s: a stall's worth, not a trend
