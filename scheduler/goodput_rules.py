@@ -103,7 +103,7 @@ def decide_rate(start: float, steps: Sequence[RateStep], max_steps: int = MAX_ST
                                                      f"doubling is over {MAX_RATE:g}/s")
         return _next(nxt, steps, good, None, f"doubling: rate={nxt:g}/s next", max_steps)
     if bad.rate <= good.rate * (1 + BRACKET):
-        return GoodputDecision(None, good, ceiling, f"max goodput rate {good.rate:g}/s (rate={bad.rate:g}/s "
+        return GoodputDecision(None, good, ceiling, f"max goodput rate {good.rate:g} req/s (rate={bad.rate:g}/s "
                                                     f"{bad.why_failed()})")
     nxt = round_rate((good.rate + bad.rate) / 2)
     return _next(nxt, steps, good, ceiling, f"bisecting {good.rate:g}..{bad.rate:g}/s: rate={nxt:g}/s next",
@@ -114,11 +114,11 @@ def _next(nxt: float, steps: Sequence[RateStep], good: RateStep | None, ceiling:
           max_steps: int) -> GoodputDecision:
     """Measure ``nxt`` unless the step cap is reached or rounding lands on a measured rate."""
     if len(steps) >= max_steps:
-        head = f"max goodput rate {good.rate:g}/s" if good else "no rate met the SLO"
+        head = f"max goodput rate {good.rate:g} req/s" if good else "no rate met the SLO"
         return GoodputDecision(None, good, ceiling, f"{head} (stopped at the cap of {max_steps} steps"
                                                     f"{'' if ceiling is None else f'; fails at {ceiling:g}/s'})")
     if any(s.rate == nxt for s in steps):
-        head = f"max goodput rate {good.rate:g}/s" if good else "no rate met the SLO"
+        head = f"max goodput rate {good.rate:g} req/s" if good else "no rate met the SLO"
         return GoodputDecision(None, good, ceiling, f"{head} (the bracket cannot narrow at 3 significant digits)")
     return GoodputDecision(nxt, good, ceiling, reason)
 

@@ -81,14 +81,13 @@ class SearchState:
 
 
 def goodput_line(decision: GoodputDecision, steps: list[RateStep], slo: str) -> str:
-    """A max-goodput search's state in one line: ``max goodput rate 12.5/s within ttft<=200 ms, tpot<=50 ms
+    """A max-goodput search's state in one line: ``max goodput rate 12.5 req/s within ttft<=200 ms, tpot<=50 ms
     (rate=13.1/s 80% within the SLO); goodput 12.3 req/s, 97% within the SLO; 6 steps`` once done."""
     n = f"{len(steps)} step{'s' if len(steps) != 1 else ''}"
     best = decision.best
     got = (f"; goodput {best.goodput:.2f} req/s, {best.share:.0%} within the SLO"
            if best and best.goodput is not None and best.share is not None else "")
-    reason = decision.reason.replace("/s (", f"/s within {slo} (", 1) if decision.reason.startswith(
-        "max goodput") and slo else decision.reason
+    reason = decision.reason.replace(" req/s", f" req/s within {slo}", 1) if slo else decision.reason
     return f"{reason}{got}; {n}"
 
 

@@ -36,7 +36,7 @@ def test_max_goodput_search_against_a_known_capacity() -> None:
     assert sorted(r["rate"] for r in rows) == sorted(measured)  # one job per step, each at its own rate
     assert all(r["status"] == "succeeded" and r["goodput_req_per_s"] is not None for r in rows)
     line = " ".join(farm("status", rid, env=env).stdout.split())  # Rich wraps long lines
-    assert f"max goodput rate {answer:g}/s within ttft<=150 ms" in line and f"{len(measured)} steps" in line
+    assert f"max goodput rate {answer:g} req/s within ttft<=150 ms" in line and f"{len(measured)} steps" in line
 
 
 def test_max_goodput_bad_input_is_a_one_line_usage_error() -> None:

@@ -59,7 +59,7 @@ def test_the_95_percent_rule_and_what_fails_a_step() -> None:
 def test_done_within_the_bracket_names_the_answer_and_why_above_fails() -> None:
     d = decide_rate(10, [RateStep(10, 1.0), RateStep(10.4, 0.8)])
     assert d.done and d.best == RateStep(10, 1.0) and d.ceiling == 10.4
-    assert "max goodput rate 10/s" in d.reason and "80% within the SLO" in d.reason
+    assert "max goodput rate 10 req/s" in d.reason and "80% within the SLO" in d.reason
     d = decide_rate(10, [RateStep(10, 1.0), RateStep(10.4, 0.99, oversaturated=True)])
     assert d.done and "over-saturated" in d.reason
 
