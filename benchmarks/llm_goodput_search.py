@@ -14,9 +14,12 @@ separate CPUs.
   where a noisy step near the edge failed).
 * search: the rule from ``--start``, each step stopped early when over-saturated, as a job of the search runs.
 
-Printed: each method's answer, steps and measuring time; the search's rate / the brute-force rate (target:
-within 5 %) and its steps / brute-force steps (target: <= 1/3); the host load before and after; the yardstick:
-the server's measured capacity (closed loop at ``SLOTS`` concurrency, requests/s) against its nominal one.
+Order: yardstick, search, yardstick, brute force, yardstick (and without ``--quick``: a second search and a
+last yardstick). Printed: each method's answer, steps and measuring time; the search's rate / the
+brute-force rate (target: within 5 %) and its steps / brute-force steps (target: <= 1/3); the host load
+before and after; the yardstick between the phases: the server's measured capacity (closed loop at
+``SLOTS`` concurrency, requests/s) against its nominal one (a host whose speed changes between the phases
+moves the answers apart).
 ``--quick`` (CI): 2 s steps (else 3 s) and a grid over a narrower range (16..40 req/s), so a third of its
 steps is a harder target.
 
@@ -99,9 +102,23 @@ def _trace(steps: list[RateStep]) -> str:
     return " ".join(f"{s.rate:g}{'' if s.passed else ('!' if s.oversaturated else 'x')}" for s in steps)
 
 
+def _capacity(url: str) -> float:
+    """The yardstick: the server's completed requests/s in a closed loop at ``SLOTS`` concurrency."""
+    return measure(url, None, False, 0)[1]
+
+
+def _report(label: str, found: list[RateStep], why: str, secs: float, best: float | None, n_brute: int) -> None:
+    got = answer(found)
+    print(f"{label}: {len(found)} steps in {secs:.0f} s: {_trace(found)}")
+    print(f"  -> {why}")
+    if best and got:
+        print(f"  search / brute force: rate {got:g} / {best:g} = {got / best:.3f} (target 0.95..1.05); "
+              f"steps {len(found)} / {n_brute} = {len(found) / n_brute:.2f} (target <= 0.33)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="CI: a brute-force grid over 16..40 req/s only")
+    p.add_argument("--quick", action="store_true", help="CI: one search, a brute-force grid over 16..40 req/s")
     p.add_argument("--start", type=float, default=8.0, help="the search's first rate, req/s")
     p.add_argument("--low", type=float, default=None, help="the grid's lowest rate (default 4, --quick 16)")
     p.add_argument("--high", type=float, default=None, help="the grid's highest rate (default 64, --quick 40)")
@@ -114,24 +131,28 @@ def main() -> None:
     print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     print(f"fake server: {SLOTS} slots, TTFT {TTFT_MS:g} ms + {OUTPUT - 1} x {ITL_MS:g} ms (nominal capacity "
           f"{NOMINAL:.1f} req/s); SLO ttft<={SLO_TTFT_MS:g} ms for 95 %; steps {WARMUP_S:g} s + {STEP_S:g} s")
+    yard: list[float] = []
+    searches = []
     with fake_server(model="fake", ttft_ms=TTFT_MS, itl_ms=ITL_MS, slots=SLOTS,
                      cpus=",".join(map(str, sorted(server_cpus or [])))) as url:
-        capacity = measure(url, None, False, 0)[1]
-        print(f"yardstick: measured capacity {capacity:.1f} req/s (closed loop, concurrency {SLOTS}) = "
-              f"{capacity / NOMINAL:.0%} of nominal")
-        found, why, search_s = search(url, args.start)
-        rates = grid(low, high)
-        swept, brute_s = brute(url, rates)
-    best, monotone, got = answer(swept), answer(swept, below_failure=True), answer(found)
-    print(f"search from {args.start:g}/s: {len(found)} steps in {search_s:.0f} s: {_trace(found)}")
-    print(f"  -> {why}")
+        yard.append(_capacity(url))
+        searches.append(search(url, args.start))
+        yard.append(_capacity(url))
+        swept, brute_s = brute(url, grid(low, high))
+        yard.append(_capacity(url))
+        if not args.quick:  # a second search after the sweep: the host's drift shows between the two
+            searches.append(search(url, args.start))
+            yard.append(_capacity(url))
+    best, monotone = answer(swept), answer(swept, below_failure=True)
+    print(f"yardstick: the server's capacity (closed loop, concurrency {SLOTS}) before/between the phases: "
+          f"{' / '.join(f'{y:.1f}' for y in yard)} req/s (nominal {NOMINAL:.1f}): a host that changes speed "
+          "moves the answer with it")
     print(f"brute force {low:g}..{high:g}/s 5 % apart: {len(swept)} steps in {brute_s:.0f} s: {_trace(swept)}")
     print(f"  -> highest passing rate {best} (below its first failure: {monotone})")
+    for k, (found, why, secs) in enumerate(searches):
+        _report(f"search {k + 1} from {args.start:g}/s ({'before' if k == 0 else 'after'} the sweep)", found, why,
+                secs, best, len(swept))
     print("(x: under 95 % within the SLO; !: stopped as over-saturated)")
-    if best and got:
-        print(f"search / brute force: rate {got:g} / {best:g} = {got / best:.3f} (target 0.95..1.05); "
-              f"steps {len(found)} / {len(swept)} = {len(found) / len(swept):.2f} (target <= 0.33); "
-              f"time {search_s / brute_s:.2f}")
     print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
