@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.errors import RequestError
+from scheduler.goodput_rules import round_rate, step_duration
 from scheduler.search_rules import first_level
 from schemas import JobSpec, ProfileRequest, TensorSpec
 from schemas.engines import FORMAT_ENGINE, IN_PROCESS, LLM_FORMAT_ENGINE, OPENAI_ENGINES, incompatibility
@@ -165,7 +166,7 @@ def _serving_jobs(request: ProfileRequest, device: str, engine: str, batches: li
             for knobs in knob_configs:
                 for c, rate in _levels(request):
                     m = request.measurement.model_copy(
-                        update={**serving, "rate": rate, "llm": _llm_for(request, engine)})
+                        update={**serving, "rate": rate, "llm": _llm_for(request, engine), **_step_time(request, rate)})
                     jobs.append(JobSpec(
                         job_id=job_id_for(request_id, device, engine, b, c, None, {**serving, "rate": rate}, knobs),
                         device=device, engine=engine, batch_size=b, concurrency=c, queue=queue_for(device),
@@ -227,12 +228,23 @@ def _levels(request: ProfileRequest) -> list[tuple[int, float | None]]:
     """The (concurrency, open-loop rate) steps submitted upfront: all of them, or a quick search's first one
     (of the concurrency list, or in open loop of the rates at the request's one concurrency)."""
     rates = request.rate_levels()
+    start = request.measurement.rate
+    if request.measurement.search == "max-goodput" and start is not None:  # its first step (scheduler.goodput_rules)
+        return [(request.concurrency[0], round_rate(start))]
     if request.measurement.search == "quick":
         first = first_level(request.search_levels(), request.measurement.p99_ms)
         if request.search_load() == "rate":
             return [(request.concurrency[0], float(first))]
         return [(int(first), rates[0])]
     return [(c, r) for c in request.concurrency for r in rates]
+
+
+def _step_time(request: ProfileRequest, rate: float | None) -> dict[str, float | None]:
+    """A max-goodput search's first step measures long enough for its rate (``goodput_rules.step_duration``)."""
+    m = request.measurement
+    if m.search != "max-goodput" or rate is None:
+        return {}
+    return {"duration_s": step_duration(m.duration_s, m.max_windows * m.window_s, rate)}
 
 
 def edge_engines(engines: list[str], model_format: str) -> list[str]:
@@ -254,7 +266,7 @@ def job_count(request: ProfileRequest, model: ModelRef, gpu_products: list[str] 
     m = request.measurement
     configs = len(request.instances or [m.instances]) * len(request.threads or [m.threads]) * len(
         request.max_queue_delay_us or [m.max_queue_delay_us])  # as ProfileRequest.serving_configs
-    levels = 1 if m.search == "quick" else len(request.concurrency) * len(request.rate_levels())  # as _levels
+    levels = 1 if m.search != "brute" else len(request.concurrency) * len(request.rate_levels())  # as _levels
     configs *= len(request.knob_configs())
     edge = len(request.edge) * len(edge_engines(request.engines, model.format)) * batches  # as _add_edge_jobs
     if model.format in LLM_FORMAT_ENGINE:  # as _add_llm_edge_jobs

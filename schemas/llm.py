@@ -89,6 +89,10 @@ class Slo(_Strict):
     def _from_text(cls, data: object) -> object:
         return parse_slo(data) if isinstance(data, str) else data
 
+    def text(self) -> str:
+        """The goals for humans: ``ttft<=200 ms, tpot<=50 ms``."""
+        return ", ".join(f"{k}<={getattr(self, f):g} ms" for k, f in SLO_KEYS.items() if getattr(self, f) is not None)
+
     def met(self, ttft_ms: float, tpot_ms: float | None, e2e_ms: float) -> bool:
         """Whether one request's figures meet every goal (a one-token answer has no TPOT: that goal is met)."""
         return ((self.ttft_ms is None or ttft_ms <= self.ttft_ms)

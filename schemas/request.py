@@ -159,6 +159,21 @@ LoadClientName = Literal["auto", "farm", "perf_analyzer", "openai"]
 LOAD_CLIENTS: tuple[str, ...] = get_args(LoadClientName)
 
 
+#: the searches a request may ask for (``MeasurementSettings.search``): none (brute force), the quick search over
+#: the listed levels, and the LLM max-goodput search over a continuous rate
+SearchKind = Literal["brute", "quick", "max-goodput"]
+GOODPUT_START_RATE = 1.0  # the first rate of a max-goodput search given no --rate, requests/s
+
+
+def _goodput_open_loop(data: object) -> object:
+    """A max-goodput search measures Poisson arrivals: a closed-loop measurement becomes ``poisson`` at its
+    rate, or ``GOODPUT_START_RATE`` (a new dict; anything else is left to the checks)."""
+    if (isinstance(data, dict) and data.get("search") == "max-goodput"
+            and data.get("mode", "closed") == "closed"):
+        return {**data, "mode": "poisson", "rate": data.get("rate") or GOODPUT_START_RATE}
+    return data
+
+
 class MeasurementSettings(_Strict):
     """How each job is measured. Times in seconds; percentages in %."""
 
@@ -187,10 +202,12 @@ class MeasurementSettings(_Strict):
         description="dynamic batching: how long the server waits to merge requests, µs; None = off")
     preferred_batch_size: int | None = Field(
         default=None, ge=1, le=65536, description="dynamic batching: run a batch as soon as it has this many rows")
-    search: Literal["brute", "quick"] = Field(
+    search: SearchKind = Field(
         default="brute", description="brute: every concurrency (or rate); quick: per serving configuration, the "
                                      "scheduler walks concurrency (open loop: the rates) up, or binary-searches "
-                                     "it under p99_ms")
+                                     "it under p99_ms; max-goodput (LLM, with an SLO): per serving configuration, "
+                                     "the highest Poisson request rate keeping >= 95 % of requests within the SLO, "
+                                     "found by doubling then bisecting the rate from measurement.rate")
     p99_ms: float | None = Field(default=None, gt=0, le=600_000, description="latency budget of the quick search, ms")
     rpc: Literal["unary", "stream"] = Field(
         default="unary",
@@ -215,7 +232,9 @@ class MeasurementSettings(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _rate_opens_the_loop(cls, data: object) -> object:
-        """A rate without an open-loop mode measures at that constant rate (a new input, nothing mutated)."""
+        """A rate without an open-loop mode measures at that constant rate (a new input, nothing mutated); a
+        max-goodput search at Poisson arrivals."""
+        data = _goodput_open_loop(data)
         if isinstance(data, dict) and data.get("rate") is not None and data.get("mode", "closed") == "closed":
             return {**data, "mode": "constant"}
         return data
@@ -230,10 +249,25 @@ class MeasurementSettings(_Strict):
             raise ValueError(f"mode {self.mode!r} needs a rate (requests/s)")
         if self.max_windows < self.min_windows:
             raise ValueError(f"max_windows ({self.max_windows}) must be >= min_windows ({self.min_windows})")
+        if self.search == "max-goodput":
+            self._check_goodput()
         if self.p99_ms is not None and self.search != "quick":
             raise ValueError("p99_ms (--p99) is the quick search's latency budget: add search quick (--search quick), "
                              "or rank by p99 afterwards with `farm report --p99`")
         return self
+
+    def _check_goodput(self) -> None:
+        if self.llm is None:
+            raise ValueError("--search max-goodput searches an LLM server's request rate: give a .gguf or Hugging "
+                             "Face model, or --endpoint http://HOST:PORT --api openai-chat, with --slo ttft=MS,tpot=MS")
+        if self.llm.slo is None:
+            raise ValueError("--search max-goodput needs the latency goals requests must meet: add --slo "
+                             "ttft=MS,tpot=MS[,e2e=MS]")
+        if self.mode != "poisson":
+            raise ValueError(f"--search max-goodput measures Poisson arrivals: drop --mode {self.mode} "
+                             "(it sets --mode poisson itself)")
+        if self.llm.requests is not None:
+            raise ValueError("--search max-goodput measures each rate over the windows: drop --requests")
 
 
 #: every measurement setting's default (the one place: ``MeasurementSettings``' fields)
@@ -509,7 +543,10 @@ class ProfileRequest(_Strict):
         if self.rates and m.rate not in self.rates:
             raise ValueError(f"measurement.rate {m.rate:g} is not one of rates; give the open-loop rate once "
                              "(rates: [...] or measurement.rate)")
-        if m.search == "quick" and self.repeats > 1:
+        if m.search == "max-goodput" and (len(self.rates or []) > 1 or len(self.concurrency) > 1):
+            raise ValueError("--search max-goodput finds the rate itself: give at most one --rate (its first step, "
+                             f"default {GOODPUT_START_RATE:g} req/s) and one --concurrency")
+        if m.search != "brute" and self.repeats > 1:
             raise ValueError("repeats and a quick search do not combine (each search step is one run): use "
                              "--search brute with --repeats, or drop --repeats")
         if m.search == "quick" and m.mode != "closed" and len(self.concurrency) > 1:

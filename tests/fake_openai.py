@@ -3,6 +3,10 @@
 inter-token gap, ``k`` tokens per chunk, and a log of the truth: per request the monotonic time its body was
 read and the time each token's chunk was written (same clock as the client's on one machine).
 
+A known capacity on demand (``--slots N``): at most N answers stream at once, the others wait in a FIFO queue
+before their headers are sent (a server with N batch slots and a fixed per-token time): N / (TTFT + (tokens -
+1) x ITL) requests/s in all, and a sharp SLO edge near it (``benchmarks/llm_goodput_search.py``).
+
 Faults on demand (``--fault``): ``http500``, ``not_streaming`` (a JSON answer), ``malformed`` (a data line
 that is not JSON), ``truncate`` (the connection closes mid-stream), ``overrun`` (3 tokens past max_tokens),
 ``no_usage`` (no usage chunk, as llama.cpp streams). A wrong model name gets 404 like vLLM's; ``GET /metrics``
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -38,6 +43,7 @@ class Script:
     per_chunk: int = 1
     fault: str = "none"
     api_key: str = ""  # required as a bearer token when set
+    slots: int = 0  # answers streamed at once (0: no limit); the others wait in a FIFO queue
 
 
 def _head(status: str, ctype: str, length: int | None = None) -> bytes:
@@ -128,6 +134,8 @@ class FakeServer:
         self.s = script
         self.log = log
         self.loop = asyncio.get_running_loop()
+        self.busy = 0  # answers streaming now (``Script.slots``)
+        self.waiting: collections.deque[_Stream] = collections.deque()
         self.hist: dict[str, list[int]] = {"vllm:time_to_first_token_seconds": [0] * len(BUCKETS),
                                            "vllm:time_per_output_token_seconds": [0] * len(BUCKETS)}
 
@@ -172,10 +180,18 @@ class FakeServer:
         st = _Stream(conn, chat, want + 3 if s.fault == "overrun" else want, len(prompt.split()),
                      s.fault != "no_usage" and bool((req.get("stream_options") or {}).get("include_usage")), t_recv,
                      rid)
-        conn.write(_head("200 OK", "text/event-stream"))
-        if chat:
-            conn.write(_event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
-        self.loop.call_at(t_recv + s.ttft_ms / 1e3, self._step, st)
+        if s.slots and self.busy >= s.slots:
+            self.waiting.append(st)
+            return
+        self._begin(st, t_recv)
+
+    def _begin(self, st: _Stream, t0: float) -> None:
+        """Start streaming ``st`` in a free slot at ``t0``: its headers now, its first token a TTFT later."""
+        self.busy += 1
+        st.conn.write(_head("200 OK", "text/event-stream"))
+        if st.chat:
+            st.conn.write(_event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
+        self.loop.call_at(t0 + self.s.ttft_ms / 1e3, self._step, st)
 
     def _step(self, st: _Stream) -> None:
         s = self.s
@@ -219,13 +235,17 @@ class FakeServer:
         self._log(st, done=True)
 
     def _log(self, st: _Stream, done: bool = False) -> None:
+        """Log a stream that ended (sent, cut off or failed) and hand its slot to the next one waiting."""
+        self.busy -= 1
+        if self.waiting:
+            self._begin(self.waiting.popleft(), time.monotonic())
         self.log.write(json.dumps({"rid": st.rid, "recv": st.t_recv, "tokens": st.sent, "n": st.i, "done": done})
                        + "\n")
 
 
 async def _serve(args: argparse.Namespace) -> None:
     script = Script(model=args.model, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, per_chunk=args.per_chunk,
-                    fault=args.fault, api_key=args.api_key)
+                    fault=args.fault, api_key=args.api_key, slots=args.slots)
     with open(args.log, "w", buffering=1 << 20) if args.log else open(os.devnull, "w") as log:
         server = FakeServer(script, log)
         srv = await asyncio.get_running_loop().create_server(lambda: _Conn(server), "127.0.0.1", args.port,
@@ -249,6 +269,7 @@ def main() -> None:
     p.add_argument("--fault", choices=FAULTS, default="none")
     p.add_argument("--log", default="")
     p.add_argument("--api-key", default="")
+    p.add_argument("--slots", type=int, default=0, help="answers streamed at once (0: no limit)")
     p.add_argument("--cpus", default="", help="pin to these CPUs, e.g. 1")
     args = p.parse_args()
     if args.cpus and hasattr(os, "sched_setaffinity"):

@@ -67,14 +67,14 @@ def finish(spec: JobSpec, worker_id: str, result: JobResult, status: JobStatus |
     """``lifecycle.finish`` (fully durable): False when the job was no longer this worker's."""
     with _tx() as conn:
         done = lifecycle.finish(conn, spec, worker_id, result, status, error)
-    if done and spec.measurement.search == "quick" and not spec.is_edge:
+    if done and spec.measurement.search != "brute" and not spec.is_edge:
         _advance_search(spec.request_id)
     return done
 
 
 def _advance_search(request_id: str) -> None:
-    """The result of a quick-search step landed: raise ``farm.hooks.search_step_done``, whose handler (the
-    scheduler's ``advance``, registered by the CLI at start-up) enqueues the search's next step now.
+    """The result of a search step (quick or max-goodput) landed: raise ``farm.hooks.search_step_done``, whose
+    handler (the scheduler's ``advance``, registered by the CLI at start-up) enqueues the search's next step now.
     A failure here is only logged: reconciliation advances searches too, so the job's result stands."""
     try:
         search_step_done.fire(request_id)

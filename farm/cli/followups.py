@@ -10,6 +10,7 @@ from farm.cli.views import config_label, err_console, jobs_table, say
 from farm.endpoint import Attach
 from farm.settings import get_settings
 from scheduler.enqueue import plan
+from scheduler.goodput_rules import MAX_STEPS
 from scheduler.search import search_report
 from schemas import JobSpec, ProfileRequest
 
@@ -30,7 +31,10 @@ def job_seconds(spec: JobSpec) -> tuple[float, float]:
 
 
 def search_steps(request: ProfileRequest) -> int:
-    """The most steps one quick search takes (a bisection of its levels, then the walk to the top); 1 for brute."""
+    """The most steps one search takes (quick: a bisection of its levels, then the walk to the top; max-goodput:
+    its step cap); 1 for brute."""
+    if request.measurement.search == "max-goodput":
+        return MAX_STEPS
     if request.measurement.search != "quick":
         return 1
     return min(len(request.search_levels()), 1 + math.ceil(math.log2(max(1, len(request.search_levels())))))
@@ -49,7 +53,7 @@ def dry_run(request: ProfileRequest, attach: Attach | None, as_json: bool) -> No
     steps = search_steps(request)
     low = sum(job_seconds(j)[0] for j in jobs)
     high = sum(job_seconds(j)[1] for j in jobs) * steps
-    searches = len(jobs) if request.measurement.search == "quick" else 0
+    searches = len(jobs) if request.measurement.search != "brute" else 0
     if as_json:
         print(json.dumps({"jobs": [j.model_dump(mode="json", include={"device", "engine", "batch_size",
                                                                        "concurrency", "edge_profile", "repeat"})
@@ -62,8 +66,8 @@ def dry_run(request: ProfileRequest, attach: Attach | None, as_json: bool) -> No
         coords = ", ".join(f"{k}={v}" for k, v in ex.items() if k != "reason")
         say(f"left out {coords}: {ex['reason']}", to=err_console)
     if searches:
-        say(f"{searches} quick search(es): the first step of each is above; each takes up to {steps} step(s)",
-            to=err_console)
+        say(f"{searches} {request.measurement.search} search(es): the first step of each is above; each takes up "
+            f"to {steps} step(s)", to=err_console)
     where = "in this process" if get_settings().embedded else "on the cluster's workers, one job per slot at once"
     say(f"estimated time {_span(low, high)} {where} (windows from min to max, plus about {JOB_OVERHEAD_S:g} s "
         "per job to start its server and calibrate); nothing was written", to=err_console)
@@ -78,12 +82,13 @@ def _span(low: float, high: float) -> str:
 
 
 def search_lines(request_id: str) -> list[str]:
-    """Each quick search of the request: its serving configuration and its state or answer (empty for brute)."""
+    """Each search of the request (quick or max-goodput): its serving configuration and its state or answer
+    (empty for brute)."""
     return [f"search {config_label(sr['config'])}: {sr['state']}" for sr in search_report(request_id)]
 
 
 def show_searches(request_id: str) -> None:
-    """Print the quick searches' answers (``search_lines``), if the request has any."""
+    """Print the searches' answers (``search_lines``), if the request has any."""
     for line in search_lines(request_id):
         say(line, style="bold")
 

@@ -97,7 +97,9 @@ def submit(
                                                "batch as soon as it has this many rows."),
     search: str | None = typer.Option(None, "--search", help="brute (default: every concurrency and rate) | quick (the "
                                       "scheduler walks or bisects concurrency, or in open loop the --rate "
-                                      "list, per serving configuration)."),
+                                      "list, per serving configuration) | max-goodput (LLM, with --slo: the "
+                                      "highest Poisson rate keeping 95 % of requests within the SLO, doubling "
+                                      "then bisecting from --rate, default 1 req/s)."),
     p99: float | None = typer.Option(None, "--p99", help="Quick search latency budget, ms: the highest "
                                      "throughput with p99 within it (the highest concurrency or rate)."),
     client: str | None = typer.Option(None, "--client", help=f"{' | '.join(LOAD_CLIENTS)} (default auto): the "

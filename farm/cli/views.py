@@ -309,7 +309,9 @@ def serving_label(row: dict[str, Any]) -> str:
 def config_label(config: dict[str, Any]) -> str:
     """A serving configuration with its device, engine and batch size: ``cpu onnxruntime b=1 i=2``."""
     label = serving_label(config)
-    return f"{config['device']} {config['engine']} b={config['batch_size']}" + ("" if label == "-" else f" {label}")
+    knobs = "".join(f" {k}={v}" for k, v in sorted((config.get("knobs") or {}).items()))
+    return (f"{config['device']} {config['engine']} b={config['batch_size']}" + ("" if label == "-" else f" {label}")
+            + knobs)
 
 
 def job_label(row: dict[str, Any]) -> str:

@@ -63,11 +63,33 @@ def llm_metrics(outcomes: list[Outcome], duration_s: float, slo: Slo | None) -> 
     }
 
 
+def _missed(slo: Slo, age_ms: float, first_ms: float | None) -> bool:
+    """Whether a request still in flight at the end (``age_ms`` old, its first chunk after ``first_ms``; None:
+    none yet) has already missed the SLO; one that may still meet it is left out of the share."""
+    ttft = first_ms if first_ms is not None else age_ms if slo.ttft_ms is not None and age_ms > slo.ttft_ms else None
+    return ((slo.ttft_ms is not None and ttft is not None and ttft > slo.ttft_ms)
+            or (slo.e2e_ms is not None and age_ms > slo.e2e_ms))
+
+
+def slo_share(outcomes: list[Outcome], errors: int, unfinished: list[tuple[float, float | None]],
+              slo: Slo | None) -> float | None:
+    """The share (0..1) of the measured requests that met the SLO: a failed request, and one still in flight at
+    the end that has already missed it (``_missed``), count against it (None: no SLO or no request)."""
+    if slo is None:
+        return None
+    missed = sum(_missed(slo, age, first) for age, first in unfinished)
+    total = len(outcomes) + errors + missed
+    good = sum(slo.met(o.ttft_ms, o.tpot_ms, o.e2e_ms) for o in outcomes)
+    return good / total if total else None
+
+
 @dataclass(frozen=True)
 class OpenAIDetails(ClientDetails):
     """The OpenAI client's own details: the API, URL and model; where token counts came from (request counts by
     source), tokens per chunk (mean, max: the server's chunking), requests over their output limit, the SLO,
-    the workload, the first error, warm-up errors, requests cut off in flight at the end and the event loop."""
+    the workload, the first error, warm-up errors, requests cut off in flight at the end and the event loop;
+    the share of measured requests within the SLO (``slo_share``) and, where the run was stopped early because
+    the server fell behind its arrivals (``saturation``), why."""
 
     api: str
     base_url: str
@@ -85,6 +107,9 @@ class OpenAIDetails(ClientDetails):
     server_metrics: dict[str, float]  # the p50s (ms) read from the server's Prometheus /metrics, by figure
     send_lag_ms: dict[str, float | None]  # p50/p99 from the scheduled send to the request's write (the client's)
     loop_lag_ms: dict[str, float | None]  # p50/p99 lateness of the load loop's own timer: its (or the host's) delay
+    slo_met_share: float | None  # measured requests within the SLO (0..1; None: no SLO)
+    oversaturated: bool  # the run was stopped early: the server fell behind (``oversaturated_why``)
+    oversaturated_why: str | None
 
 
 def _windows(run: HttpRun, plan: WindowPlan, requests_mode: bool) -> list[tuple[float, float]]:
@@ -95,7 +120,11 @@ def _windows(run: HttpRun, plan: WindowPlan, requests_mode: bool) -> list[tuple[
         ends = [r.end for r in run.records if not r.warm]
         return [(t0, max([*ends, t0 + 1e-3]))]
     edges = [run.t_start + e for e in plan.edges_s()]
-    return list(zip(edges[:-1], edges[1:], strict=True))
+    windows = list(zip(edges[:-1], edges[1:], strict=True))
+    stop = run.stopped_at
+    if stop is None:
+        return windows
+    return [(a, min(b, stop)) for a, b in windows if a < stop] or windows[:1]  # an early stop ends the last one
 
 
 def _window_of(t: float, windows: list[tuple[float, float]]) -> int | None:
@@ -170,7 +199,8 @@ class OpenAIClient(LoadClient):
         http = HttpJob(base_url=url, api=llm.api, model=job.model_name, prompts=tuple(prompts), pattern=job.pattern,
                        plan=plan, api_key_env=llm.api_key_env, requests=llm.requests,
                        warmup_requests=llm.warmup_requests, request_timeout_s=llm.request_timeout_s,
-                       time_limit_s=job.settings.timeout_s, seed=job.seed)
+                       time_limit_s=job.settings.timeout_s, seed=job.seed,
+                       stop_oversaturated=job.settings.search == "max-goodput" and job.settings.mode != "closed")
         limit = (job.settings.timeout_s if llm.requests is not None else plan.span_s) + WAIT_MARGIN_S + 5.0
         metrics_url = llm.base_url(job.url).removesuffix(llm.base_path) + "/metrics"
         with load_process(http) as (wait, t_start):
@@ -215,6 +245,8 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
     if overruns:
         notes.append(f"{overruns} of {len(outcomes)} requests generated more tokens than their max_tokens: the "
                      "server ignores or overruns the limit (output_overrun_count)")
+    if run.oversaturated:
+        notes.append(f"{run.oversaturated}: the step was stopped early; its requests cut off count against the SLO")
     if "chunks" in _sources(outcomes)["output"]:
         notes.append("output tokens counted one per chunk: the server sent no usage and no --tokenizer was given")
     own = OpenAIDetails(api=llm.api, base_url=llm.base_url(job.url), model=job.model_name,
@@ -227,7 +259,9 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
                         first_error=_first_error(run.records), warmup_errors=cut.warm_errors,
                         in_flight_at_end=run.in_flight, event_loop=run.loop, server_metrics=server,
                         send_lag_ms=_p50_p99([o.send_lag_ms for o in outcomes if o.send_lag_ms is not None]),
-                        loop_lag_ms=_p50_p99(run.loop_lag_ms))
+                        loop_lag_ms=_p50_p99(run.loop_lag_ms),
+                        slo_met_share=slo_share(outcomes, sum(errors.values()), run.unfinished, llm.slo),
+                        oversaturated=run.oversaturated is not None, oversaturated_why=run.oversaturated)
     metrics = llm_metrics(outcomes, duration, llm.slo)
     for figure, value in server.items():  # Prometheus where the server gave no per-request timings
         if metrics.get(f"server_{figure}_p50_ms") is None:

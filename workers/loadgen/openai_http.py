@@ -43,6 +43,7 @@ from workers.loadgen.llm_stream import (
 from workers.loadgen.llm_workload import Prompt
 from workers.loadgen.patterns import LoadPattern
 from workers.loadgen.plan import WindowPlan
+from workers.loadgen.saturation import MIN_WINDOW_S, SAMPLE_S, WINDOW_S, verdict
 
 LATE_S = 0.001  # an open-loop send leaving more than 1 ms after its schedule is late
 WAKE_LEAD_S = 0.00075  # wake this early: timers fire up to ~1 ms late
@@ -73,6 +74,7 @@ class HttpJob:
     request_timeout_s: float = 600.0
     time_limit_s: float = 600.0
     seed: int = 0
+    stop_oversaturated: bool = False  # stop the run once the server falls behind its arrivals (``saturation``)
 
 
 @dataclass
@@ -89,6 +91,10 @@ class HttpRun:
     t_start: float = 0.0
     loop: str = "asyncio"
     loop_lag_ms: list[float] = field(default_factory=list)  # how late a 5 ms timer of the loop woke, each time
+    # the measured requests still in flight at the stop: (age, time to their first chunk or None), ms
+    unfinished: list[tuple[float, float | None]] = field(default_factory=list)
+    oversaturated: str | None = None  # why the run was stopped as over-saturated (None: it was not)
+    stopped_at: float | None = None  # when it was stopped early (monotonic s; None: at its plan's end)
 
 
 def api_key(env_name: str | None) -> str | None:
@@ -172,6 +178,8 @@ class _Loop:
         self.measured_done = 0
         self.stop = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.live: dict[int, RawRequest] = {}  # the requests in flight, by their number
+        self.first_ms: list[tuple[float, float]] = []  # (arrival, ms since scheduled) of each first chunk
         # X-Request-Id is a UUID: llama-cpp-python's server answers 400 to any other form; the run in its high
         # bits, the request's number in its last 48 (the last group of the written form: see request_seq)
         self.run_id = uuid.uuid4().int >> 48 << 48
@@ -201,12 +209,15 @@ class _Loop:
         pieces = rec.pieces
         async for piece in resp.content.iter_any():
             pieces.append((now(), piece))
+            if len(pieces) == 1 and self.job.stop_oversaturated:
+                self.first_ms.append((pieces[0][0], (pieces[0][0] - rec.scheduled) * 1e3))
             if b"[DONE]" in piece:  # read the response's end, so its keep-alive connection is reused
                 await asyncio.wait_for(resp.content.read(), DRAIN_S)
                 break
         rec.eof = now()
 
     async def _one(self, rec: RawRequest, body: bytes) -> None:
+        self.live[rec.seq] = rec
         try:
             # X-Request-Id: the request's number in this run, as many servers log it (vLLM takes it as its id)
             async with self.session.post(self.url, data=body, trace_request_ctx=rec,
@@ -227,6 +238,7 @@ class _Loop:
         self._done(rec)
 
     def _done(self, rec: RawRequest) -> None:
+        self.live.pop(rec.seq, None)
         self.out.records.append(rec)
         if not rec.warm and rec.error is None:
             self.measured_done += 1
@@ -264,6 +276,28 @@ class _Loop:
             await asyncio.sleep(LAG_PROBE_S)
             self.out.loop_lag_ms.append((now() - t - LAG_PROBE_S) * 1e3)
 
+    async def _watch_saturation(self) -> None:
+        """Sample the requests in flight every ``SAMPLE_S`` and stop the run once ``saturation.verdict`` says
+        the server is over-saturated, over a window of ``WINDOW_S`` or a third of the measured span if shorter
+        (judged from one window after the warm-up on)."""
+        now = time.monotonic
+        window = min(WINDOW_S, max(MIN_WINDOW_S, self.job.plan.measured_s / 3))
+        in_flight: list[tuple[float, float]] = []
+        while not self.stop.is_set():
+            await asyncio.sleep(SAMPLE_S)
+            t = now()
+            in_flight.append((t, float(len(self.live))))
+            why = (verdict(in_flight, self.first_ms, t, window, self.job.pattern.rate)
+                   if t >= self.warm_end + window else None)
+            if why is not None:
+                self.out.oversaturated, self.out.stopped_at = why, t
+                self.stop.set()
+
+    def _unfinished(self, t: float) -> list[tuple[float, float | None]]:
+        """The measured requests in flight at ``t``: their age and time to their first chunk (None: none yet), ms."""
+        return [((t - r.scheduled) * 1e3, (r.pieces[0][0] - r.scheduled) * 1e3 if r.pieces else None)
+                for r in self.live.values() if not r.warm]
+
     def closed_loop(self, slots: int) -> None:
         for _ in range(slots):
             self._spawn(self._slot())
@@ -278,11 +312,14 @@ class _Loop:
         cpu0, wall0 = time.process_time(), time.monotonic()
         job.pattern.start(self, self.t_start, job.seed)
         self._spawn(self._watch_lag())
+        if job.stop_oversaturated:
+            self._spawn(self._watch_saturation())
         try:
             await asyncio.wait_for(self.stop.wait(), max(end - time.monotonic(), 0.0))
         except TimeoutError:
             pass
         self.stop.set()
+        self.out.unfinished = self._unfinished(time.monotonic())
         self.out.busy_pct = 100.0 * (time.process_time() - cpu0) / max(time.monotonic() - wall0, 1e-9)
         pending = list(self.tasks)
         for task in pending:

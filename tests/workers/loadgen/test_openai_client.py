@@ -126,3 +126,24 @@ def test_tokenizer_counts_output_without_usage(tmp_path: Path) -> None:
         r = _measure(url, concurrency=2, tokenizer=str(folder))
     assert r.metrics["mean_output_tokens"] == OUT and r.details["token_sources"]["output"].keys() == {"tokenizer"}
     assert r.details["tokens_per_chunk_mean"] == 2.0
+
+
+def _search_step(url: str, rate: float) -> LoadResult:
+    """One max-goodput search step (its over-saturation stop on) at ``rate``, 4 s measured."""
+    settings = MeasurementSettings(duration_s=4.0, warmup_s=0.5, window_s=1.0, rate=rate, search="max-goodput",
+                                   llm={"api": "openai-chat", "input_tokens": 16, "output_tokens": 8,
+                                        "slo": "ttft=150"})
+    return run_load(url.split("//")[1], "fake", [], 1, 1, settings)
+
+
+def test_an_oversaturated_search_step_is_stopped_early_and_flagged() -> None:
+    """One slot of 20 + 7 x 5 ms: at most 18 requests/s. At 60/s the queue grows by 40/s and TTFT climbs: the
+    step stops before its 4 windows end, flagged, its cut-off requests against the SLO; at 4/s it runs on."""
+    with fake_server(model="fake", ttft_ms=20, itl_ms=5, slots=1) as url:
+        over, calm = _search_step(url, 60.0), _search_step(url, 4.0)
+    d = over.details
+    assert d["oversaturated"] and d["oversaturated_why"].startswith("over-saturated: requests in flight grew")
+    assert any("stopped early" in n for n in d["notes"]) and d["slo_met_share"] < 0.5
+    assert over.metrics["duration_s"] < 4.0 and len(d["windows"]) < 4  # cut at the stop, not the plan's end
+    assert not calm.details["oversaturated"] and calm.details["oversaturated_why"] is None
+    assert calm.metrics["duration_s"] == pytest.approx(4.0) and calm.details["slo_met_share"] is not None
