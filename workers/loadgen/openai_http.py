@@ -86,6 +86,7 @@ class HttpRun:
     schedule started (monotonic s) and whether uvloop ran it."""
 
     records: list[RawRequest] = field(default_factory=list)
+    cut: list[RawRequest] = field(default_factory=list)  # in flight at the stop: what they had received by then
     sent: int = 0
     late: int = 0
     in_flight: int = 0
@@ -177,6 +178,7 @@ class _Loop:
         self.measured_done = 0
         self.stop = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.active: dict[int, RawRequest] = {}  # sent and not ended, by number
         # X-Request-Id is a UUID: llama-cpp-python's server answers 400 to any other form; the run in its high
         # bits, the request's number in its last 48 (the last group of the written form: see request_seq)
         self.run_id = uuid.uuid4().int >> 48 << 48
@@ -234,7 +236,9 @@ class _Loop:
             self.pool.release(conn, reusable)
 
     async def _one(self, rec: RawRequest, body: bytes) -> None:
+        self.active[rec.seq] = rec
         await self._exchange(rec, body)
+        del self.active[rec.seq]
         self._done(rec)
 
     def _done(self, rec: RawRequest) -> None:
@@ -300,7 +304,11 @@ class _Loop:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self.out.in_flight = self.out.sent - len(self.out.records)
-        for rec in self.out.records:
+        stop = time.monotonic()
+        for rec in self.active.values():  # their tokens so far count in the token rate of the run's last window
+            rec.eof = stop
+            self.out.cut.append(rec)
+        for rec in (*self.out.records, *self.out.cut):
             replay(rec)
         return self.out
 
