@@ -15,9 +15,11 @@ minus request read. Each tool's figure is then compared with the truth of its ow
 (c=1 only) is the server's idle time between one request's last token and the next request's arrival: the
 tool's turnaround, which at c=1 decides how many tokens per second the server can deliver.
 
-Both tools define output tokens/s as output tokens over a span of the run (farm: the tokens of the requests
-that ended in the measured windows over the windows' length; AIPerf's ``output_token_throughput``: every
-profiling request's tokens over its ``benchmark_duration``, the first request's send to the last response's end).
+Both tools define output tokens/s as output tokens over a span of the run (farm: the tokens that arrived within
+the measured windows, by each chunk's arrival, over the windows' length; AIPerf's ``output_token_throughput``:
+every profiling request's tokens over its ``benchmark_duration``, from the phase's start to the last response's
+end, grace period included). At concurrency 1 the benchmark also prints AIPerf's turnaround from its own
+per-request export: the p50 from one request's end to the next one's start.
 
 AIPerf (`pip install aiperf`, ~6 min) lives in a venv of its own: ``--aiperf PATH`` or ``$AIPERF``, default
 ``~/.cache/farm/aiperf-venv/bin/aiperf``. Without it the benchmark says so and measures nothing (exit 0).
@@ -65,6 +67,7 @@ class Figures:
     srv_tok_s: float | None = None
     srv_ttft: float | None = None
     gap: float | None = None
+    turnaround: float | None = None  # AIPerf's own records (c=1): p50 from a request's end to the next's start
 
 
 def hostport(url: str) -> str:
@@ -91,9 +94,9 @@ def aiperf_argv(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: flo
 
 
 def aiperf_run(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: float, out: Path,
-               server_counts: bool = False) -> tuple[float, float]:
-    """(output tokens/s, TTFT p50 ms) of AIPerf on the same workload (``server_counts``: output tokens from the
-    server's usage, which the fake server sends and llama.cpp does not)."""
+               server_counts: bool = False) -> tuple[float, float, float | None]:
+    """(output tokens/s, TTFT p50 ms, turnaround p50 ms at c=1) of AIPerf on the same workload (``server_counts``:
+    output tokens from the server's usage, which the fake server sends and llama.cpp does not)."""
     cmd = aiperf_argv(aiperf, url, hf, concurrency, seconds, out) + (["--use-server-token-count"] if server_counts
                                                                       else [])
     # no HF_HUB_OFFLINE: in offline mode AIPerf looks a tokenizer up in the hub cache only, never at a local folder
@@ -103,7 +106,21 @@ def aiperf_run(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: floa
     if done.returncode != 0 or not found:
         raise RuntimeError(f"aiperf exited {done.returncode}: {(done.stderr or done.stdout)[-1500:]}")
     data = json.loads(found[-1].read_text())
-    return float(data["output_token_throughput"]["avg"]), float(data["time_to_first_token"]["p50"])
+    return (float(data["output_token_throughput"]["avg"]), float(data["time_to_first_token"]["p50"]),
+            aiperf_turnaround(out) if concurrency == 1 else None)
+
+
+def aiperf_turnaround(out: Path) -> float | None:
+    """From AIPerf's per-request export at concurrency 1: the p50 (ms) from one profiling request's end to the
+    next one's start, as AIPerf itself stamped them: the time its closed loop leaves the server idle."""
+    found = sorted(out.rglob("profile_export.jsonl"))
+    if not found:
+        return None
+    meta = [json.loads(line).get("metadata", {}) for line in found[-1].read_text().splitlines() if line.strip()]
+    rows = sorted((m for m in meta if m.get("benchmark_phase") == "profiling" and m.get("request_end_ns")),
+                  key=lambda m: m["request_start_ns"])
+    gaps = [(b["request_start_ns"] - a["request_end_ns"]) / 1e6 for a, b in zip(rows, rows[1:], strict=False)]
+    return statistics.median(gaps) if gaps else None
 
 
 def server_truth(log: Path) -> tuple[float, float, float | None]:
@@ -136,12 +153,13 @@ def one_run(tool: str, a: argparse.Namespace, c: int, seconds: float, tmp: Path,
     if llama_url is not None:
         if tool == "farm":
             return Figures(*farm_run(llama_url, hf, c, seconds, out))
-        return Figures(*aiperf_run(a.aiperf, llama_url, hf, c, seconds, out))
+        tok_s, ttft, turn = aiperf_run(a.aiperf, llama_url, hf, c, seconds, out)
+        return Figures(tok_s, ttft, turnaround=turn)
     log = out / "fake.jsonl"
     with fake_llm(log, a.server_cpu) as url:
-        got = farm_run(url, hf, c, seconds, out) if tool == "farm" else aiperf_run(a.aiperf, url, hf, c, seconds,
-                                                                                     out, server_counts=True)
-    return Figures(*got, *server_truth(log))
+        tok_s, ttft, turn = ((*farm_run(url, hf, c, seconds, out), None) if tool == "farm" else
+                             aiperf_run(a.aiperf, url, hf, c, seconds, out, server_counts=True))
+    return Figures(tok_s, ttft, *server_truth(log), turnaround=turn)
 
 
 def med(runs: list[Figures], pick: Callable[[Figures], float | None]) -> float | None:
@@ -166,6 +184,10 @@ def table(levels: list[int], got: dict[tuple[str, int], list[Figures]], fake: bo
         fl, al = m("farm", c, lambda f: f.ttft), m("aiperf", c, lambda f: f.ttft)
         assert ft and at and fl and al
         print(f"| {c} | {ft:,.0f} | {at:,.0f} | {ft / at:.3f} | {fl:.2f} | {al:.2f} | {fl / al:.3f} |")
+    turn = m("aiperf", 1, lambda f: f.turnaround) if 1 in levels else None
+    if turn is not None:
+        print(f"\nAIPerf's turnaround at concurrency 1 (its own stamps, p50 from a request's end to the next one's "
+              f"start): {turn:.2f} ms per request, during which the server idles")
     if not fake:
         return
     print("\nvs the fake server's truth (each tool's figure over the truth of its own runs; medians over rounds)\n")
@@ -221,6 +243,7 @@ def main() -> int:
                         fig = one_run(tool, a, c, seconds, tmp, r, tiny.hf, llama_url)
                         got.setdefault((tool, c), []).append(fig)
                         print(f"  round {r + 1} c={c:<3} {tool:<6} tok/s {fig.tok_s:8.1f}  TTFT p50 {fig.ttft:8.2f} ms"
+                              + (f"  turnaround {fig.turnaround:.2f} ms" if fig.turnaround is not None else "")
                               + (f"  | server: tok/s {fig.srv_tok_s:8.1f}  TTFT p50 {fig.srv_ttft:6.2f} ms  gap "
                                  f"{_f(fig.gap, '.2f')} ms" if fig.srv_tok_s else ""), flush=True)
                 print(f"round {r + 1}: host yardstick {calibrate(cpus).speed:.1f} passes/s (server and client CPUs), "

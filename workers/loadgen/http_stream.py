@@ -68,7 +68,8 @@ class _Conn(asyncio.Protocol):
         self.left = 0  # bytes left in the current chunk or Content-Length body
         self.pieces: Pieces = []
         self.waiter: asyncio.Future[Reply] | None = None
-        self.status, self.headers, self.keep_alive = 0, {}, True
+        self.status, self.keep_alive = 0, True
+        self.headers: dict[str, str] = {}
         self.drain: asyncio.TimerHandle | None = None
 
     # the callbacks -------------------------------------------------------------------------------------------
