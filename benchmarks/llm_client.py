@@ -7,7 +7,7 @@ code ``OpenAIClient`` runs: ``openai_http.load_process``, ``llm_stream.account``
 concurrency (1, 64, 256) and chunking (1 token a chunk; 4 a chunk without usage, counted by a tokenizer of the
 fake's words, so the client splits each chunk's gap over its tokens): a closed loop for a fixed time (at least
 3 requests long, after a warm-up of 2). Each measured request is paired with the server's log. The true TTFT
-is the server's first token write minus the client's request write (aiohttp's, ``send lag`` after its
+is the server's first token write minus the client's request write (its ``send lag`` after its
 scheduled send), so the error is what farm adds: its send lag and its delay in reading the first token. The
 true ITL is the server's own gap per token. Printed: farm's TTFT p50 and ITL p50, the true ones, their
 difference (targets: TTFT < 1 ms, ITL < 0.5 ms), whether every measured request's output count is exact, and

@@ -162,7 +162,9 @@ class _Conn(asyncio.Protocol):
         self.status, self.headers = status, headers
         conn = headers.get("connection", "").lower()
         self.keep_alive = "close" not in conn and (version == "HTTP/1.1" or "keep-alive" in conn)
-        if "chunked" in headers.get("transfer-encoding", "").lower():
+        if status in (204, 304):  # never a body
+            self.state = "done"
+        elif "chunked" in headers.get("transfer-encoding", "").lower():
             self.state = "size"
         elif "content-length" in headers:
             self.left = int(headers["content-length"])

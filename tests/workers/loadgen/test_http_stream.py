@@ -71,6 +71,8 @@ def test_length_close_delimited_and_interim_answers(step: int) -> None:
     assert isinstance(reply, Reply) and not reply.keep_alive and b"".join(p for _, p in pieces) == SSE
     reply, _ = _read(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", step)
     assert isinstance(reply, Reply) and not reply.keep_alive
+    reply, _ = _read(b"HTTP/1.1 204 No Content\r\n\r\n", step)  # no body, no length: not read to a close
+    assert isinstance(reply, Reply) and reply.status == 204 and reply.keep_alive
 
 
 def test_broken_answers_fail_the_request() -> None:
