@@ -82,7 +82,9 @@ class _Conn(asyncio.Protocol):
             self.keep_alive = False
             return
         try:
-            body = self._feed(self.buf + data if self.buf else data)
+            body = self._one_chunk(data) if self.state == "size" and not self.buf else None
+            if body is None:
+                body = self._feed(self.buf + data if self.buf else data)
         except (ProtocolError, ValueError) as exc:
             self._fail(ProtocolError(f"not an HTTP/1.1 answer: {exc}"))
             return
@@ -102,6 +104,18 @@ class _Conn(asyncio.Protocol):
             self._fail(Lost(why, self.state != "head"))
 
     # parsing ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _one_chunk(data: bytes) -> bytes | None:
+        """The body of a read that holds exactly one whole non-final chunk (a streamed event, the usual read),
+        without the general parser: half the cost per read. None for any other read."""
+        j = data.find(b"\r\n")
+        if j <= 0 or j > 8:
+            return None
+        size = int(data[:j], 16) if b";" not in data[:j] else 0
+        if not size or len(data) != j + size + 4 or data[-2:] != b"\r\n":
+            return None
+        return data[j + 2:j + 2 + size]
+
     def _feed(self, buf: bytes) -> bytes:
         """Advance the response's state over ``buf``; the body bytes it held (de-chunked). Leaves an
         incomplete head or chunk-size line in ``self.buf``."""

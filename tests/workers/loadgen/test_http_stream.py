@@ -61,6 +61,23 @@ def test_chunked_answer_split_anywhere(step: int, ext: bytes, trailer: bytes) ->
     assert all(t1 <= t2 for (t1, _), (t2, _) in zip(pieces, pieces[1:], strict=False))
 
 
+def test_chunk_aligned_reads() -> None:
+    """One read per chunk (how a streaming server's events usually come): the shortcut for whole chunks."""
+    events = [b"data: %d\n\n" % i for i in range(20)]
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+    async def go() -> tuple[Reply, list[tuple[float, bytes]]]:
+        conn, pieces = _Conn(drain_s=5.0), []
+        conn.connection_made(_Transport())  # type: ignore[arg-type]
+        waiter = conn.send(b"POST / HTTP/1.1\r\n\r\n", pieces)
+        for read in [head, *(b"%x\r\n%s\r\n" % (len(e), e) for e in events), b"0\r\n\r\n"]:
+            conn.data_received(read)
+        return await asyncio.wait_for(waiter, 1.0), pieces
+
+    reply, pieces = asyncio.run(go())
+    assert reply.status == 200 and [p for _, p in pieces] == events
+
+
 @pytest.mark.parametrize("step", [1, 10_000])
 def test_length_close_delimited_and_interim_answers(step: int) -> None:
     body = b'{"error": "no"}'
