@@ -7,7 +7,7 @@ code ``OpenAIClient`` runs: ``openai_http.load_process``, ``llm_stream.account``
 concurrency (1, 64, 256) and chunking (1 token a chunk; 4 a chunk without usage, counted by a tokenizer of the
 fake's words, so the client splits each chunk's gap over its tokens): a closed loop for a fixed time (at least
 3 requests long, after a warm-up of 2). Each measured request is paired with the server's log. The true TTFT
-is the server's first token write minus the client's request write (aiohttp's, ``send lag`` after its
+is the server's first token write minus the client's request write (its ``send lag`` after its
 scheduled send), so the error is what farm adds: its send lag and its delay in reading the first token. The
 true ITL is the server's own gap per token. Printed: farm's TTFT p50 and ITL p50, the true ones, their
 difference (targets: TTFT < 1 ms, ITL < 0.5 ms), whether every measured request's output count is exact, and
@@ -15,7 +15,12 @@ the client's CPU share (its load process's busy %). ``srv lag``, the yardstick: 
 per-token gap ran over its script (a loaded host delays its timers); ``loop lag``, the client's: the p50
 lateness of a 5 ms timer in farm's load loop (what delays it delays every chunk's stamp).
 
-Run: ``python benchmarks/llm_client.py [--quick]``. Prints the table, asserts nothing.
+Rounds (3, ``--quick`` 1) run every case in turn, each round headed by the host's load average and farm's
+yardstick (``workers.samplers.calibrate``: passes/s of a fixed numpy kernel on the benchmark's CPUs; a quiet
+2-core host gives ~80): the figures of a round with a low yardstick measure the host, not farm.
+
+Run: ``python benchmarks/llm_client.py [--quick] [--rounds N]``. Prints each round's rows, then a Markdown table
+(medians, each round's value in brackets) ready to paste; asserts nothing.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import argparse
 import os
 import statistics
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from _serve import pin, split_cpus  # noqa: I001 (sets sys.path)
@@ -34,6 +40,7 @@ from workers.loadgen.llm_workload import Tokenizer, synthetic_prompts
 from workers.loadgen.openai_http import HttpJob, HttpRun, load_process, request_seq
 from workers.loadgen.patterns import ClosedLoop
 from workers.loadgen.plan import WindowPlan
+from workers.samplers.calibrate import calibrate
 
 TTFT_MS, OUTPUT = 20.0, 64
 #: (concurrency, inter-token gap ms, tokens per chunk)
@@ -54,7 +61,43 @@ def server_itl(tokens: list[float]) -> list[float]:
     return out
 
 
-def one(concurrency: int, itl_ms: float, per_chunk: int, seconds: float, server_cpus: set[int] | None) -> str:
+@dataclass(frozen=True)
+class Case:
+    """One case's figures (ms, %, requests/s)."""
+
+    concurrency: int
+    per_chunk: int
+    itl_ms: float
+    farm_ttft: float
+    true_ttft: float
+    farm_itl: float
+    true_itl: float
+    srv_lag: float
+    send_lag: float
+    loop_lag: float
+    exact: bool
+    source: str
+    busy_pct: float
+    req_s: float
+    errors: int
+
+    @property
+    def ttft_err(self) -> float:
+        return self.farm_ttft - self.true_ttft
+
+    @property
+    def itl_err(self) -> float:
+        return self.farm_itl - self.true_itl
+
+    def line(self) -> str:
+        return (f"{self.concurrency:>5} {self.per_chunk:>5} {self.itl_ms:>6g} {self.farm_ttft:>9.3f} "
+                f"{self.true_ttft:>9.3f} {self.ttft_err:>+8.3f} {self.farm_itl:>8.3f} {self.true_itl:>8.3f} "
+                f"{self.itl_err:>+8.3f} {self.srv_lag:>+8.3f} {self.send_lag:>8.3f} {self.loop_lag:>8.3f} "
+                f"{'yes' if self.exact else 'NO':>6} {self.source:>9} {self.busy_pct:>7.1f} {self.req_s:>7.1f} "
+                f"{self.errors:>5}")
+
+
+def one(concurrency: int, itl_ms: float, per_chunk: int, seconds: float, server_cpus: set[int] | None) -> Case:
     """One case: farm's client (its load process, the code ``OpenAIClient`` runs) against the fake server;
     each measured request paired with the server's log by its X-Request-Id."""
     nominal_s = (TTFT_MS + OUTPUT * itl_ms) / 1e3  # one request on an idle server
@@ -96,35 +139,69 @@ def one(concurrency: int, itl_ms: float, per_chunk: int, seconds: float, server_
         lag.append(o.send_lag_ms or 0.0)
         exact &= o.output_tokens == row["n"] == OUTPUT
     med = statistics.median
-    src = "tokenizer" if tok is not None else "usage"
-    return (f"{concurrency:>5} {per_chunk:>5} {itl_ms:>6g} {med(farm_ttft):>9.3f} {med(true_ttft):>9.3f} "
-            f"{med(farm_ttft) - med(true_ttft):>+8.3f} {med(farm_itl):>8.3f} {med(true_itl):>8.3f} "
-            f"{med(farm_itl) - med(true_itl):>+8.3f} {med(true_itl) - itl_ms / per_chunk:>+8.3f} {med(lag):>8.3f} "
-            f"{med(run.loop_lag_ms):>8.3f} "
-            f"{'yes' if exact else 'NO':>6} {src:>9} {run.busy_pct:>7.1f} {len(farm_ttft) / seconds:>7.1f} "
-            f"{errors:>5}")
+    return Case(concurrency, per_chunk, itl_ms, med(farm_ttft), med(true_ttft), med(farm_itl), med(true_itl),
+                med(true_itl) - itl_ms / per_chunk, med(lag), med(run.loop_lag_ms), exact,
+                "tokenizer" if tok is not None else "usage", run.busy_pct, len(farm_ttft) / seconds, errors)
+
+
+HEADER = (f"{'conc':>5} {'k/chk':>5} {'itl':>6} {'farm ttft':>9} {'true':>9} {'err ms':>8} {'farm itl':>8} "
+          f"{'true':>8} {'err ms':>8} {'srv lag':>8} {'send lag':>8} {'loop lag':>8} {'exact':>6} {'tok from':>9} "
+          f"{'cli %':>7} {'req/s':>7} {'errs':>5}")
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    """The median of ``values`` and, over several rounds, each round's value."""
+    med = format(statistics.median(values), fmt)
+    return med if len(values) == 1 else f"{med} ({', '.join(format(v, fmt) for v in values)})"
+
+
+def table(cases: dict[tuple[int, float, int], list[Case]]) -> None:
+    """The rounds' figures per case as a Markdown table ready to paste: medians, each round in brackets."""
+    print("\n| concurrency | tokens/chunk | TTFT p50 error ms | ITL p50 error ms | counts exact | client CPU % | "
+          "send lag ms | loop lag ms | srv lag ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (c, _, k), runs in cases.items():
+        exact = ("yes" if all(r.exact for r in runs) else "NO") + (" (tokenizer)" if runs[0].source != "usage" else "")
+        print(f"| {c} | {k} | {_spread([r.ttft_err for r in runs], '+.2f')} | "
+              f"{_spread([r.itl_err for r in runs], '+.3f')} | {exact} | "
+              f"{_spread([r.busy_pct for r in runs], '.1f')} | "
+              f"{statistics.median(r.send_lag for r in runs):.3f} | "
+              f"{statistics.median(r.loop_lag for r in runs):.2f} | {_spread([r.srv_lag for r in runs], '.2f')} |")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="3 s per case (CI), else 10 s")
+    p.add_argument("--quick", action="store_true", help="1 round of 3 s per case (CI), else 3 rounds of 10 s")
+    p.add_argument("--rounds", type=int, default=None, help="rounds over every case (default 3, --quick 1)")
     args = p.parse_args()
     client_cpus, server_cpus = split_cpus()
     pin(client_cpus)
     seconds = 3.0 if args.quick else 10.0
-    print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    rounds = args.rounds or (1 if args.quick else 3)
+    every = sorted((client_cpus or set()) | (server_cpus or set())) or list(range(os.cpu_count() or 1))
     print(f"fake server: TTFT {TTFT_MS:g} ms, {OUTPUT} output tokens; client CPUs {sorted(client_cpus or [])}, "
-          f"server CPUs {sorted(server_cpus or [])}; {seconds:g} s per case")
-    print(f"{'conc':>5} {'k/chk':>5} {'itl':>6} {'farm ttft':>9} {'true':>9} {'err ms':>8} {'farm itl':>8} "
-          f"{'true':>8} {'err ms':>8} {'srv lag':>8} {'send lag':>8} {'loop lag':>8} {'exact':>6} {'tok from':>9} "
-          f"{'cli %':>7} {'req/s':>7} {'errs':>5}")
-    for concurrency, itl_ms, per_chunk in CASES:
-        try:
-            print(one(concurrency, itl_ms, per_chunk, seconds, server_cpus), flush=True)
-        except (AssertionError, statistics.StatisticsError) as exc:
-            print(f"{concurrency:>5} {per_chunk:>5} {itl_ms:>6g}  failed: {exc}", flush=True)
-    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs "
-          "(a busy host delays both processes: the errors then measure the host as much as farm)")
+          f"server CPUs {sorted(server_cpus or [])}; {seconds:g} s per case, {rounds} round(s), the cases "
+          "interleaved")
+    cases: dict[tuple[int, float, int], list[Case]] = {}
+    for r in range(rounds):
+        print(f"round {r + 1}: load average {_load()}, host yardstick {calibrate(every).speed:.1f} passes/s")
+        print(HEADER)
+        for concurrency, itl_ms, per_chunk in CASES:
+            try:
+                case = one(concurrency, itl_ms, per_chunk, seconds, server_cpus)
+            except (AssertionError, statistics.StatisticsError) as exc:
+                print(f"{concurrency:>5} {per_chunk:>5} {itl_ms:>6g}  failed: {exc}", flush=True)
+                continue
+            print(case.line(), flush=True)
+            cases.setdefault((concurrency, itl_ms, per_chunk), []).append(case)
+    print(f"after: load average {_load()}, host yardstick {calibrate(every).speed:.1f} passes/s on "
+          f"{os.cpu_count()} CPUs (a busy host delays both processes: the errors then measure the host as much as "
+          "farm; srv lag is the fake server's own lateness)")
+    table(cases)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

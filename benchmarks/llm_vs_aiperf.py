@@ -1,13 +1,30 @@
-"""farm's OpenAI streaming client against AIPerf on a real server (issue 29 point 7): llama-cpp-python's server
-on the tiny-llama GGUF (one thread, pinned to the last CPU), the same workload (synthetic prompts of N tokens from
-the model's own tokenizer, M output tokens, closed loop at concurrency c), farm and AIPerf interleaved round by
-round (llama.cpp's speed drifts 20-30 % within a minute). Prints, per concurrency, the medians over rounds of
-output tokens/s and TTFT p50 for each tool and their ratio farm / AIPerf (target: within 5 %).
+"""farm's OpenAI streaming client against AIPerf (issue 29 point 7), the same workload (synthetic prompts of 32
+tokens from the tiny-llama's own tokenizer, 64 output tokens, ``max_tokens`` sent, closed loop at concurrency c),
+the two tools interleaved round by round (their order alternating: servers drift within a minute). Per
+concurrency it prints the medians over rounds of each tool's output tokens/s and TTFT p50 and their ratio
+farm / AIPerf (target: within 5 %).
+
+``--server llama`` (default): llama-cpp-python's server on the tiny-llama GGUF (one thread, pinned to the last
+CPU; the tools on the others). Neither tool knows the truth there.
+
+``--server fake``: the scripted fake server (``tests/fake_openai.py``: TTFT 4 ms, a token every 1 ms, on the last
+CPU), which logs when it read each request and wrote each token: the truth. Per run, over the server's steady
+state (the requests it read from 1 s after its first one to its last one): ``srv tok/s``, the tokens it wrote
+per second of that span (what that tool's load made it deliver); ``srv ttft``, the p50 of first token write
+minus request read. Each tool's figure is then compared with the truth of its own run (``/srv``), and ``gap``
+(c=1 only) is the server's idle time between one request's last token and the next request's arrival: the
+tool's turnaround, which at c=1 decides how many tokens per second the server can deliver.
+
+Both tools define output tokens/s as output tokens over a span of the run (farm: the tokens that arrived within
+the measured windows, by each chunk's arrival, over the windows' length; AIPerf's ``output_token_throughput``:
+every profiling request's tokens over its ``benchmark_duration``, from the phase's start to the last response's
+end, grace period included). At concurrency 1 the benchmark also prints AIPerf's turnaround from its own
+per-request export: the p50 from one request's end to the next one's start.
 
 AIPerf (`pip install aiperf`, ~6 min) lives in a venv of its own: ``--aiperf PATH`` or ``$AIPERF``, default
 ``~/.cache/farm/aiperf-venv/bin/aiperf``. Without it the benchmark says so and measures nothing (exit 0).
 
-    python benchmarks/llm_vs_aiperf.py [--quick] [--rounds 3] [--concurrency 1,4,16] [--seconds 8]
+    python benchmarks/llm_vs_aiperf.py [--server llama|fake] [--quick] [--rounds 3] [--concurrency 1,4,16]
 """
 from __future__ import annotations
 
@@ -18,6 +35,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -26,12 +46,28 @@ from farm.models.llm_examples import build_tiny_llama  # noqa: E402
 from schemas import MeasurementSettings  # noqa: E402
 from schemas.engines import SERVED_MODEL_NAME  # noqa: E402
 from schemas.llm import LlmSettings  # noqa: E402
+from tests.fake_openai import fake_server, read_log  # noqa: E402
 from tests.llm_servers import llama_cpp_server  # noqa: E402
 from workers.loadgen.clients import run_load  # noqa: E402
 from workers.samplers.calibrate import calibrate  # noqa: E402
 
 DEFAULT_AIPERF = Path.home() / ".cache/farm/aiperf-venv/bin/aiperf"
 IN_TOKENS, OUT_TOKENS = 32, 64
+FAKE_TTFT_MS, FAKE_ITL_MS = 4.0, 1.0
+STEADY_AFTER_S = 1.0  # the server's steady state starts this long after the first request it read
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One run: the tool's output tokens/s and TTFT p50 (ms); with the fake server its truth: tokens/s it
+    wrote, its TTFT p50 (ms) and its idle gap between requests (ms, c=1), else None."""
+
+    tok_s: float
+    ttft: float
+    srv_tok_s: float | None = None
+    srv_ttft: float | None = None
+    gap: float | None = None
+    turnaround: float | None = None  # AIPerf's own records (c=1): p50 from a request's end to the next's start
 
 
 def hostport(url: str) -> str:
@@ -39,7 +75,7 @@ def hostport(url: str) -> str:
     return url.split("://", 1)[-1].removesuffix("/v1")
 
 
-def farm_run(url: str, hf: Path, concurrency: int, seconds: float) -> tuple[float, float]:
+def farm_run(url: str, hf: Path, concurrency: int, seconds: float, _out: Path) -> tuple[float, float]:
     """(output tokens/s, TTFT p50 ms) of farm's OpenAI client, closed loop."""
     llm = LlmSettings(input_tokens=IN_TOKENS, output_tokens=OUT_TOKENS, tokenizer=str(hf))
     settings = MeasurementSettings(client="openai", llm=llm, duration_s=seconds, warmup_s=1.0)
@@ -47,15 +83,22 @@ def farm_run(url: str, hf: Path, concurrency: int, seconds: float) -> tuple[floa
     return float(res.metrics["output_tokens_per_s"]), float(res.metrics["ttft_p50_ms"])
 
 
-def aiperf_run(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: float, out: Path) -> tuple[float, float]:
-    """(output tokens/s, TTFT p50 ms) of AIPerf on the same workload (max_tokens sent too: llama.cpp ignores
-    max_completion_tokens)."""
-    cmd = [str(aiperf), "profile", "-m", SERVED_MODEL_NAME, "--url", hostport(url), "--endpoint-type",
-           "chat", "--streaming", "--tokenizer", str(hf), "--synthetic-input-tokens-mean", str(IN_TOKENS),
-           "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(OUT_TOKENS),
-           "--output-tokens-stddev", "0", "--extra-inputs", f"max_tokens:{OUT_TOKENS}", "--concurrency",
-           str(concurrency), "--benchmark-duration", str(seconds), "--warmup-request-count", str(concurrency),
-           "--random-seed", "7", "--artifact-dir", str(out), "--ui-type", "none"]
+def aiperf_argv(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: float, out: Path) -> list[str]:
+    """AIPerf's command line for the workload (max_tokens sent too: llama.cpp ignores max_completion_tokens)."""
+    return [str(aiperf), "profile", "-m", SERVED_MODEL_NAME, "--url", hostport(url), "--endpoint-type",
+            "chat", "--streaming", "--tokenizer", str(hf), "--synthetic-input-tokens-mean", str(IN_TOKENS),
+            "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(OUT_TOKENS),
+            "--output-tokens-stddev", "0", "--extra-inputs", f"max_tokens:{OUT_TOKENS}", "--concurrency",
+            str(concurrency), "--benchmark-duration", str(seconds), "--warmup-request-count", str(concurrency),
+            "--random-seed", "7", "--artifact-dir", str(out), "--ui-type", "none"]
+
+
+def aiperf_run(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: float, out: Path,
+               server_counts: bool = False) -> tuple[float, float, float | None]:
+    """(output tokens/s, TTFT p50 ms, turnaround p50 ms at c=1) of AIPerf on the same workload (``server_counts``:
+    output tokens from the server's usage, which the fake server sends and llama.cpp does not)."""
+    cmd = aiperf_argv(aiperf, url, hf, concurrency, seconds, out) + (["--use-server-token-count"] if server_counts
+                                                                      else [])
     # no HF_HUB_OFFLINE: in offline mode AIPerf looks a tokenizer up in the hub cache only, never at a local folder
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
@@ -63,11 +106,108 @@ def aiperf_run(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: floa
     if done.returncode != 0 or not found:
         raise RuntimeError(f"aiperf exited {done.returncode}: {(done.stderr or done.stdout)[-1500:]}")
     data = json.loads(found[-1].read_text())
-    return float(data["output_token_throughput"]["avg"]), float(data["time_to_first_token"]["p50"])
+    return (float(data["output_token_throughput"]["avg"]), float(data["time_to_first_token"]["p50"]),
+            aiperf_turnaround(out) if concurrency == 1 else None)
+
+
+def aiperf_turnaround(out: Path) -> float | None:
+    """From AIPerf's per-request export at concurrency 1: the p50 (ms) from one profiling request's end to the
+    next one's start, as AIPerf itself stamped them: the time its closed loop leaves the server idle."""
+    found = sorted(out.rglob("profile_export.jsonl"))
+    if not found:
+        return None
+    meta = [json.loads(line).get("metadata", {}) for line in found[-1].read_text().splitlines() if line.strip()]
+    rows = sorted((m for m in meta if m.get("benchmark_phase") == "profiling" and m.get("request_end_ns")),
+                  key=lambda m: m["request_start_ns"])
+    gaps = [(b["request_start_ns"] - a["request_end_ns"]) / 1e6 for a, b in zip(rows, rows[1:], strict=False)]
+    return statistics.median(gaps) if gaps else None
+
+
+def server_truth(log: Path) -> tuple[float, float, float | None]:
+    """From the fake server's log of one run: tokens/s it wrote over its steady state (the requests it read from
+    ``STEADY_AFTER_S`` after its first one to its last one: the warm-up and the end's drain left out), the p50 of
+    first token write minus request read (ms) and, when requests never overlapped (c=1), the p50 of its idle gap
+    from a request's last token to the next request's read (ms)."""
+    rows = sorted((r for r in read_log(log) if r["tokens"]), key=lambda r: r["recv"])
+    t0 = rows[0]["recv"] + STEADY_AFTER_S
+    steady = [r for r in rows if r["recv"] >= t0]
+    t1 = steady[-1]["recv"]
+    tokens = sum(t0 <= t < t1 for r in rows for t in r["tokens"])
+    ttft = statistics.median((r["tokens"][0] - r["recv"]) * 1e3 for r in steady)
+    gaps = [(b["recv"] - a["tokens"][-1]) * 1e3 for a, b in zip(steady, steady[1:], strict=False)]
+    return tokens / (t1 - t0), ttft, statistics.median(gaps) if gaps and min(gaps) > 0 else None
+
+
+@contextmanager
+def fake_llm(log: Path, cpu: int) -> Iterator[str]:
+    with fake_server(log=log, cpus=str(cpu), model=SERVED_MODEL_NAME, ttft_ms=FAKE_TTFT_MS,
+                     itl_ms=FAKE_ITL_MS) as url:
+        yield url + "/v1"
+
+
+def one_run(tool: str, a: argparse.Namespace, c: int, seconds: float, tmp: Path, r: int, hf: Path,
+            llama_url: str | None) -> Figures:
+    """One tool's run at concurrency ``c``; with the fake server, a fresh server and its truth."""
+    out = tmp / f"{tool}-{r}-{c}"
+    out.mkdir()
+    if llama_url is not None:
+        if tool == "farm":
+            return Figures(*farm_run(llama_url, hf, c, seconds, out))
+        tok_s, ttft, turn = aiperf_run(a.aiperf, llama_url, hf, c, seconds, out)
+        return Figures(tok_s, ttft, turnaround=turn)
+    log = out / "fake.jsonl"
+    with fake_llm(log, a.server_cpu) as url:
+        tok_s, ttft, turn = ((*farm_run(url, hf, c, seconds, out), None) if tool == "farm" else
+                             aiperf_run(a.aiperf, url, hf, c, seconds, out, server_counts=True))
+    return Figures(tok_s, ttft, *server_truth(log), turnaround=turn)
+
+
+def med(runs: list[Figures], pick: Callable[[Figures], float | None]) -> float | None:
+    values = [v for v in map(pick, runs) if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def table(levels: list[int], got: dict[tuple[str, int], list[Figures]], fake: bool) -> None:
+    """The medians over rounds, as a Markdown table ready to paste."""
+    def m(tool: str, c: int, pick: Callable[[Figures], float | None]) -> float | None:
+        return med(got[(tool, c)], pick)
+
+    print("\n| concurrency | farm tok/s | AIPerf tok/s | farm / AIPerf | farm TTFT p50 ms | AIPerf TTFT p50 ms | "
+          "farm / AIPerf |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for c in levels:
+        ft, at = m("farm", c, lambda f: f.tok_s), m("aiperf", c, lambda f: f.tok_s)
+        fl, al = m("farm", c, lambda f: f.ttft), m("aiperf", c, lambda f: f.ttft)
+        assert ft and at and fl and al
+        print(f"| {c} | {ft:,.0f} | {at:,.0f} | {ft / at:.3f} | {fl:.2f} | {al:.2f} | {fl / al:.3f} |")
+    turn = m("aiperf", 1, lambda f: f.turnaround) if 1 in levels else None
+    if turn is not None:
+        print(f"\nAIPerf's turnaround at concurrency 1 (its own stamps, p50 from a request's end to the next one's "
+              f"start): {turn:.2f} ms per request, during which the server idles")
+    if not fake:
+        return
+    print("\nvs the fake server's truth (each tool's figure over the truth of its own runs; medians over rounds)\n")
+    print("| concurrency | tool | tok/s | srv tok/s | tok/s / srv | TTFT p50 ms | srv TTFT p50 ms | TTFT − srv ms "
+          "| srv gap ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for c in levels:
+        for tool, name in (("farm", "farm"), ("aiperf", "AIPerf")):
+            runs = got[(tool, c)]
+            ratio = med(runs, lambda f: f.tok_s / f.srv_tok_s if f.srv_tok_s else None)
+            err = med(runs, lambda f: f.ttft - f.srv_ttft if f.srv_ttft is not None else None)
+            print(f"| {c} | {name} | {_f(med(runs, lambda f: f.tok_s), ',.0f')} | "
+                  f"{_f(med(runs, lambda f: f.srv_tok_s), ',.0f')} | {_f(ratio, '.3f')} | "
+                  f"{_f(med(runs, lambda f: f.ttft), '.2f')} | {_f(med(runs, lambda f: f.srv_ttft), '.2f')} | "
+                  f"{_f(err, '+.2f')} | {_f(med(runs, lambda f: f.gap), '.2f')} |")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--server", choices=("llama", "fake"), default="llama")
     p.add_argument("--quick", action="store_true", help="1 round, concurrency 1 and 4, 4 s each")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--concurrency", default="1,4,16")
@@ -81,30 +221,40 @@ def main() -> int:
     rounds, levels, seconds = (1, [1, 4], 4.0) if a.quick else (a.rounds, [int(c) for c in a.concurrency.split(",")],
                                                                 a.seconds)
     cpus = sorted(os.sched_getaffinity(0))
-    with tempfile.TemporaryDirectory(prefix="farm-vs-aiperf-") as tmp:
-        tiny = build_tiny_llama(Path(tmp) / "model")
+    a.server_cpu = cpus[-1]
+    fake = a.server == "fake"
+    with tempfile.TemporaryDirectory(prefix="farm-vs-aiperf-") as tmp_name:
+        tmp = Path(tmp_name)
+        tiny = build_tiny_llama(tmp / "model")
         os.sched_setaffinity(0, {cpus[-1]})  # the server inherits the last CPU; the clients get the others
-        with llama_cpp_server(tiny.gguf) as url:
+        server: AbstractContextManager[str | None] = llama_cpp_server(tiny.gguf) if not fake else _none()
+        with server as llama_url:
             os.sched_setaffinity(0, set(cpus[:-1]) or set(cpus))
-            print(f"llama.cpp on CPU {cpus[-1]}, clients on {cpus[:-1] or cpus}; {IN_TOKENS} tokens in, {OUT_TOKENS} "
-                  f"out; {seconds:g} s per run, {rounds} round(s)")
-            got: dict[tuple[str, int], list[tuple[float, float]]] = {}
+            what = (f"the fake server (TTFT {FAKE_TTFT_MS:g} ms, a token every {FAKE_ITL_MS:g} ms)" if fake
+                    else "llama.cpp")
+            print(f"{what} on CPU {cpus[-1]}, clients on {cpus[:-1] or cpus}; {IN_TOKENS} tokens in, {OUT_TOKENS} "
+                  f"out; {seconds:g} s per run, {rounds} round(s); load average "
+                  f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+            got: dict[tuple[str, int], list[Figures]] = {}
             for r in range(rounds):
                 for c in levels:
                     order = ("farm", "aiperf") if (r + c) % 2 == 0 else ("aiperf", "farm")
                     for tool in order:
-                        run = (farm_run(url, tiny.hf, c, seconds) if tool == "farm" else
-                               aiperf_run(a.aiperf, url, tiny.hf, c, seconds, Path(tmp) / f"ai-{r}-{c}"))
-                        got.setdefault((tool, c), []).append(run)
-                print(f"round {r + 1}: host yardstick {calibrate(cpus).speed:.1f} passes/s (server and client CPUs)")
-    print(f"{'conc':>5} {'farm tok/s':>11} {'aiperf tok/s':>13} {'ratio':>6} {'farm ttft50':>12} "
-          f"{'aiperf ttft50':>14} {'ratio':>6}")
-    for c in levels:
-        f_tok, f_ttft = (statistics.median(v[i] for v in got[("farm", c)]) for i in (0, 1))
-        a_tok, a_ttft = (statistics.median(v[i] for v in got[("aiperf", c)]) for i in (0, 1))
-        print(f"{c:>5} {f_tok:>11.1f} {a_tok:>13.1f} {f_tok / a_tok:>6.3f} {f_ttft:>12.2f} {a_ttft:>14.2f} "
-              f"{f_ttft / a_ttft:>6.3f}")
+                        fig = one_run(tool, a, c, seconds, tmp, r, tiny.hf, llama_url)
+                        got.setdefault((tool, c), []).append(fig)
+                        print(f"  round {r + 1} c={c:<3} {tool:<6} tok/s {fig.tok_s:8.1f}  TTFT p50 {fig.ttft:8.2f} ms"
+                              + (f"  turnaround {fig.turnaround:.2f} ms" if fig.turnaround is not None else "")
+                              + (f"  | server: tok/s {fig.srv_tok_s:8.1f}  TTFT p50 {fig.srv_ttft:6.2f} ms  gap "
+                                 f"{_f(fig.gap, '.2f')} ms" if fig.srv_tok_s else ""), flush=True)
+                print(f"round {r + 1}: host yardstick {calibrate(cpus).speed:.1f} passes/s (server and client CPUs), "
+                      f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    table(levels, got, fake)
     return 0
+
+
+@contextmanager
+def _none() -> Iterator[None]:
+    yield None
 
 
 if __name__ == "__main__":

@@ -86,7 +86,8 @@ METRICS: tuple[Metric, ...] = (
     *(_M(f"{fig}_{q}_ms", "ms", False, "mean", description=f"{what}, {q}")
       for fig, what in (("ttft", "time to first token"), ("itl", "inter-token latency, per token"),
                         ("tpot", "time per output token after the first")) for q in ("p50", "p90", "p99")),
-    _M("output_tokens_per_s", "tok/s", True, "mean", description="generated tokens per second, all requests"),
+    _M("output_tokens_per_s", "tok/s", True, "mean",
+       description="generated tokens that arrived in the measured span, per second of it"),
     _M("output_tokens_per_s_per_user", "tok/s", True, "mean",
        description="generated tokens per second of one stream after its first token (median request)"),
     _M("input_tokens_per_s", "tok/s", True, "mean", description="prompt tokens per second, all requests"),

@@ -60,10 +60,6 @@ def _chunk(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
-def _event(obj: Any) -> bytes:
-    return _chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
-
-
 @dataclass
 class _Stream:
     """One streamed answer being sent: ``n`` tokens, ``i`` sent so far, the send time of each."""
@@ -75,8 +71,18 @@ class _Stream:
     usage: bool
     t_recv: float
     rid: str = ""
+    model: str = "fake"
     sent: list[float] = field(default_factory=list)
     i: int = 0
+
+    @property
+    def head(self) -> str:
+        """The fields every event of a real server's stream starts with (AIPerf reads ``object``)."""
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return f'"id":"cmpl-{self.rid}","object":"{kind}","created":0,"model":"{self.model}"'
+
+    def event(self, **fields: Any) -> bytes:
+        return _chunk(b"data: " + ("{" + self.head + "," + json.dumps(fields)[1:]).encode() + b"\n\n")
 
 
 class _Conn(asyncio.Protocol):
@@ -179,7 +185,7 @@ class FakeServer:
         prompt = req["messages"][-1]["content"] if chat else req.get("prompt", "")
         st = _Stream(conn, chat, want + 3 if s.fault == "overrun" else want, len(prompt.split()),
                      s.fault != "no_usage" and bool((req.get("stream_options") or {}).get("include_usage")), t_recv,
-                     rid)
+                     rid, s.model)
         if s.slots and self.busy >= s.slots:
             self.waiting.append(st)
             return
@@ -190,7 +196,7 @@ class FakeServer:
         self.busy += 1
         st.conn.write(_head("200 OK", "text/event-stream"))
         if st.chat:
-            st.conn.write(_event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
+            st.conn.write(st.event(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}]))
         self.loop.call_at(t0 + self.s.ttft_ms / 1e3, self._step, st)
 
     def _step(self, st: _Stream) -> None:
@@ -208,7 +214,7 @@ class FakeServer:
         text = "".join(f" t{st.i + j}" for j in range(k))
         # the event written by hand, not json.dumps: the cheapest per chunk (the text is plain ASCII)
         piece = f'"delta":{{"content":"{text}"}}' if st.chat else f'"text":"{text}"'
-        data = f'{{"choices":[{{"index":0,{piece},"finish_reason":null}}]}}'
+        data = f'{{{st.head},"choices":[{{"index":0,{piece},"finish_reason":null}}]}}'
         t = time.monotonic()
         if not st.conn.write(_chunk(b"data: " + data.encode() + b"\n\n")):
             self._log(st)
@@ -223,10 +229,10 @@ class FakeServer:
     def _finish(self, st: _Stream) -> None:
         end = {"index": 0, "delta": {}, "finish_reason": "length"} if st.chat else \
             {"index": 0, "text": "", "finish_reason": "length"}
-        st.conn.write(_event({"choices": [end]}))
+        st.conn.write(st.event(choices=[end]))
         if st.usage:
-            st.conn.write(_event({"choices": [], "usage": {"prompt_tokens": st.prompt_tokens,
-                                                           "completion_tokens": st.i, "total_tokens": st.i}}))
+            st.conn.write(st.event(choices=[], usage={"prompt_tokens": st.prompt_tokens, "completion_tokens": st.i,
+                                                      "total_tokens": st.prompt_tokens + st.i}))
         st.conn.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         if st.sent:
             self._observe("vllm:time_to_first_token_seconds", st.sent[0] - st.t_recv)

@@ -54,5 +54,5 @@ def attach_for(request: ProfileRequest, fallback: Attach) -> Attach:
         load_workload(llm)  # RequestError names the bad line or file
     if request.endpoint is None:  # an LLM engine farm launches: nothing runs yet to read
         return fallback
-    from workers.serving.openai_api import attach_openai  # noqa: PLC0415 - aiohttp: LLM submits only, not every CLI start
+    from workers.serving.openai_api import attach_openai  # noqa: PLC0415 - the OpenAI client: LLM submits only
     return functools.partial(attach_openai, llm=llm)

@@ -19,6 +19,7 @@ from typing import Any
 
 #: error names a request may end with (``RawRequest.error``; HTTP errors are ``HTTP_<status>``)
 CONNECT_ERROR = "CONNECT_ERROR"  # no connection (refused, unreachable, reset before an answer)
+BAD_HTTP = "BAD_HTTP"  # an answer that is not HTTP/1.x
 NOT_STREAMING = "NOT_STREAMING"  # an answer that is not text/event-stream
 MALFORMED_SSE = "MALFORMED_SSE"  # a data line that is not JSON
 STREAM_ERROR = "STREAM_ERROR"  # an {"error": ...} event inside the stream

@@ -22,7 +22,7 @@ from schemas.measured import LLM_RPC
 from workers.loadgen import stats
 from workers.loadgen.contract import ClientDetails, LoadClient, LoadJob, LoadRecord, RunTotals, WindowFigures
 from workers.loadgen.llm_server_metrics import scrape, server_p50s
-from workers.loadgen.llm_stream import Outcome, RawRequest, account
+from workers.loadgen.llm_stream import Outcome, RawRequest, account, chunk_tokens
 from workers.loadgen.llm_workload import load_workload
 from workers.loadgen.openai_http import HttpJob, HttpRun, check_model, load_process
 from workers.loadgen.plan import WindowPlan
@@ -37,8 +37,10 @@ def _pcts(name: str, values: list[float] | np.ndarray) -> Metrics:
     return {f"{name}_p50_ms": p50, f"{name}_p90_ms": p90, f"{name}_p99_ms": p99}
 
 
-def llm_metrics(outcomes: list[Outcome], duration_s: float, slo: Slo | None) -> Metrics:
-    """The LLM metrics of the measured requests' outcomes over ``duration_s`` (s)."""
+def llm_metrics(outcomes: list[Outcome], duration_s: float, slo: Slo | None,
+                output_tokens: float | None = None) -> Metrics:
+    """The LLM metrics of the measured requests' outcomes over ``duration_s`` (s); ``output_tokens``: the tokens
+    that arrived within that span (:func:`tokens_in`; None: the outcomes' output tokens)."""
     d = max(duration_s, 1e-9)
     out_tok = [o.output_tokens for o in outcomes]
     in_tok = [o.input_tokens for o in outcomes]
@@ -50,7 +52,7 @@ def llm_metrics(outcomes: list[Outcome], duration_s: float, slo: Slo | None) -> 
         **_pcts("ttft", [o.ttft_ms for o in outcomes]),
         **_pcts("itl", np.concatenate([np.asarray(o.itl_ms) for o in outcomes]) if outcomes else []),
         **_pcts("tpot", tpot),
-        "output_tokens_per_s": sum(out_tok) / d,
+        "output_tokens_per_s": (sum(out_tok) if output_tokens is None else output_tokens) / d,
         # per user: what one stream sees while generating, the median request's tokens/s after its first token
         "output_tokens_per_s_per_user": stats.percentile([1e3 / t for t in tpot if t > 0], 50),
         "input_tokens_per_s": sum(in_tok) / d,
@@ -161,6 +163,26 @@ def _cut(run: HttpRun, windows: list[tuple[float, float]], count: Callable[[str]
     return cut
 
 
+def tokens_in(run: HttpRun, windows: list[tuple[float, float]], count: Callable[[str], int] | None,
+              outcomes: list[Outcome]) -> float:
+    """The output tokens that arrived within ``windows``, by the arrival time of their chunks: those of every
+    complete request (warm-up ones too) and of those cut off in flight at the stop, whatever the request's
+    start or end. A cut-off request has no final usage: its chunks are counted by the tokenizer, else at the
+    complete requests' mean tokens per chunk (``outcomes``)."""
+    chunks = sum(o.chunks for o in outcomes)
+    per_chunk = sum(o.output_tokens for o in outcomes) / chunks if chunks else 1.0
+    lo, hi = windows[0][0], windows[-1][1]  # the windows are contiguous
+    total = 0.0
+    for rec in (*(r for r in run.records if r.error is None), *run.cut):
+        if not rec.chunk_t or rec.chunk_t[-1] < lo or rec.chunk_t[0] > hi:
+            continue
+        counts, _, source = chunk_tokens(rec, count)
+        cut = rec.error is not None
+        total += sum(per_chunk if cut and source == "chunks" else k
+                     for t, k in zip(rec.chunk_t, counts, strict=True) if lo <= t <= hi)
+    return total
+
+
 def _first_error(records: list[RawRequest]) -> str | None:
     return next((r.error_text for r in records if r.error is not None), None)
 
@@ -262,7 +284,7 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
                         loop_lag_ms=_p50_p99(run.loop_lag_ms),
                         slo_met_share=slo_share(outcomes, sum(errors.values()), run.unfinished, llm.slo),
                         oversaturated=run.oversaturated is not None, oversaturated_why=run.oversaturated)
-    metrics = llm_metrics(outcomes, duration, llm.slo)
+    metrics = llm_metrics(outcomes, duration, llm.slo, tokens_in(run, windows, count, outcomes))
     for figure, value in server.items():  # Prometheus where the server gave no per-request timings
         if metrics.get(f"server_{figure}_p50_ms") is None:
             metrics[f"server_{figure}_p50_ms"] = value

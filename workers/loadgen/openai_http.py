@@ -1,13 +1,16 @@
 """The OpenAI streaming load loop: one asyncio event loop in a process of its own, pinned to the caller's
-CPUs (a job's load-generator cores), sending chat or completion requests with ``stream: true`` and reading
-their server-sent events line by line, each line stamped with ``time.monotonic()`` as it is read.
+CPUs (a job's load-generator cores), sending chat or completion requests with ``stream: true``. Each read of
+a response is stamped with ``time.monotonic()`` at the entry of its connection's protocol callback and kept
+unparsed; the server-sent events are parsed after the run.
 
-HTTP stack: aiohttp on uvloop (asyncio's own loop where uvloop is missing). aiohttp's C HTTP parser and a
-TCPConnector sized to the concurrency (``limit``: one keep-alive HTTP/1.1 connection per closed-loop slot,
-unlimited in open loop; its default of 100 is what caps other clients' streams) keep the per-chunk cost
-small; measured with ``benchmarks/llm_client.py`` against a fake server that logs its per-token send times:
-see docs/llm.md for the figures at concurrency 1, 64 and 256 on 2 cores. A separate process keeps the
-job's samplers and the coordinator off this loop and its GIL, as farm's gRPC generator does.
+HTTP stack: farm's own minimal HTTP/1.1 client on an asyncio Protocol (``http_stream``: why not aiohttp is
+said there) on uvloop (asyncio's own loop where uvloop is missing). One keep-alive connection per closed-loop
+slot, as many as there are requests in flight in open loop: no pool cap to hide queueing behind. The task of a
+request wakes once, when its response has ended, not per chunk. Measured with ``benchmarks/llm_client.py``
+against a fake server that logs its per-token send times: see docs/llm.md for the figures at concurrency 1,
+64 and 256 on 2 cores. A separate process keeps the job's samplers and the coordinator off this loop and its
+GIL, as farm's gRPC generator does; Python's cyclic garbage collector is off while the load runs (a full
+collection stalls the loop for milliseconds).
 
 Closed loop: ``concurrency`` tasks, each sending its next request as soon as the last one ended. Open loop:
 requests at the pattern's send times whatever is in flight; latency counts from the scheduled time, and a
@@ -16,6 +19,7 @@ send that leaves over ``LATE_S`` after it is late (coordinated omission is visib
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import json
 import os
@@ -29,10 +33,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-import aiohttp
-
 from workers.loadgen.drivers import process_context, reap, start
+from workers.loadgen.http_stream import Lost, Pool, ProtocolError, Reply
 from workers.loadgen.llm_stream import (
+    BAD_HTTP,
     CONNECT_ERROR,
     NOT_STREAMING,
     TIMEOUT,
@@ -84,6 +88,7 @@ class HttpRun:
     schedule started (monotonic s) and whether uvloop ran it."""
 
     records: list[RawRequest] = field(default_factory=list)
+    cut: list[RawRequest] = field(default_factory=list)  # in flight at the stop: what they had received by then
     sent: int = 0
     late: int = 0
     in_flight: int = 0
@@ -168,9 +173,10 @@ def check_model(base_url: str, model: str, env_name: str | None, timeout_s: floa
 class _Loop:
     """The traffic of one :class:`HttpJob` on the running loop."""
 
-    def __init__(self, job: HttpJob, session: aiohttp.ClientSession, t_start: float) -> None:
-        self.job, self.session, self.t_start = job, session, t_start
-        self.url = job.base_url + route(job.api)
+    def __init__(self, job: HttpJob, pool: Pool, key: str | None, t_start: float) -> None:
+        self.job, self.pool, self.t_start = job, pool, t_start
+        self.route = route(job.api)
+        self.headers = list(headers(job.api_key_env, key).items())
         self.bodies = [request_body(job.api, job.model, p) for p in job.prompts]
         self.next = itertools.cycle(range(len(job.prompts))).__next__
         self.warm_end = t_start + job.plan.warmup_s
@@ -178,8 +184,9 @@ class _Loop:
         self.measured_done = 0
         self.stop = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
-        self.live: dict[int, RawRequest] = {}  # the requests in flight, by their number
-        self.first_ms: list[tuple[float, float]] = []  # (arrival, ms since scheduled) of each first chunk
+        self.live: dict[int, RawRequest] = {}  # sent and not ended, by number
+        self.first_ms: list[tuple[float, float]] = []  # (arrival, ms since scheduled) of each first chunk seen
+        self._first_seen: set[int] = set()  # the numbers of the requests in ``first_ms``
         # X-Request-Id is a UUID: llama-cpp-python's server answers 400 to any other form; the run in its high
         # bits, the request's number in its last 48 (the last group of the written form: see request_seq)
         self.run_id = uuid.uuid4().int >> 48 << 48
@@ -193,52 +200,64 @@ class _Loop:
         return RawRequest(scheduled=scheduled, sent=sent, warm=warm, prompt_tokens=p.input_tokens,
                           prompt_source=p.input_source, max_tokens=p.max_tokens, seq=seq), self.bodies[i]
 
-    async def _stream(self, rec: RawRequest, resp: aiohttp.ClientResponse) -> None:
-        now = time.monotonic
-        if resp.status >= 400:
-            text = (await resp.read())[:200].decode(errors="replace").replace("\n", " ")
-            rec.fail(f"HTTP_{resp.status}", f"HTTP {resp.status}: {text}", now())
+    @staticmethod
+    def _check(rec: RawRequest, reply: Reply) -> None:
+        """Fail a response that is an HTTP error or not an event stream."""
+        if reply.status >= 400:
+            text = b"".join(p for _, p in rec.pieces)[:200].decode(errors="replace").replace("\n", " ")
+            rec.fail(f"HTTP_{reply.status}", f"HTTP {reply.status}: {text}", reply.end)
             return
-        ctype = resp.headers.get("Content-Type", "")
+        ctype = reply.headers.get("content-type", "")
         if "text/event-stream" not in ctype:
-            await resp.read()
             rec.fail(NOT_STREAMING, f"{NOT_STREAMING}: the server answered {ctype or 'no content type'}, not "
-                                    "an event stream; it does not stream this API", now())
+                                    "an event stream; it does not stream this API", reply.end)
+
+    async def _exchange(self, rec: RawRequest, body: bytes) -> None:
+        """Send one request and wait for its response's end (the connection stamps and keeps each read).
+        Errors are counted on ``rec``."""
+        now = time.monotonic
+        try:
+            conn = await self.pool.acquire()
+        except (OSError, TimeoutError) as exc:
+            rec.fail(CONNECT_ERROR, f"{CONNECT_ERROR}: cannot connect to {self.pool.authority}: "
+                                    f"{type(exc).__name__}: {exc}", now())
             return
-        # the hot loop only stamps what arrives: parsing waits for the end of the run (``replay``)
-        pieces = rec.pieces
-        async for piece in resp.content.iter_any():
-            pieces.append((now(), piece))
-            if len(pieces) == 1 and self.job.stop_oversaturated:
-                self.first_ms.append((pieces[0][0], (pieces[0][0] - rec.scheduled) * 1e3))
-            if b"[DONE]" in piece:  # read the response's end, so its keep-alive connection is reused
-                await asyncio.wait_for(resp.content.read(), DRAIN_S)
-                break
-        rec.eof = now()
+        reusable = False
+        # X-Request-Id: the request's number in this run, as many servers log it (vLLM takes it as its id)
+        data = self.pool.request_bytes(self.route, body, [
+            *self.headers, ("X-Request-Id", str(uuid.UUID(int=self.run_id | rec.seq)))])
+        try:
+            waiter = conn.send(data, rec.pieces)
+            rec.wrote = now()  # the request is in the socket: its lag behind the schedule is the client's own
+            async with asyncio.timeout(self.job.request_timeout_s):
+                reply = await waiter
+            rec.eof, reusable = reply.end, reply.keep_alive
+            self._check(rec, reply)
+        except TimeoutError:
+            rec.fail(TIMEOUT, f"{TIMEOUT}: no end within {self.job.request_timeout_s:g} s", now())
+        except Lost as exc:
+            name = TRUNCATED if exc.started else CONNECT_ERROR
+            rec.fail(name, f"{name}: {exc}", now())
+        except ProtocolError as exc:
+            rec.fail(BAD_HTTP, f"{BAD_HTTP}: {exc}", now())
+        finally:
+            self.pool.release(conn, reusable)
 
     async def _one(self, rec: RawRequest, body: bytes) -> None:
         self.live[rec.seq] = rec
-        try:
-            # X-Request-Id: the request's number in this run, as many servers log it (vLLM takes it as its id)
-            async with self.session.post(self.url, data=body, trace_request_ctx=rec,
-                                         headers={"X-Request-Id": str(uuid.UUID(int=self.run_id | rec.seq))}) as resp:
-                await self._stream(rec, resp)
-        except TimeoutError:
-            if rec.pieces and b"[DONE]" in rec.pieces[-1][1]:  # only the drain after [DONE] timed out
-                rec.eof = time.monotonic()
-            else:
-                rec.fail(TIMEOUT, f"{TIMEOUT}: no end within {self.job.request_timeout_s:g} s", time.monotonic())
-        except aiohttp.ClientConnectorError as exc:
-            rec.fail(CONNECT_ERROR, f"{CONNECT_ERROR}: {exc}", time.monotonic())
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            name = TRUNCATED if rec.pieces else CONNECT_ERROR
-            rec.fail(name, f"{name}: {type(exc).__name__}: {exc}", time.monotonic())
-        except aiohttp.ClientError as exc:
-            rec.fail(type(exc).__name__, f"{type(exc).__name__}: {exc}", time.monotonic())
+        await self._exchange(rec, body)
         self._done(rec)
+
+    def _note_first(self, rec: RawRequest) -> None:
+        """Add ``rec``'s first chunk (stamped by the connection as it arrived) to ``first_ms``, once."""
+        if rec.pieces and rec.seq not in self._first_seen:
+            self._first_seen.add(rec.seq)
+            self.first_ms.append((rec.pieces[0][0], (rec.pieces[0][0] - rec.scheduled) * 1e3))
 
     def _done(self, rec: RawRequest) -> None:
         self.live.pop(rec.seq, None)
+        if self.job.stop_oversaturated:
+            self._note_first(rec)
         self.out.records.append(rec)
         if not rec.warm and rec.error is None:
             self.measured_done += 1
@@ -287,6 +306,8 @@ class _Loop:
             await asyncio.sleep(SAMPLE_S)
             t = now()
             in_flight.append((t, float(len(self.live))))
+            for rec in list(self.live.values()):  # first chunks arrive in the connection's callback: read them here
+                self._note_first(rec)
             why = (verdict(in_flight, self.first_ms, t, window, self.job.pattern.rate)
                    if t >= self.warm_end + window else None)
             if why is not None:
@@ -326,28 +347,21 @@ class _Loop:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self.out.in_flight = self.out.sent - len(self.out.records)
-        for rec in self.out.records:
+        stop = time.monotonic()
+        for rec in self.live.values():  # their tokens so far count in the token rate of the run's last window
+            rec.eof = stop
+            self.out.cut.append(rec)
+        for rec in (*self.out.records, *self.out.cut):
             replay(rec)
         return self.out
 
 
-async def _headers_sent(_session: aiohttp.ClientSession, ctx: Any, _params: Any) -> None:
-    """When aiohttp wrote a request's headers (the body follows in the same write): the request's ``wrote``.
-    Its lag behind the scheduled send is the client's own share of the TTFT."""
-    rec = ctx.trace_request_ctx
-    if isinstance(rec, RawRequest):
-        rec.wrote = time.monotonic()
-
-
 async def _main(job: HttpJob, t_start: float, key: str | None) -> HttpRun:
-    limit = job.pattern.outstanding(1) or 0  # closed loop: one connection per slot; open loop: unlimited
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=None)
-    timeout = aiohttp.ClientTimeout(total=job.request_timeout_s, sock_connect=min(job.request_timeout_s, 10.0))
-    trace = aiohttp.TraceConfig()
-    trace.on_request_headers_sent.append(_headers_sent)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers(job.api_key_env, key),
-                                     auto_decompress=False, trace_configs=[trace]) as session:
-        return await _Loop(job, session, t_start).run()
+    pool = Pool(job.base_url, connect_timeout_s=min(job.request_timeout_s, 10.0), drain_s=DRAIN_S)
+    try:
+        return await _Loop(job, pool, key, t_start).run()
+    finally:
+        pool.close()
 
 
 def loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
@@ -363,8 +377,15 @@ def run_http(job: HttpJob, t_start: float, key: str | None = None) -> HttpRun:
     """Run ``job`` to its end on a fresh event loop of this thread (``key``: the API key; None: read from the
     environment)."""
     factory, name = loop_factory()
-    with asyncio.Runner(loop_factory=factory) as runner:
-        out = runner.run(_main(job, t_start, key))
+    gc.collect()
+    gc.freeze()  # what exists now is never scanned again
+    gc.disable()  # no collection pauses while the load runs (the run's records hold no cycles)
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            out = runner.run(_main(job, t_start, key))
+    finally:
+        gc.enable()
+        gc.unfreeze()
     out.loop = name
     return out
 

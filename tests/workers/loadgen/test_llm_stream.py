@@ -20,7 +20,8 @@ from workers.loadgen.llm_stream import (
     itl_values,
     replay,
 )
-from workers.loadgen.openai_client import llm_metrics
+from workers.loadgen.openai_client import llm_metrics, tokens_in
+from workers.loadgen.openai_http import HttpRun
 
 
 def _rec(max_tokens: int = 8) -> RawRequest:
@@ -149,3 +150,23 @@ def test_histogram_p50_of_the_difference_between_scrapes() -> None:
     after = Scrape({"vllm:time_to_first_token_seconds": {0.01: 100.0, 0.02: 110.0, float("inf"): 110.0}})
     assert server_p50s(before, after) == {"ttft": pytest.approx(15.0)}  # the 10 new requests only
     assert server_p50s(None, None) == {}
+
+
+def test_output_tokens_count_by_their_arrival_in_the_window() -> None:
+    """A request that started before the window counts only the tokens that arrived in it; one cut off by the
+    stop counts its chunks at the complete requests' mean tokens per chunk (it has no final usage)."""
+    def stream(t0: float, n: int, usage: bool) -> RawRequest:
+        rec = _rec(max_tokens=2 * n)
+        lines = [(t0 + i, _chat("a b")) for i in range(n)]
+        if usage:
+            lines += [(t0 + n, _data({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2 * n}})),
+                      (t0 + n, b"data: [DONE]\n")]
+        _feed(rec, lines)
+        return rec
+
+    done, cut = stream(8.0, 4, True), stream(11.0, 3, False)  # chunks at 8..11 (2 tokens each); at 11..13
+    run = HttpRun(records=[done], cut=[cut])
+    outs = [account(done, None)]
+    assert tokens_in(run, [(10.0, 12.0), (12.0, 14.0)], None, outs) == 2 * 2 + 3 * 2  # 10, 11 | 11, 12, 13
+    m = llm_metrics(outs, 4.0, None, tokens_in(run, [(10.0, 14.0)], None, outs))
+    assert m["output_tokens_per_s"] == 10 / 4 and m["mean_output_tokens"] == 8
