@@ -87,7 +87,8 @@ def redis_url() -> Iterator[str]:
         pytest.skip("Redis does not answer on 127.0.0.1:6379")
     import redis
 
-    db = 7 + (os.getpid() % 8)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under pytest-xdist: one index each
+    db = 7 + (int(worker[2:]) if worker.startswith("gw") else os.getpid()) % 8
     url = f"{REDIS_URL_BASE}/{db}"
     client = redis.Redis.from_url(url)
     client.flushdb()

@@ -183,7 +183,10 @@ def container_address(container: Any, network: str = SERVING_NETWORK, timeout_s:
         if ip:
             return str(ip)
         if container.status not in ("created", "running") or time.monotonic() > deadline:
+            state = container.attrs.get("State") or {}
+            how = (f"exited with code {state.get('ExitCode')}" if container.status == "exited"
+                   else f"status {container.status}")
             raise ContainerError(
-                f"container {container.short_id} has no address on network {network} (status {container.status}); "
+                f"container {container.short_id} has no address on network {network} ({how}); "
                 f"last log lines:\n{log_tail(container)}")
         time.sleep(0.05)
