@@ -20,7 +20,7 @@ brute-force rate (target: within 5 %) and its steps / brute-force steps (target:
 before and after; the yardstick between the phases: the server's measured capacity (closed loop at
 ``SLOTS`` concurrency, requests/s) against its nominal one (a host whose speed changes between the phases
 moves the answers apart).
-``--quick`` (CI): 2 s steps (else 3 s) and a grid over a narrower range (16..40 req/s), so a third of its
+``--quick`` (CI): 1 s steps (else 3 s) and a grid over a narrower range (16..40 req/s), so a third of its
 steps is a harder target.
 
 Run: ``python benchmarks/llm_goodput_search.py [--quick]``. Asserts nothing.
@@ -46,7 +46,7 @@ from workers.loadgen.plan import WindowPlan
 SLOTS, TTFT_MS, ITL_MS, OUTPUT = 2, 20.0, 5.0, 8
 SLO_TTFT_MS = 150.0
 WARMUP_S = 0.5
-STEP_S = 3.0  # measured per step, s (--quick: 2)
+STEP_S = 3.0  # measured per step, s (--quick: 1, a smoke run)
 NOMINAL = SLOTS / ((TTFT_MS + (OUTPUT - 1) * ITL_MS) / 1e3)  # requests/s on an idle host
 
 
@@ -124,7 +124,7 @@ def main() -> None:
     p.add_argument("--high", type=float, default=None, help="the grid's highest rate (default 64, --quick 40)")
     args = p.parse_args()
     global STEP_S  # noqa: PLW0603 - one setting for every step of the run
-    STEP_S = 2.0 if args.quick else STEP_S
+    STEP_S = 1.0 if args.quick else STEP_S
     low, high = args.low or (16.0 if args.quick else 4.0), args.high or (40.0 if args.quick else 64.0)
     client_cpus, server_cpus = split_cpus()
     pin(client_cpus)
