@@ -110,6 +110,7 @@ class Farm:
         self.home = home
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
         self.env.update(FARM_HOME=str(home), FARM_RUNNER="process", FARM_PERF_ANALYZER_INSTALL="0",
+                        FARM_SERVER_READY_TIMEOUT_S="300",  # transformers serve imports torch: slow on a busy host
                         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])))
 
     def run(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -236,7 +237,7 @@ def table_row(cfg: Config) -> str:
     return (f"| {cfg.engine} | {cfg.knob} | {knee_c} | {_f(knee.get('output_tokens_per_s'))} | "
             f"{_f(s.get('max_goodput_rate'), 'g')} | {steps} | {_f(max(peaks) / 2**20 if peaks else None, '.0f')} | "
             f"{_f(c1.get('ttft_p50_ms'), '.1f')} / {_f(c1.get('tpot_p50_ms'), '.2f')} | {slo} | "
-            f"{_f(_median(ok, 'host_speed_index'))} | {load} | {_f(_median(ok, 'cpu_steal_pct'), '.1f')} |")
+            f"{_f(_median(ok, 'host_speed_index'), '.1f')} | {load} | {_f(_median(ok, 'cpu_steal_pct'), '.1f')} |")
 
 
 def show(configs: list[Config], t: Timing, secs: float) -> None:
