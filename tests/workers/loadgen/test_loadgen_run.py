@@ -281,6 +281,29 @@ def test_load_process_runs_on_the_cpus_of_the_thread_that_started_it() -> None:
     assert seen[0] != seen[1]
 
 
+def test_the_fork_server_counts_as_the_jobs_own_load_process() -> None:
+    """The fork server the load processes come from is this process's child, never reaped while it runs, so
+    ``os.times`` never sees its CPU (its start-up imports on a job's first run): ``load_process_pids`` names it
+    beside the live load processes, so the foreign-load sampler counts it as the job's own."""
+    import psutil
+
+    from workers.loadgen.drivers import ProcessDriver, load_process_pids
+    from workers.loadgen.patterns import ClosedLoop
+    from workers.loadgen.plan import WindowPlan
+    from workers.loadgen.worker import WorkerConfig
+
+    cfg = WorkerConfig(url="127.0.0.1:1", model_name="model", request=b"", pattern=ClosedLoop(1),
+                       plan=WindowPlan(0.1, (0.1,), 1, False), connect_timeout_s=5.0)
+    with ProcessDriver([cfg]) as driver:
+        load_pid = driver._procs[0].pid
+        pids = load_process_pids()
+        assert load_pid in pids
+        server = psutil.Process(load_pid).parent()
+        assert server is not None and server.pid in pids and server.pid != os.getpid()
+        assert server.parent() is not None and server.parent().pid == os.getpid()
+    assert load_pid not in load_process_pids() and server.pid in load_process_pids()
+
+
 def test_the_schema_names_every_registered_client_and_auto() -> None:
     """A request may name exactly the registered clients and ``auto``: schemas and the registry agree."""
     from schemas.request import LOAD_CLIENTS
