@@ -12,12 +12,11 @@ from schemas.request import (
     LOAD_KEYS,
     MEASUREMENT_KEYS,
     SERVING_KEYS,
-    EdgeProfile,
     MeasurementSettings,
     ProfileRequest,
-    TensorSpec,
 )
 from schemas.result import JobResult, Placement
+from schemas.specs import EdgeProfile, TensorSpec
 from schemas.worker import WorkerStatus
 
 __all__ = [

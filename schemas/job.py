@@ -7,7 +7,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.input_data import InputData
 from schemas.llm_engines import KnobValue, check_knobs
-from schemas.request import EdgeProfile, MeasurementSettings, TensorSpec
+from schemas.request import MeasurementSettings
+from schemas.specs import EdgeProfile, TensorSpec
 
 
 class JobStatus(StrEnum):

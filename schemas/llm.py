@@ -11,7 +11,9 @@ import re
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from schemas.specs import StrictModel
 
 #: the APIs the OpenAI client speaks: /v1/chat/completions and /v1/completions, both streamed
 LlmApi = Literal["openai-chat", "openai-completions"]
@@ -26,11 +28,7 @@ _NORMAL_RE = re.compile(rf"^{_NUM}/{_NUM}$")
 _UNIFORM_RE = re.compile(rf"^{_NUM}:{_NUM}$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TokenDist(_Strict):
+class TokenDist(StrictModel):
     """A token length: ``fixed`` N; ``normal`` mean/stddev (rounded, at least 1); ``uniform`` min:max
     (whole numbers, both ends included). Written ``128``, ``128/32`` or ``64:256``."""
 
@@ -77,7 +75,7 @@ def parse_token_dist(text: str) -> dict[str, object]:
     raise ValueError(f"token length {text!r} is not N, MEAN/STDDEV or MIN:MAX (e.g. 128, 128/32, 64:256)")
 
 
-class Slo(_Strict):
+class Slo(StrictModel):
     """Latency goals a request must meet to count toward goodput (ms; None: no goal on that figure)."""
 
     ttft_ms: float | None = Field(default=None, gt=0)
@@ -118,7 +116,7 @@ def parse_slo(text: str) -> dict[str, float]:
     return out
 
 
-class LlmSettings(_Strict):
+class LlmSettings(StrictModel):
     """How an LLM job is driven (see the module docstring). ``base_path``: the API's path on the server
     (``/v1``); ``tls``: https. ``requests``: measured requests (None: the measurement's windows);
     ``warmup_requests``: requests sent and left out before measuring (with ``warmup_s``)."""

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from schemas.queues import CPU_QUEUE, EDGE_QUEUE, gpu_queue
-from schemas.request import EdgeProfile, device_slug
+from schemas.request import device_slug
+from schemas.specs import EdgeProfile
 from tests.chart import KEDA_KINDS, KUBE_VERSION, by_kind, ci_values, pod_specs, quantity, render
 
 pytest.importorskip("helm_python", reason="the test extra installs helm-python-sdk")

@@ -4,7 +4,8 @@ import pytest
 from pydantic import ValidationError
 
 from schemas import EdgeProfile, MeasurementSettings, ProfileRequest, TensorSpec
-from schemas.request import device_slug, parse_memory
+from schemas.request import device_slug
+from schemas.specs import parse_memory
 
 
 def _errors(**kw: object) -> str:

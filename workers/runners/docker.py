@@ -286,11 +286,7 @@ class DockerRunner(Runner):
             ready(target.url, target.model_name, timeout_s, alive=alive)
         except ServerError as exc:
             container.reload()
-            state = container.attrs.get("State", {})
-            what = (f"exited with code {state.get('ExitCode')}" if container.status not in ("created", "running")
-                    else f"was not ready within {timeout_s:g} s")
-            if state.get("OOMKilled"):
-                what = "was killed: out of memory"
+            what = hd.exit_state(container) or f"was not ready within {timeout_s:g} s"
             image = container.attrs.get("Config", {}).get("Image", "?")
             raise ContainerError(
                 f"serving container {container.short_id} ({image}) {what}; {exc}\n"

@@ -174,6 +174,17 @@ def serving_network(docker_client: Any, name: str = SERVING_NETWORK) -> str:
     return name
 
 
+def exit_state(container: Any) -> str | None:
+    """How a reloaded container that no longer runs ended ("exited with code N", "was killed: out of memory"),
+    None while it is created or running."""
+    if container.status in ("created", "running"):
+        return None
+    state = container.attrs.get("State") or {}
+    if state.get("OOMKilled"):
+        return "was killed: out of memory"
+    return f"exited with code {state.get('ExitCode')}"
+
+
 def container_address(container: Any, network: str = SERVING_NETWORK, timeout_s: float = 5.0) -> str:
     """The container's IP address on ``network`` (polls until set); ContainerError when it exits first."""
     deadline = time.monotonic() + timeout_s
@@ -183,9 +194,7 @@ def container_address(container: Any, network: str = SERVING_NETWORK, timeout_s:
         if ip:
             return str(ip)
         if container.status not in ("created", "running") or time.monotonic() > deadline:
-            state = container.attrs.get("State") or {}
-            how = (f"exited with code {state.get('ExitCode')}" if container.status == "exited"
-                   else f"status {container.status}")
+            how = exit_state(container) or f"status {container.status}"
             raise ContainerError(
                 f"container {container.short_id} has no address on network {network} ({how}); "
                 f"last log lines:\n{log_tail(container)}")

@@ -26,7 +26,7 @@ from farm.models.info import (
 from farm.models.torchscript import torchscript_declared_inputs
 from schemas import TensorSpec
 from schemas.dtypes import DTYPES
-from schemas.request import MAX_INPUT_ELEMENTS
+from schemas.specs import MAX_INPUT_ELEMENTS
 
 
 def save_model(path: Path, nodes: list, inputs: list, outputs: list, inits: list | None = None,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from schemas.request import EdgeProfile
+from schemas.specs import EdgeProfile
 
 pytestmark = pytest.mark.docker
 
