@@ -1,8 +1,9 @@
 """farm's OpenAI streaming client against AIPerf (issue 29 point 7), the same workload (synthetic prompts of 32
 tokens from the tiny-llama's own tokenizer, 64 output tokens, ``max_tokens`` sent, closed loop at concurrency c),
 the two tools interleaved round by round (their order alternating: servers drift within a minute). Per
-concurrency it prints the medians over rounds of each tool's output tokens/s and TTFT p50 and their ratio
-farm / AIPerf (target: within 5 %).
+concurrency it prints the medians over rounds of each tool's output tokens/s and TTFT p50, the median (range) over
+rounds of each round's ratio farm / AIPerf (target: within 5 %), and how many requests AIPerf kept in flight on
+average by its own stamps (a closed loop of c that never idles keeps c).
 
 ``--server llama`` (default): llama-cpp-python's server on the tiny-llama GGUF (one thread, pinned to the last
 CPU; the tools on the others). Neither tool knows the truth there.
@@ -13,7 +14,9 @@ state (the requests it read from 1 s after its first one to its last one): ``srv
 per second of that span (what that tool's load made it deliver); ``srv ttft``, the p50 of first token write
 minus request read. Each tool's figure is then compared with the truth of its own run (``/srv``), and ``gap``
 (c=1 only) is the server's idle time between one request's last token and the next request's arrival: the
-tool's turnaround, which at c=1 decides how many tokens per second the server can deliver.
+tool's turnaround, which at c=1 decides how many tokens per second the server can deliver; ``held``, how many
+requests the server held on average (a closed loop of c that never idles holds c: the fewer, the shorter the
+queue a request waits in where the server serializes them, ``--slots 1`` as llama-cpp-python does).
 
 Both tools define output tokens/s as output tokens over a span of the run (farm: the tokens that arrived within
 the measured windows, by each chunk's arrival, over the windows' length; AIPerf's ``output_token_throughput``:
@@ -39,6 +42,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -67,7 +71,9 @@ class Figures:
     srv_tok_s: float | None = None
     srv_ttft: float | None = None
     gap: float | None = None
+    inflight: float | None = None  # fake server: requests it held on average over its steady state (read to last token)
     turnaround: float | None = None  # AIPerf's own records (c=1): p50 from a request's end to the next's start
+    held: float | None = None  # AIPerf's own records: requests in flight on average
 
 
 def hostport(url: str) -> str:
@@ -94,9 +100,10 @@ def aiperf_argv(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: flo
 
 
 def aiperf_run(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: float, out: Path,
-               server_counts: bool = False) -> tuple[float, float, float | None]:
-    """(output tokens/s, TTFT p50 ms, turnaround p50 ms at c=1) of AIPerf on the same workload (``server_counts``:
-    output tokens from the server's usage, which the fake server sends and llama.cpp does not)."""
+               server_counts: bool = False) -> tuple[float, float, float | None, float | None]:
+    """(output tokens/s, TTFT p50 ms, turnaround p50 ms at c=1, requests in flight on average) of AIPerf on the
+    same workload (``server_counts``: output tokens from the server's usage, which the fake server sends and
+    llama.cpp does not)."""
     cmd = aiperf_argv(aiperf, url, hf, concurrency, seconds, out) + (["--use-server-token-count"] if server_counts
                                                                       else [])
     # no HF_HUB_OFFLINE: in offline mode AIPerf looks a tokenizer up in the hub cache only, never at a local folder
@@ -107,27 +114,44 @@ def aiperf_run(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: floa
         raise RuntimeError(f"aiperf exited {done.returncode}: {(done.stderr or done.stdout)[-1500:]}")
     data = json.loads(found[-1].read_text())
     return (float(data["output_token_throughput"]["avg"]), float(data["time_to_first_token"]["p50"]),
-            aiperf_turnaround(out) if concurrency == 1 else None)
+            aiperf_turnaround(out) if concurrency == 1 else None, aiperf_held(out))
+
+
+def _aiperf_rows(out: Path) -> list[dict[str, Any]]:
+    """The metadata of AIPerf's profiling requests from its per-request export, by start."""
+    found = sorted(out.rglob("profile_export.jsonl"))
+    if not found:
+        return []
+    meta = [json.loads(line).get("metadata", {}) for line in found[-1].read_text().splitlines() if line.strip()]
+    return sorted((m for m in meta if m.get("benchmark_phase") == "profiling" and m.get("request_end_ns")),
+                  key=lambda m: m["request_start_ns"])
+
+
+def aiperf_held(out: Path) -> float | None:
+    """How many requests AIPerf had in flight on average (its own stamps): the requests' summed latencies over
+    the span from the first start to the last end. A closed loop of c that never idles holds c; each request's
+    turnaround in the client lowers it, and with it the queue the others wait in at a serializing server."""
+    rows = _aiperf_rows(out)
+    if not rows:
+        return None
+    span = max(m["request_end_ns"] for m in rows) - rows[0]["request_start_ns"]
+    return sum(m["request_end_ns"] - m["request_start_ns"] for m in rows) / span if span > 0 else None
 
 
 def aiperf_turnaround(out: Path) -> float | None:
     """From AIPerf's per-request export at concurrency 1: the p50 (ms) from one profiling request's end to the
     next one's start, as AIPerf itself stamped them: the time its closed loop leaves the server idle."""
-    found = sorted(out.rglob("profile_export.jsonl"))
-    if not found:
-        return None
-    meta = [json.loads(line).get("metadata", {}) for line in found[-1].read_text().splitlines() if line.strip()]
-    rows = sorted((m for m in meta if m.get("benchmark_phase") == "profiling" and m.get("request_end_ns")),
-                  key=lambda m: m["request_start_ns"])
+    rows = _aiperf_rows(out)
     gaps = [(b["request_start_ns"] - a["request_end_ns"]) / 1e6 for a, b in zip(rows, rows[1:], strict=False)]
     return statistics.median(gaps) if gaps else None
 
 
-def server_truth(log: Path) -> tuple[float, float, float | None]:
+def server_truth(log: Path) -> tuple[float, float, float | None, float]:
     """From the fake server's log of one run: tokens/s it wrote over its steady state (the requests it read from
     ``STEADY_AFTER_S`` after its first one to its last one: the warm-up and the end's drain left out), the p50 of
-    first token write minus request read (ms) and, when requests never overlapped (c=1), the p50 of its idle gap
-    from a request's last token to the next request's read (ms)."""
+    first token write minus request read (ms), when requests never overlapped (c=1) the p50 of its idle gap
+    from a request's last token to the next request's read (ms), and how many requests it held on average (from
+    reading one to writing its last token; a closed loop of c that never idles holds c)."""
     rows = sorted((r for r in read_log(log) if r["tokens"]), key=lambda r: r["recv"])
     t0 = rows[0]["recv"] + STEADY_AFTER_S
     steady = [r for r in rows if r["recv"] >= t0]
@@ -135,13 +159,15 @@ def server_truth(log: Path) -> tuple[float, float, float | None]:
     tokens = sum(t0 <= t < t1 for r in rows for t in r["tokens"])
     ttft = statistics.median((r["tokens"][0] - r["recv"]) * 1e3 for r in steady)
     gaps = [(b["recv"] - a["tokens"][-1]) * 1e3 for a, b in zip(steady, steady[1:], strict=False)]
-    return tokens / (t1 - t0), ttft, statistics.median(gaps) if gaps and min(gaps) > 0 else None
+    held = sum(max(0.0, min(r["tokens"][-1], t1) - max(r["recv"], t0)) for r in rows)  # request-seconds in [t0, t1)
+    return (tokens / (t1 - t0), ttft, statistics.median(gaps) if gaps and min(gaps) > 0 else None,
+            held / (t1 - t0))
 
 
 @contextmanager
-def fake_llm(log: Path, cpu: int) -> Iterator[str]:
+def fake_llm(log: Path, cpu: int, slots: int = 0) -> Iterator[str]:
     with fake_server(log=log, cpus=str(cpu), model=SERVED_MODEL_NAME, ttft_ms=FAKE_TTFT_MS,
-                     itl_ms=FAKE_ITL_MS) as url:
+                     itl_ms=FAKE_ITL_MS, slots=slots) as url:
         yield url + "/v1"
 
 
@@ -153,13 +179,13 @@ def one_run(tool: str, a: argparse.Namespace, c: int, seconds: float, tmp: Path,
     if llama_url is not None:
         if tool == "farm":
             return Figures(*farm_run(llama_url, hf, c, seconds, out))
-        tok_s, ttft, turn = aiperf_run(a.aiperf, llama_url, hf, c, seconds, out)
-        return Figures(tok_s, ttft, turnaround=turn)
+        tok_s, ttft, turn, held = aiperf_run(a.aiperf, llama_url, hf, c, seconds, out)
+        return Figures(tok_s, ttft, turnaround=turn, held=held)
     log = out / "fake.jsonl"
-    with fake_llm(log, a.server_cpu) as url:
-        tok_s, ttft, turn = ((*farm_run(url, hf, c, seconds, out), None) if tool == "farm" else
-                             aiperf_run(a.aiperf, url, hf, c, seconds, out, server_counts=True))
-    return Figures(tok_s, ttft, *server_truth(log), turnaround=turn)
+    with fake_llm(log, a.server_cpu, a.slots) as url:
+        tok_s, ttft, turn, held = ((*farm_run(url, hf, c, seconds, out), None, None) if tool == "farm" else
+                                   aiperf_run(a.aiperf, url, hf, c, seconds, out, server_counts=True))
+    return Figures(tok_s, ttft, *server_truth(log), turnaround=turn, held=held)
 
 
 def med(runs: list[Figures], pick: Callable[[Figures], float | None]) -> float | None:
@@ -171,19 +197,27 @@ def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def per_round(got: dict[tuple[str, int], list[Figures]], c: int, pick: Callable[[Figures], float]) -> str:
+    """farm / AIPerf within each round (the two ran a minute apart), their median and range."""
+    rs = [pick(f) / pick(a) for f, a in zip(got[("farm", c)], got[("aiperf", c)], strict=True)]
+    return f"{statistics.median(rs):.3f} ({min(rs):.2f}-{max(rs):.2f})" if len(rs) > 1 else f"{rs[0]:.3f}"
+
+
 def table(levels: list[int], got: dict[tuple[str, int], list[Figures]], fake: bool) -> None:
     """The medians over rounds, as a Markdown table ready to paste."""
     def m(tool: str, c: int, pick: Callable[[Figures], float | None]) -> float | None:
         return med(got[(tool, c)], pick)
 
     print("\n| concurrency | farm tok/s | AIPerf tok/s | farm / AIPerf | farm TTFT p50 ms | AIPerf TTFT p50 ms | "
-          "farm / AIPerf |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "farm / AIPerf | AIPerf in flight |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for c in levels:
         ft, at = m("farm", c, lambda f: f.tok_s), m("aiperf", c, lambda f: f.tok_s)
         fl, al = m("farm", c, lambda f: f.ttft), m("aiperf", c, lambda f: f.ttft)
         assert ft and at and fl and al
-        print(f"| {c} | {ft:,.0f} | {at:,.0f} | {ft / at:.3f} | {fl:.2f} | {al:.2f} | {fl / al:.3f} |")
+        held = m("aiperf", c, lambda f: f.held)
+        print(f"| {c} | {ft:,.0f} | {at:,.0f} | {per_round(got, c, lambda f: f.tok_s)} | {fl:.2f} | {al:.2f} | "
+              f"{per_round(got, c, lambda f: f.ttft)} | {_f(held, '.2f')} |")
     turn = m("aiperf", 1, lambda f: f.turnaround) if 1 in levels else None
     if turn is not None:
         print(f"\nAIPerf's turnaround at concurrency 1 (its own stamps, p50 from a request's end to the next one's "
@@ -192,8 +226,8 @@ def table(levels: list[int], got: dict[tuple[str, int], list[Figures]], fake: bo
         return
     print("\nvs the fake server's truth (each tool's figure over the truth of its own runs; medians over rounds)\n")
     print("| concurrency | tool | tok/s | srv tok/s | tok/s / srv | TTFT p50 ms | srv TTFT p50 ms | TTFT − srv ms "
-          "| srv gap ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| srv gap ms | srv held |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for c in levels:
         for tool, name in (("farm", "farm"), ("aiperf", "AIPerf")):
             runs = got[(tool, c)]
@@ -202,16 +236,19 @@ def table(levels: list[int], got: dict[tuple[str, int], list[Figures]], fake: bo
             print(f"| {c} | {name} | {_f(med(runs, lambda f: f.tok_s), ',.0f')} | "
                   f"{_f(med(runs, lambda f: f.srv_tok_s), ',.0f')} | {_f(ratio, '.3f')} | "
                   f"{_f(med(runs, lambda f: f.ttft), '.2f')} | {_f(med(runs, lambda f: f.srv_ttft), '.2f')} | "
-                  f"{_f(err, '+.2f')} | {_f(med(runs, lambda f: f.gap), '.2f')} |")
+                  f"{_f(err, '+.2f')} | {_f(med(runs, lambda f: f.gap), '.2f')} | "
+                  f"{_f(med(runs, lambda f: f.inflight), '.2f')} |")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--server", choices=("llama", "fake"), default="llama")
     p.add_argument("--quick", action="store_true", help="1 round, concurrency 1 and 4, 4 s each")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=4, help="even: each tool goes first in half of them")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--slots", type=int, default=0, help="fake server: answers streamed at once, the others queue "
+                                                         "FIFO (1: serialized, as llama-cpp-python; 0: no limit)")
     p.add_argument("--aiperf", type=Path, default=Path(os.environ.get("AIPERF") or DEFAULT_AIPERF))
     a = p.parse_args()
     if not a.aiperf.is_file():
@@ -244,8 +281,10 @@ def main() -> int:
                         got.setdefault((tool, c), []).append(fig)
                         print(f"  round {r + 1} c={c:<3} {tool:<6} tok/s {fig.tok_s:8.1f}  TTFT p50 {fig.ttft:8.2f} ms"
                               + (f"  turnaround {fig.turnaround:.2f} ms" if fig.turnaround is not None else "")
+                              + (f"  in flight {fig.held:.2f}" if fig.held is not None else "")
                               + (f"  | server: tok/s {fig.srv_tok_s:8.1f}  TTFT p50 {fig.srv_ttft:6.2f} ms  gap "
-                                 f"{_f(fig.gap, '.2f')} ms" if fig.srv_tok_s else ""), flush=True)
+                                 f"{_f(fig.gap, '.2f')} ms  held {_f(fig.inflight, '.2f')}" if fig.srv_tok_s else ""),
+                              flush=True)
                 print(f"round {r + 1}: host yardstick {calibrate(cpus).speed:.1f} passes/s (server and client CPUs), "
                       f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     table(levels, got, fake)
