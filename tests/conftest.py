@@ -14,6 +14,12 @@ import pytest
 
 import workers  # noqa: F401 (sets gRPC's process settings before any test module loads gRPC)
 
+# pytest-xdist gives its workers the terminal's width in COLUMNS (80 where there is no terminal); the CLI wraps its
+# tables at COLUMNS where set, so the CLI run by a test would wrap differently in parallel and serial runs. Tests that
+# need a width set it themselves.
+for _var in ("COLUMNS", "LINES"):
+    os.environ.pop(_var, None)
+
 PG_ADMIN_URL = os.environ.get("FARM_TEST_PG_ADMIN", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 REDIS_URL_BASE = os.environ.get("FARM_TEST_REDIS", "redis://127.0.0.1:6379")
 

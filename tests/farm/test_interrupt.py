@@ -10,6 +10,7 @@ import json
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +19,8 @@ import pytest
 
 from farm.settings import get_settings
 from tests.helpers import farm, farm_env, running_job, signal_when, start_submit
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SHORT = ["--duration", "5", "--warmup", "0.5"]  # long enough to be interrupted, short enough to resume
 
@@ -167,17 +170,27 @@ def test_resume_on_a_cluster_resends_the_remaining_jobs(cluster_env: dict[str, s
     assert Broker().queued_job_ids(queues) == ids
 
 
+#: the check of stop_signals, run as a process of its own: Python delivers signals to the main thread only, and a
+#: pytest-xdist worker runs tests in another thread, where a raised signal would reach the worker itself
+_STOP_SIGNALS_CHECK = """
+import signal, sys
+from farm.cli.embedded import Signalled, stop_signals
+signum = int(sys.argv[1])
+before = signal.getsignal(signum)
+caught = []
+with stop_signals():
+    try:
+        signal.raise_signal(signum)
+    except Signalled as exc:
+        caught.append(exc.signum)
+    signal.raise_signal(signum)  # a second one, while the cleanup runs, is ignored
+print(caught == [signum], signal.getsignal(signum) is before)
+"""
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_stop_signals_raise_once_then_restore_the_previous_handler(signum: int) -> None:
-    from farm.cli.embedded import Signalled, stop_signals
-
-    before = signal.getsignal(signum)
-    caught: list[int] = []
-    with stop_signals():
-        try:
-            signal.raise_signal(signum)
-        except Signalled as exc:
-            caught.append(exc.signum)
-        signal.raise_signal(signum)  # a second one, while the cleanup runs, is ignored
-    assert caught == [signum]
-    assert signal.getsignal(signum) is before
+    done = subprocess.run([sys.executable, "-c", _STOP_SIGNALS_CHECK, str(int(signum))], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
