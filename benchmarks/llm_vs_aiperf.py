@@ -71,9 +71,9 @@ class Figures:
     srv_tok_s: float | None = None
     srv_ttft: float | None = None
     gap: float | None = None
-    inflight: float | None = None  # fake server: requests it held on average over its steady state (read to last token)
+    srv_held: float | None = None  # fake server: requests it held on average over its steady state (read to last token)
     turnaround: float | None = None  # AIPerf's own records (c=1): p50 from a request's end to the next's start
-    held: float | None = None  # AIPerf's own records: requests in flight on average
+    in_flight: float | None = None  # AIPerf's own records: requests in flight on average
 
 
 def hostport(url: str) -> str:
@@ -114,7 +114,7 @@ def aiperf_run(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: floa
         raise RuntimeError(f"aiperf exited {done.returncode}: {(done.stderr or done.stdout)[-1500:]}")
     data = json.loads(found[-1].read_text())
     return (float(data["output_token_throughput"]["avg"]), float(data["time_to_first_token"]["p50"]),
-            aiperf_turnaround(out) if concurrency == 1 else None, aiperf_held(out))
+            aiperf_turnaround(out) if concurrency == 1 else None, aiperf_in_flight(out))
 
 
 def _aiperf_rows(out: Path) -> list[dict[str, Any]]:
@@ -127,7 +127,7 @@ def _aiperf_rows(out: Path) -> list[dict[str, Any]]:
                   key=lambda m: m["request_start_ns"])
 
 
-def aiperf_held(out: Path) -> float | None:
+def aiperf_in_flight(out: Path) -> float | None:
     """How many requests AIPerf had in flight on average (its own stamps): the requests' summed latencies over
     the span from the first start to the last end. A closed loop of c that never idles holds c; each request's
     turnaround in the client lowers it, and with it the queue the others wait in at a serializing server."""
@@ -179,13 +179,13 @@ def one_run(tool: str, a: argparse.Namespace, c: int, seconds: float, tmp: Path,
     if llama_url is not None:
         if tool == "farm":
             return Figures(*farm_run(llama_url, hf, c, seconds, out))
-        tok_s, ttft, turn, held = aiperf_run(a.aiperf, llama_url, hf, c, seconds, out)
-        return Figures(tok_s, ttft, turnaround=turn, held=held)
+        tok_s, ttft, turn, in_flight = aiperf_run(a.aiperf, llama_url, hf, c, seconds, out)
+        return Figures(tok_s, ttft, turnaround=turn, in_flight=in_flight)
     log = out / "fake.jsonl"
     with fake_llm(log, a.server_cpu, a.slots) as url:
-        tok_s, ttft, turn, held = ((*farm_run(url, hf, c, seconds, out), None, None) if tool == "farm" else
+        tok_s, ttft, turn, in_flight = ((*farm_run(url, hf, c, seconds, out), None, None) if tool == "farm" else
                                    aiperf_run(a.aiperf, url, hf, c, seconds, out, server_counts=True))
-    return Figures(tok_s, ttft, *server_truth(log), turnaround=turn, held=held)
+    return Figures(tok_s, ttft, *server_truth(log), turnaround=turn, in_flight=in_flight)
 
 
 def med(runs: list[Figures], pick: Callable[[Figures], float | None]) -> float | None:
@@ -215,9 +215,9 @@ def table(levels: list[int], got: dict[tuple[str, int], list[Figures]], fake: bo
         ft, at = m("farm", c, lambda f: f.tok_s), m("aiperf", c, lambda f: f.tok_s)
         fl, al = m("farm", c, lambda f: f.ttft), m("aiperf", c, lambda f: f.ttft)
         assert ft and at and fl and al
-        held = m("aiperf", c, lambda f: f.held)
+        in_flight = m("aiperf", c, lambda f: f.in_flight)
         print(f"| {c} | {ft:,.0f} | {at:,.0f} | {per_round(got, c, lambda f: f.tok_s)} | {fl:.2f} | {al:.2f} | "
-              f"{per_round(got, c, lambda f: f.ttft)} | {_f(held, '.2f')} |")
+              f"{per_round(got, c, lambda f: f.ttft)} | {_f(in_flight, '.2f')} |")
     turn = m("aiperf", 1, lambda f: f.turnaround) if 1 in levels else None
     if turn is not None:
         print(f"\nAIPerf's turnaround at concurrency 1 (its own stamps, p50 from a request's end to the next one's "
@@ -237,7 +237,7 @@ def table(levels: list[int], got: dict[tuple[str, int], list[Figures]], fake: bo
                   f"{_f(med(runs, lambda f: f.srv_tok_s), ',.0f')} | {_f(ratio, '.3f')} | "
                   f"{_f(med(runs, lambda f: f.ttft), '.2f')} | {_f(med(runs, lambda f: f.srv_ttft), '.2f')} | "
                   f"{_f(err, '+.2f')} | {_f(med(runs, lambda f: f.gap), '.2f')} | "
-                  f"{_f(med(runs, lambda f: f.inflight), '.2f')} |")
+                  f"{_f(med(runs, lambda f: f.srv_held), '.2f')} |")
 
 
 def main() -> int:
@@ -281,9 +281,9 @@ def main() -> int:
                         got.setdefault((tool, c), []).append(fig)
                         print(f"  round {r + 1} c={c:<3} {tool:<6} tok/s {fig.tok_s:8.1f}  TTFT p50 {fig.ttft:8.2f} ms"
                               + (f"  turnaround {fig.turnaround:.2f} ms" if fig.turnaround is not None else "")
-                              + (f"  in flight {fig.held:.2f}" if fig.held is not None else "")
+                              + (f"  in flight {fig.in_flight:.2f}" if fig.in_flight is not None else "")
                               + (f"  | server: tok/s {fig.srv_tok_s:8.1f}  TTFT p50 {fig.srv_ttft:6.2f} ms  gap "
-                                 f"{_f(fig.gap, '.2f')} ms  held {_f(fig.inflight, '.2f')}" if fig.srv_tok_s else ""),
+                                 f"{_f(fig.gap, '.2f')} ms  held {_f(fig.srv_held, '.2f')}" if fig.srv_tok_s else ""),
                               flush=True)
                 print(f"round {r + 1}: host yardstick {calibrate(cpus).speed:.1f} passes/s (server and client CPUs), "
                       f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)

@@ -10,9 +10,9 @@ Printed: pairs, wrong verdicts (A/A judged faster or slower), found slowdowns (A
 verdicts (same, inconclusive with their reasons) and the medians' change; each pair's verdict as soon as it is
 known (a long run can be read while it goes). The same pairs are judged again with the host flags switched off
 (``FARM_HOST_DRIFT_PCT`` and ``FARM_HOST_BUSY_PCT`` raised out of reach): what the verdicts would have been had
-farm not looked at the host, which shows what the flags protect against on the host at hand.
-The issue's targets: at most 5 % wrong verdicts over at least 20 A/A
-pairs with 5 repeats, at least 90 % of the A/B slowdowns found.
+farm not looked at the host, which shows what the flags protect against on the host at hand. The issue's
+targets: at most 5 % wrong verdicts over at least 20 A/A pairs with 5 repeats, at least 90 % of the A/B slowdowns
+found.
 
 Then the flag table: ``--flags N`` rounds of a quiet job and a job with a CPU hog pinned to the server's core,
 interleaved; per run its foreign load on the leased cores, whether the row says "host busy", its host speed
@@ -182,6 +182,15 @@ def main() -> None:
         print_flags(runs, float(os.environ.get("FARM_HOST_BUSY_PCT", "10")))
 
 
+def tally(kind: str, matches: list[dict[str, Any]]) -> str:
+    """A table row's counts: pairs, kind, wrong verdicts (A/A: faster or slower; A/B: faster), found slowdowns
+    (A/B: slower), same, inconclusive."""
+    v = Counter(m["verdict"] for m in matches)
+    wrong = v["faster"] + v["slower"] if kind == "A/A" else v["faster"]
+    found = "-" if kind == "A/A" else str(v["slower"])
+    return f"{len(matches):<6} {kind:<5} {wrong:>6} {found:>6} {v['same']:>5} {v['inconclusive']:>8}"
+
+
 def report(aa: list[dict[str, Any]], ab: list[dict[str, Any]], layers: tuple[int, int], repeats: int,
            wall_s: float, bare: dict[str, list[dict[str, Any]]]) -> None:
     """The table: per kind of pair, its count, verdicts and the medians' throughput change; then the same
@@ -191,18 +200,12 @@ def report(aa: list[dict[str, Any]], ab: list[dict[str, Any]], layers: tuple[int
     print(f"{'pairs':<6} {'kind':<5} {'wrong':>6} {'found':>6} {'same':>5} {'inconcl.':>8}  throughput change B/A "
           "(median of runs), per pair")
     for kind, matches in (("A/A", aa), ("A/B", ab)):
-        v = Counter(m["verdict"] for m in matches)
-        wrong = v["faster"] + v["slower"] if kind == "A/A" else v["faster"]
-        found = "-" if kind == "A/A" else str(v["slower"])
+        counts = tally(kind, matches)
         changes = " ".join(f"{100 * (m['ratios']['throughput'] - 1):+.1f}%" if m["ratios"]["throughput"] else "-"
                            for m in matches)
-        print(f"{len(matches):<6} {kind:<5} {wrong:>6} {found:>6} {v['same']:>5} {v['inconclusive']:>8}  {changes}")
+        print(f"{counts}  {changes}")
     for kind, matches in bare.items():
-        v = Counter(m["verdict"] for m in matches)
-        wrong = v["faster"] + v["slower"] if kind == "A/A" else v["faster"]
-        found = "-" if kind == "A/A" else str(v["slower"])
-        print(f"{len(matches):<6} {kind:<5} {wrong:>6} {found:>6} {v['same']:>5} {v['inconclusive']:>8}  the same "
-              "pairs judged with the host flags off")
+        print(f"{tally(kind, matches)}  the same pairs judged with the host flags off")
     reasons = Counter(m["reason"] for m in aa + ab if m["verdict"] == "inconclusive")
     for reason, n in reasons.most_common(5):
         print(f"inconclusive x{n}: {reason}")
