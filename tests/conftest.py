@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import workers  # noqa: F401 (sets gRPC's process settings before any test module loads gRPC)
+from tests.pg_lock import postgres_in_use
 
 # pytest-xdist gives its workers the terminal's width in COLUMNS (80 where there is no terminal); the CLI wraps its
 # tables at COLUMNS where set, so the CLI run by a test would wrap differently in parallel and serial runs. Tests that
@@ -62,6 +63,18 @@ def isolated_hooks() -> Iterator[None]:
             hook.unregister(handler)
         for handler in handlers:
             hook.register(handler)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A test that uses Postgres holds it shared, one that stops it (``stops_postgres``) exclusive: under
+    pytest-xdist the outage would otherwise land in the other process's tests (tests/pg_lock.py)."""
+    stops = item.get_closest_marker("stops_postgres") is not None
+    if not stops and "pg_url" not in getattr(item, "fixturenames", ()):
+        yield
+        return
+    with postgres_in_use(exclusive=stops):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -211,6 +211,7 @@ def _drop_dead_connections() -> None:
         engine.dispose()
 
 
+@pytest.mark.stops_postgres
 @pytest.mark.skipif(not os.path.isdir("/etc/postgresql") or os.geteuid() != 0,
                     reason="needs a local Postgres cluster managed by pg_ctlcluster (root)")
 def test_postgres_down_30s_during_a_run_loses_no_result(env: dict[str, str], procs: Procs,

@@ -14,6 +14,7 @@ from sqlalchemy import create_engine, inspect, text
 from tests.conftest import PG_ADMIN_URL, _answers
 
 SERVER = PG_ADMIN_URL.rsplit("/", 1)[0]
+pytestmark = pytest.mark.usefixtures("pg_url")  # marks these tests as Postgres users (tests/pg_lock.py)
 
 
 @pytest.fixture

@@ -96,7 +96,8 @@ def test_an_edge_sampler_that_cannot_start_is_a_note_and_a_serving_one_fails() -
     with Measurement(_spec(EDGE)) as m, m.watch(Served(pid=proc.pid)):
         pass
     assert m.samplers == [] and m.details()["resources"] == {} and set(m.details()) == {"resources", "calibration"}
-    assert m.notes and m.notes[0].startswith("no resource samples: SamplerError")
+    # Other notes may come first (a job in another test process held the cores): look among them all.
+    assert any(n.startswith("no resource samples: SamplerError") for n in m.notes), m.notes
     with pytest.raises(SamplerError), Measurement(_spec()) as m, m.watch(Served(pid=proc.pid)):
         pass
 
