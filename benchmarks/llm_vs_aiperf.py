@@ -6,7 +6,13 @@ rounds of each round's ratio farm / AIPerf (target: within 5 %), and how many re
 average by its own stamps (a closed loop of c that never idles keeps c).
 
 ``--server llama`` (default): llama-cpp-python's server on the tiny-llama GGUF (one thread, pinned to the last
-CPU; the tools on the others). Neither tool knows the truth there.
+CPU; the tools on the others). Neither tool knows the truth there. ``--shape tiny`` (default) answers 64 tokens
+in ~30 ms, so a client's own turnaround between requests (AIPerf's: 5-9 ms) is a large share of a request;
+``--shape small`` (the same tokenizer, 12 layers of width 256: 5-7 ms a token, ~400 ms a request) spends the
+server's time on the model, as a real model does, and is where two correct clients should agree. With llama.cpp
+the benchmark also reads the server's log (its prompt evaluation, prompt tokens evaluated and ms per token in
+each tool's runs), prints AIPerf's TTFT p50 without its first c requests (``steady``: the ramp after its warm-up
+drained) and each ratio at the server's speed (the host moves that speed by up to 30 % between runs).
 
 ``--server fake``: the scripted fake server (``tests/fake_openai.py``: TTFT 4 ms, a token every 1 ms, on the last
 CPU), which logs when it read each request and wrote each token: the truth. Per run, over the server's steady
@@ -27,26 +33,28 @@ per-request export: the p50 from one request's end to the next one's start.
 AIPerf (`pip install aiperf`, ~6 min) lives in a venv of its own: ``--aiperf PATH`` or ``$AIPERF``, default
 ``~/.cache/farm/aiperf-venv/bin/aiperf``. Without it the benchmark says so and measures nothing (exit 0).
 
-    python benchmarks/llm_vs_aiperf.py [--server llama|fake] [--quick] [--rounds 3] [--concurrency 1,4,16]
+    python benchmarks/llm_vs_aiperf.py [--server llama|fake] [--shape tiny|small] [--quick] [--rounds 4]
+        [--concurrency 1,4,16] [--seconds S]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from farm.models.llm_examples import build_tiny_llama  # noqa: E402
+from farm.models.llm_examples import SHAPES, build_tiny_llama  # noqa: E402
 from schemas import MeasurementSettings  # noqa: E402
 from schemas.engines import SERVED_MODEL_NAME  # noqa: E402
 from schemas.llm import LlmSettings  # noqa: E402
@@ -74,6 +82,10 @@ class Figures:
     srv_held: float | None = None  # fake server: requests it held on average over its steady state (read to last token)
     turnaround: float | None = None  # AIPerf's own records (c=1): p50 from a request's end to the next's start
     in_flight: float | None = None  # AIPerf's own records: requests in flight on average
+    steady_ttft: float | None = None  # AIPerf's own records: TTFT p50 (ms) without its first c requests (its ramp)
+    srv_prompt_ms: float | None = None  # llama.cpp's log: p50 of its prompt evaluation per request (ms)
+    srv_prompt_tokens: float | None = None  # llama.cpp's log: p50 of the prompt tokens it evaluated (after its cache)
+    srv_token_ms: float | None = None  # llama.cpp's log: p50 of its time per generated token (ms)
 
 
 def hostport(url: str) -> str:
@@ -83,10 +95,13 @@ def hostport(url: str) -> str:
 
 def farm_run(url: str, hf: Path, concurrency: int, seconds: float, _out: Path) -> tuple[float, float]:
     """(output tokens/s, TTFT p50 ms) of farm's OpenAI client, closed loop."""
-    llm = LlmSettings(input_tokens=IN_TOKENS, output_tokens=OUT_TOKENS, tokenizer=str(hf))
+    llm = LlmSettings.model_validate({"input_tokens": IN_TOKENS, "output_tokens": OUT_TOKENS, "tokenizer": str(hf)})
     settings = MeasurementSettings(client="openai", llm=llm, duration_s=seconds, warmup_s=1.0)
     res = run_load(hostport(url), SERVED_MODEL_NAME, [], 1, concurrency, settings)
-    return float(res.metrics["output_tokens_per_s"]), float(res.metrics["ttft_p50_ms"])
+    tok_s, ttft = res.metrics["output_tokens_per_s"], res.metrics["ttft_p50_ms"]
+    if not isinstance(tok_s, float | int) or not isinstance(ttft, float | int):
+        raise RuntimeError(f"farm measured no tokens/s or TTFT: {res.details.get('notes')}")
+    return float(tok_s), float(ttft)
 
 
 def aiperf_argv(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: float, out: Path) -> list[str]:
@@ -100,10 +115,10 @@ def aiperf_argv(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: flo
 
 
 def aiperf_run(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: float, out: Path,
-               server_counts: bool = False) -> tuple[float, float, float | None, float | None]:
-    """(output tokens/s, TTFT p50 ms, turnaround p50 ms at c=1, requests in flight on average) of AIPerf on the
-    same workload (``server_counts``: output tokens from the server's usage, which the fake server sends and
-    llama.cpp does not)."""
+               server_counts: bool = False) -> Figures:
+    """AIPerf on the same workload: output tokens/s, TTFT p50 (ms), turnaround p50 (ms, c=1), requests in flight
+    on average and its steady-state TTFT p50 (``server_counts``: output tokens from the server's usage, which the
+    fake server sends and llama.cpp does not)."""
     cmd = aiperf_argv(aiperf, url, hf, concurrency, seconds, out) + (["--use-server-token-count"] if server_counts
                                                                       else [])
     # no HF_HUB_OFFLINE: in offline mode AIPerf looks a tokenizer up in the hub cache only, never at a local folder
@@ -113,35 +128,65 @@ def aiperf_run(aiperf: Path, url: str, hf: Path, concurrency: int, seconds: floa
     if done.returncode != 0 or not found:
         raise RuntimeError(f"aiperf exited {done.returncode}: {(done.stderr or done.stdout)[-1500:]}")
     data = json.loads(found[-1].read_text())
-    return (float(data["output_token_throughput"]["avg"]), float(data["time_to_first_token"]["p50"]),
-            aiperf_turnaround(out) if concurrency == 1 else None, aiperf_in_flight(out))
+    records = _aiperf_records(out)
+    rows = [r["metadata"] for r in records]
+    return Figures(float(data["output_token_throughput"]["avg"]), float(data["time_to_first_token"]["p50"]),
+                   turnaround=aiperf_turnaround(rows) if concurrency == 1 else None, in_flight=aiperf_in_flight(rows),
+                   steady_ttft=aiperf_steady_ttft(records, concurrency))
 
 
-def _aiperf_rows(out: Path) -> list[dict[str, Any]]:
-    """The metadata of AIPerf's profiling requests from its per-request export, by start."""
+def _aiperf_records(out: Path) -> list[dict[str, Any]]:
+    """AIPerf's profiling requests from its per-request export (metadata and metrics), by start."""
     found = sorted(out.rglob("profile_export.jsonl"))
     if not found:
         return []
-    meta = [json.loads(line).get("metadata", {}) for line in found[-1].read_text().splitlines() if line.strip()]
-    return sorted((m for m in meta if m.get("benchmark_phase") == "profiling" and m.get("request_end_ns")),
-                  key=lambda m: m["request_start_ns"])
+    recs = [json.loads(line) for line in found[-1].read_text().splitlines() if line.strip()]
+    return sorted((r for r in recs if r.get("metadata", {}).get("benchmark_phase") == "profiling"
+                   and r["metadata"].get("request_end_ns")), key=lambda r: r["metadata"]["request_start_ns"])
 
 
-def aiperf_in_flight(out: Path) -> float | None:
+def aiperf_steady_ttft(records: list[dict[str, Any]], concurrency: int) -> float | None:
+    """TTFT p50 (ms) of AIPerf's own records without its first ``concurrency`` profiling requests. AIPerf's
+    profiling phase starts once its warm-up has drained, so its first c requests meet an empty server (at a
+    serializing server they wait 0, 1, ..., c-1 requests instead of c-1): a ramp that farm's warm-up, which
+    does not drain, leaves out. What remains is the steady state both tools then measure."""
+    ttfts = [float(r["metrics"]["time_to_first_token"]["value"]) for r in records[concurrency:]
+             if "time_to_first_token" in r.get("metrics", {})]
+    return statistics.median(ttfts) if ttfts else None
+
+
+PROMPT_EVAL = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
+TOKEN_EVAL = re.compile(r"(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) runs")
+
+
+def llama_truth(fig: Figures, text: str) -> Figures:
+    """``fig`` with, from llama.cpp's log of its run (``llama_perf_context_print``, a line pair per request),
+    the p50s of its prompt evaluation (ms), of the prompt tokens it evaluated (those its prefix cache did not
+    hold) and of its time per generated token (ms): what the server itself spent, whichever client sent the
+    load."""
+    prompts = [(float(ms), int(n)) for ms, n in PROMPT_EVAL.findall(text)]
+    per_token = [float(ms) / int(n) for ms, n in TOKEN_EVAL.findall(text) if int(n) > 0]
+
+    def p50(xs: list[float]) -> float | None:
+        return statistics.median(xs) if xs else None
+    return replace(fig, srv_prompt_ms=p50([ms for ms, _ in prompts]),
+                   srv_prompt_tokens=p50([float(n) for _, n in prompts]), srv_token_ms=p50(per_token))
+
+
+def aiperf_in_flight(rows: list[dict[str, Any]]) -> float | None:
     """How many requests AIPerf had in flight on average (its own stamps): the requests' summed latencies over
-    the span from the first start to the last end. A closed loop of c that never idles holds c; each request's
-    turnaround in the client lowers it, and with it the queue the others wait in at a serializing server."""
-    rows = _aiperf_rows(out)
+    the span from the first start to the last end (AIPerf's ``rows``, by start). A closed loop of c that never
+    idles holds c; each request's turnaround in the client lowers it, and with it the queue the others wait in at
+    a serializing server; so does the phase's drain at its end (its last c requests finishing one by one)."""
     if not rows:
         return None
     span = max(m["request_end_ns"] for m in rows) - rows[0]["request_start_ns"]
     return sum(m["request_end_ns"] - m["request_start_ns"] for m in rows) / span if span > 0 else None
 
 
-def aiperf_turnaround(out: Path) -> float | None:
+def aiperf_turnaround(rows: list[dict[str, Any]]) -> float | None:
     """From AIPerf's per-request export at concurrency 1: the p50 (ms) from one profiling request's end to the
     next one's start, as AIPerf itself stamped them: the time its closed loop leaves the server idle."""
-    rows = _aiperf_rows(out)
     gaps = [(b["request_start_ns"] - a["request_end_ns"]) / 1e6 for a, b in zip(rows, rows[1:], strict=False)]
     return statistics.median(gaps) if gaps else None
 
@@ -177,15 +222,18 @@ def one_run(tool: str, a: argparse.Namespace, c: int, seconds: float, tmp: Path,
     out = tmp / f"{tool}-{r}-{c}"
     out.mkdir()
     if llama_url is not None:
-        if tool == "farm":
-            return Figures(*farm_run(llama_url, hf, c, seconds, out))
-        tok_s, ttft, turn, in_flight = aiperf_run(a.aiperf, llama_url, hf, c, seconds, out)
-        return Figures(tok_s, ttft, turnaround=turn, in_flight=in_flight)
+        start = a.llama_log.stat().st_size
+        fig = (Figures(*farm_run(llama_url, hf, c, seconds, out)) if tool == "farm" else
+               aiperf_run(a.aiperf, llama_url, hf, c, seconds, out))
+        with open(a.llama_log, errors="replace") as log_file:
+            log_file.seek(start)
+            return llama_truth(fig, log_file.read())
     log = out / "fake.jsonl"
     with fake_llm(log, a.server_cpu, a.slots) as url:
-        tok_s, ttft, turn, in_flight = ((*farm_run(url, hf, c, seconds, out), None, None) if tool == "farm" else
-                                   aiperf_run(a.aiperf, url, hf, c, seconds, out, server_counts=True))
-    return Figures(tok_s, ttft, *server_truth(log), turnaround=turn, in_flight=in_flight)
+        fig = (Figures(*farm_run(url, hf, c, seconds, out)) if tool == "farm" else
+               aiperf_run(a.aiperf, url, hf, c, seconds, out, server_counts=True))
+    tok_s, ttft, gap, held = server_truth(log)
+    return replace(fig, srv_tok_s=tok_s, srv_ttft=ttft, gap=gap, srv_held=held)
 
 
 def med(runs: list[Figures], pick: Callable[[Figures], float | None]) -> float | None:
@@ -199,8 +247,51 @@ def _f(v: float | None, fmt: str) -> str:
 
 def per_round(got: dict[tuple[str, int], list[Figures]], c: int, pick: Callable[[Figures], float]) -> str:
     """farm / AIPerf within each round (the two ran a minute apart), their median and range."""
-    rs = [pick(f) / pick(a) for f, a in zip(got[("farm", c)], got[("aiperf", c)], strict=True)]
-    return f"{statistics.median(rs):.3f} ({min(rs):.2f}-{max(rs):.2f})" if len(rs) > 1 else f"{rs[0]:.3f}"
+    return _spread([pick(f) / pick(a) for f, a in zip(got[("farm", c)], got[("aiperf", c)], strict=True)])
+
+
+def service(fig: Figures, concurrency: int) -> float | None:
+    """What a TTFT p50 is made of on the server's side (ms, its log): at concurrency 1 its prompt evaluation;
+    above, at a server that serves one request at a time (llama-cpp-python), mostly the wait behind the c-1
+    requests ahead, each a prompt evaluation and ``OUT_TOKENS - 1`` token steps. The ratio of two runs' figures
+    is how much faster the host let the server run in one than in the other."""
+    if fig.srv_prompt_ms is None or fig.srv_token_ms is None:
+        return None
+    return fig.srv_prompt_ms if concurrency == 1 else fig.srv_prompt_ms + (OUT_TOKENS - 1) * fig.srv_token_ms
+
+
+def _spread(rs: list[float]) -> str:
+    """Median (range) of per-round ratios."""
+    if len(rs) < 2:
+        return f"{rs[0]:.3f}" if rs else "-"
+    return f"{statistics.median(rs):.3f} ({min(rs):.2f}-{max(rs):.2f})"
+
+
+def steady(levels: list[int], got: dict[tuple[str, int], list[Figures]]) -> None:
+    """AIPerf's steady-state TTFT beside farm's, what llama.cpp itself spent in each tool's runs, and the two
+    ratios with the server's own speed in each run taken out (the host moves it from run to run): tokens/s times
+    farm's run's ms per token over AIPerf's, TTFT times AIPerf's run's ``service`` time over farm's."""
+    print("\nTTFT in the steady state (AIPerf's records without its first c requests, its ramp after the warm-up "
+          "drained) and llama.cpp's own times per request in each tool's runs (its log; medians over rounds)\n")
+    print("| concurrency | farm TTFT p50 ms | AIPerf steady TTFT p50 ms | farm / AIPerf steady | prompt eval ms farm "
+          "/ AIPerf | prompt tokens evaluated farm / AIPerf | ms a token farm / AIPerf | tok/s farm / AIPerf at the "
+          "server's speed | TTFT farm / AIPerf steady at the server's speed |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for c in levels:
+        f, ai = got[("farm", c)], got[("aiperf", c)]
+        ratio = _spread([x.ttft / y.steady_ttft for x, y in zip(f, ai, strict=True) if y.steady_ttft])
+        # the server's own time per token in each run is the yardstick of how fast the host let it decode
+        same_speed = _spread([x.tok_s / y.tok_s * x.srv_token_ms / y.srv_token_ms for x, y in zip(f, ai, strict=True)
+                              if x.srv_token_ms and y.srv_token_ms])
+        ttft_same = _spread([x.ttft / y.steady_ttft * sy / sx for x, y in zip(f, ai, strict=True)
+                             if y.steady_ttft and (sx := service(x, c)) and (sy := service(y, c))])
+
+        def pair(pick: Callable[[Figures], float | None], fmt: str, f: list[Figures] = f,
+                 ai: list[Figures] = ai) -> str:
+            return f"{_f(med(f, pick), fmt)} / {_f(med(ai, pick), fmt)}"
+        print(f"| {c} | {_f(med(f, lambda x: x.ttft), '.2f')} | {_f(med(ai, lambda x: x.steady_ttft), '.2f')} | "
+              f"{ratio} | {pair(lambda x: x.srv_prompt_ms, '.1f')} | {pair(lambda x: x.srv_prompt_tokens, '.0f')} | "
+              f"{pair(lambda x: x.srv_token_ms, '.2f')} | {same_speed} | {ttft_same} |")
 
 
 def table(levels: list[int], got: dict[tuple[str, int], list[Figures]], fake: bool) -> None:
@@ -218,6 +309,8 @@ def table(levels: list[int], got: dict[tuple[str, int], list[Figures]], fake: bo
         in_flight = m("aiperf", c, lambda f: f.in_flight)
         print(f"| {c} | {ft:,.0f} | {at:,.0f} | {per_round(got, c, lambda f: f.tok_s)} | {fl:.2f} | {al:.2f} | "
               f"{per_round(got, c, lambda f: f.ttft)} | {_f(in_flight, '.2f')} |")
+    if not fake:
+        steady(levels, got)
     turn = m("aiperf", 1, lambda f: f.turnaround) if 1 in levels else None
     if turn is not None:
         print(f"\nAIPerf's turnaround at concurrency 1 (its own stamps, p50 from a request's end to the next one's "
@@ -243,10 +336,12 @@ def table(levels: list[int], got: dict[tuple[str, int], list[Figures]], fake: bo
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--server", choices=("llama", "fake"), default="llama")
-    p.add_argument("--quick", action="store_true", help="1 round, concurrency 1 and 4, 4 s each")
+    p.add_argument("--quick", action="store_true", help="CI: 1 round at concurrency 1, 4 s each")
     p.add_argument("--rounds", type=int, default=4, help="even: each tool goes first in half of them")
     p.add_argument("--concurrency", default="1,4,16")
-    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--seconds", type=float, default=None, help="per run (default 8; --shape small 24: at c=16 a "
+                                                                  "serialized request waits ~6 s)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="llama.cpp's model (see above)")
     p.add_argument("--slots", type=int, default=0, help="fake server: answers streamed at once, the others queue "
                                                          "FIFO (1: serialized, as llama-cpp-python; 0: no limit)")
     p.add_argument("--aiperf", type=Path, default=Path(os.environ.get("AIPERF") or DEFAULT_AIPERF))
@@ -255,20 +350,23 @@ def main() -> int:
         print(f"AIPerf not found at {a.aiperf} (python3 -m venv ~/.cache/farm/aiperf-venv && "
               "~/.cache/farm/aiperf-venv/bin/pip install aiperf): nothing measured")
         return 0
-    rounds, levels, seconds = (1, [1, 4], 4.0) if a.quick else (a.rounds, [int(c) for c in a.concurrency.split(",")],
-                                                                a.seconds)
+    seconds = a.seconds or (24.0 if a.shape == "small" else 8.0)
+    rounds, levels, seconds = (1, [1], 4.0) if a.quick else (a.rounds, [int(c) for c in a.concurrency.split(",")],
+                                                                seconds)
     cpus = sorted(os.sched_getaffinity(0))
     a.server_cpu = cpus[-1]
     fake = a.server == "fake"
     with tempfile.TemporaryDirectory(prefix="farm-vs-aiperf-") as tmp_name:
         tmp = Path(tmp_name)
-        tiny = build_tiny_llama(tmp / "model")
+        tiny = build_tiny_llama(tmp / "model", SHAPES[a.shape])
         os.sched_setaffinity(0, {cpus[-1]})  # the server inherits the last CPU; the clients get the others
-        server: AbstractContextManager[str | None] = llama_cpp_server(tiny.gguf) if not fake else _none()
+        a.llama_log = tmp / "llama.log"
+        server: AbstractContextManager[str | None] = (llama_cpp_server(tiny.gguf, log_path=a.llama_log) if not fake
+                                                      else _none())
         with server as llama_url:
             os.sched_setaffinity(0, set(cpus[:-1]) or set(cpus))
             what = (f"the fake server (TTFT {FAKE_TTFT_MS:g} ms, a token every {FAKE_ITL_MS:g} ms)" if fake
-                    else "llama.cpp")
+                    else f"llama.cpp ({a.shape} model)")
             print(f"{what} on CPU {cpus[-1]}, clients on {cpus[:-1] or cpus}; {IN_TOKENS} tokens in, {OUT_TOKENS} "
                   f"out; {seconds:g} s per run, {rounds} round(s); load average "
                   f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
@@ -282,6 +380,10 @@ def main() -> int:
                         print(f"  round {r + 1} c={c:<3} {tool:<6} tok/s {fig.tok_s:8.1f}  TTFT p50 {fig.ttft:8.2f} ms"
                               + (f"  turnaround {fig.turnaround:.2f} ms" if fig.turnaround is not None else "")
                               + (f"  in flight {fig.in_flight:.2f}" if fig.in_flight is not None else "")
+                              + (f"  steady TTFT p50 {fig.steady_ttft:.2f} ms" if fig.steady_ttft is not None else "")
+                              + (f"  | llama.cpp: prompt {_f(fig.srv_prompt_ms, '.1f')} ms for "
+                                 f"{_f(fig.srv_prompt_tokens, '.0f')} tokens, {_f(fig.srv_token_ms, '.2f')} ms a token"
+                                 if fig.srv_token_ms is not None else "")
                               + (f"  | server: tok/s {fig.srv_tok_s:8.1f}  TTFT p50 {fig.srv_ttft:6.2f} ms  gap "
                                  f"{_f(fig.gap, '.2f')} ms  held {_f(fig.srv_held, '.2f')}" if fig.srv_tok_s else ""),
                               flush=True)

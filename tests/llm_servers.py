@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.models.llm_examples import TinyLlama, build_tiny_llama
+from farm.models.llm_examples import TINY, LlamaShape, TinyLlama, build_tiny_llama
 from schemas.engines import SERVED_MODEL_NAME
 from workers.serving.lease_exec import free_port
 from workers.serving.llm import wait_openai_ready
@@ -36,17 +36,19 @@ def skip_without(engine: str) -> None:
                         "(scripts/test installs it)")
 
 
-def tiny_llama(out_dir: Path) -> TinyLlama:
-    """The tiny-llama example written into ``out_dir``."""
+def tiny_llama(out_dir: Path, shape: LlamaShape = TINY) -> TinyLlama:
+    """The tiny-llama example (or one of another ``shape``) written into ``out_dir``."""
     for module in ("gguf", "tokenizers", "safetensors"):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not installed: pip install 'farm[llm]' (scripts/test installs it)")
-    return build_tiny_llama(out_dir)
+    return build_tiny_llama(out_dir, shape)
 
 
 @contextmanager
-def _server(argv: list[str], port: int, cwd: str | None = None, env: dict[str, str] | None = None) -> Iterator[str]:
-    with tempfile.TemporaryFile("w+") as log:
+def _server(argv: list[str], port: int, cwd: str | None = None, env: dict[str, str] | None = None,
+            log_path: Path | None = None) -> Iterator[str]:
+    """The server's output goes to ``log_path`` where given (read while it runs), else to a temporary file."""
+    with (open(log_path, "w+") if log_path is not None else tempfile.TemporaryFile("w+")) as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
                                 env={**os.environ, **(env or {})}, start_new_session=True)
         try:
@@ -66,13 +68,14 @@ def _server(argv: list[str], port: int, cwd: str | None = None, env: dict[str, s
 
 
 @contextmanager
-def llama_cpp_server(gguf: Path, threads: int = 1) -> Iterator[str]:
-    """llama-cpp-python's server on ``gguf``; yields its base URL."""
+def llama_cpp_server(gguf: Path, threads: int = 1, log_path: Path | None = None) -> Iterator[str]:
+    """llama-cpp-python's server on ``gguf``; yields its base URL. Its log (``log_path``) has each request's
+    prompt and generation times (``llama_perf_context_print``)."""
     skip_without("llama.cpp")
     port = free_port("127.0.0.1")
     with _server([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias",
                   SERVED_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(threads),
-                  "--interrupt_requests", "False"], port) as url:
+                  "--interrupt_requests", "False"], port, log_path=log_path) as url:
         yield url
 
 

@@ -8,9 +8,11 @@ same tokens and (greedy) generate the same text.
 - ``tiny-llama-hf/``: a Hugging Face folder (``config.json`` of a ``LlamaForCausalLM``, ``model.safetensors``,
   ``tokenizer.json``, ``tokenizer_config.json`` with the same chat template, ``generation_config.json``).
 
-Sized for a 2-core CI host: 2 layers, hidden 64, 4 heads (2 key/value heads), FFN 128, a vocabulary of
-about ``VOCAB_SIZE`` tokens (a byte-level BPE trained with the ``tokenizers`` package on ``CORPUS`` below),
-context 2048. Deterministic: the same bytes on every run (seeded weights, a fixed corpus, F32).
+Sized for a 2-core CI host (``TINY``): 2 layers, hidden 64, 4 heads (2 key/value heads), FFN 128, a vocabulary
+of about ``VOCAB_SIZE`` tokens (a byte-level BPE trained with the ``tokenizers`` package on ``CORPUS`` below),
+context 2048. Deterministic: the same bytes on every run (seeded weights, a fixed corpus, F32). A larger
+``LlamaShape`` (``SMALL``: 8 layers, hidden 512) makes a server whose time goes to the model rather than to
+its own per-token overhead, as a real model's does (the benchmarks that compare load clients use it).
 
 Random weights would emit any token, among them single bytes of multi-byte UTF-8 characters (text that
 does not decode), control characters and the special tokens (an end of sequence stops a stream early).
@@ -38,11 +40,6 @@ from farm.errors import RequestError
 
 SEED = 0
 VOCAB_SIZE = 1024
-HIDDEN = 64
-LAYERS = 2
-HEADS = 4
-KV_HEADS = 2
-FFN = 128
 CONTEXT = 2048
 ROPE_THETA = 10000.0
 RMS_EPS = 1e-5
@@ -76,6 +73,26 @@ Numbers: 0 1 2 3 4 5 6 7 8 9 10 16 32 64 100 128 256 512 1000 1024 2048 4096 655
 Punctuation and code: (a, b) [c; d] {e: f} x = y + z * 2 - 1 / 3; if x > 0 and y < 1: return "ok" # done
 def main(argv): print('hello world'); return 0  <tag attr="value"/> path/to/file.txt key=value a_b-c.
 """
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """The model's size: residual width, blocks, attention heads (query and key/value) and MLP width."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+TINY = LlamaShape(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128)  # ~1,500 tokens/s on one core (llama.cpp)
+SMALL = LlamaShape(hidden=256, layers=12, heads=8, kv_heads=4, ffn=768)
+SHAPES = {"tiny": TINY, "small": SMALL}
 
 
 @dataclass(frozen=True)
@@ -134,35 +151,38 @@ def ordinary(tok: Any, n_vocab: int) -> np.ndarray:
     return mask
 
 
-def _weights(n_vocab: int, allowed: np.ndarray) -> dict[str, np.ndarray]:
-    """The model's tensors by their Hugging Face names (F32), seeded; residual dimension 0 guarded."""
+def _weights(n_vocab: int, allowed: np.ndarray, shape: LlamaShape = TINY) -> dict[str, np.ndarray]:
+    """The model's tensors by their Hugging Face names (F32), seeded; residual dimension 0 guarded. A wider
+    shape's matrices have their spread scaled by 1/sqrt(width) from ``TINY``'s (so ``TINY``'s bytes stay the
+    same), which keeps the activations, and with them the guard, as ``TINY``'s."""
     rng = np.random.default_rng(SEED)
-    head_dim = HIDDEN // HEADS
+    hidden, ffn, heads, kv_heads, head_dim = shape.hidden, shape.ffn, shape.heads, shape.kv_heads, shape.head_dim
+    wide, deep = (TINY.hidden / hidden) ** 0.5, (TINY.ffn / ffn) ** 0.5
 
-    def normal(shape: tuple[int, ...], std: float) -> np.ndarray:
-        return (rng.standard_normal(shape) * std).astype(np.float32)
+    def normal(dims: tuple[int, ...], std: float) -> np.ndarray:
+        return (rng.standard_normal(dims) * std).astype(np.float32)
 
     w: dict[str, np.ndarray] = {}
-    emb = normal((n_vocab, HIDDEN), 1.0)
+    emb = normal((n_vocab, hidden), 1.0)
     emb[:, 0] = GUARD
     w["model.embed_tokens.weight"] = emb
-    for i in range(LAYERS):
+    for i in range(shape.layers):
         p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = np.ones(HIDDEN, np.float32)
-        w[p + "post_attention_layernorm.weight"] = np.ones(HIDDEN, np.float32)
-        w[p + "self_attn.q_proj.weight"] = normal((HEADS * head_dim, HIDDEN), 0.2)
-        w[p + "self_attn.k_proj.weight"] = normal((KV_HEADS * head_dim, HIDDEN), 0.2)
-        w[p + "self_attn.v_proj.weight"] = normal((KV_HEADS * head_dim, HIDDEN), 0.2)
-        o = normal((HIDDEN, HEADS * head_dim), 0.05)
+        w[p + "input_layernorm.weight"] = np.ones(hidden, np.float32)
+        w[p + "post_attention_layernorm.weight"] = np.ones(hidden, np.float32)
+        w[p + "self_attn.q_proj.weight"] = normal((heads * head_dim, hidden), 0.2 * wide)
+        w[p + "self_attn.k_proj.weight"] = normal((kv_heads * head_dim, hidden), 0.2 * wide)
+        w[p + "self_attn.v_proj.weight"] = normal((kv_heads * head_dim, hidden), 0.2 * wide)
+        o = normal((hidden, heads * head_dim), 0.05 * wide)
         o[0] = 0.0  # nothing writes to the guarded dimension
         w[p + "self_attn.o_proj.weight"] = o
-        w[p + "mlp.gate_proj.weight"] = normal((FFN, HIDDEN), 0.2)
-        w[p + "mlp.up_proj.weight"] = normal((FFN, HIDDEN), 0.2)
-        down = normal((HIDDEN, FFN), 0.05)
+        w[p + "mlp.gate_proj.weight"] = normal((ffn, hidden), 0.2 * wide)
+        w[p + "mlp.up_proj.weight"] = normal((ffn, hidden), 0.2 * wide)
+        down = normal((hidden, ffn), 0.05 * deep)
         down[0] = 0.0
         w[p + "mlp.down_proj.weight"] = down
-    w["model.norm.weight"] = np.ones(HIDDEN, np.float32)
-    head = normal((n_vocab, HIDDEN), 0.3)
+    w["model.norm.weight"] = np.ones(hidden, np.float32)
+    head = normal((n_vocab, hidden), 0.3 * wide)
     head[:, 0] = 0.0
     head[~allowed] = 0.0
     head[~allowed, 0] = -BAD_LOGIT
@@ -190,19 +210,19 @@ def _gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{GGUF_TENSORS[rest.removesuffix('.weight')]}.weight"
 
 
-def write_gguf(path: Path, tok: Any, weights: dict[str, np.ndarray]) -> Path:
+def write_gguf(path: Path, tok: Any, weights: dict[str, np.ndarray], shape: LlamaShape = TINY) -> Path:
     """The GGUF form at ``path``."""
     gguf, _, _ = _modules()
     tokens, merges = _vocab(tok)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("farm tiny-llama")
     w.add_context_length(CONTEXT)
-    w.add_embedding_length(HIDDEN)
-    w.add_block_count(LAYERS)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_rope_dimension_count(HIDDEN // HEADS)
+    w.add_embedding_length(shape.hidden)
+    w.add_block_count(shape.layers)
+    w.add_feed_forward_length(shape.ffn)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
+    w.add_rope_dimension_count(shape.head_dim)
     w.add_rope_freq_base(ROPE_THETA)
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_vocab_size(len(tokens))
@@ -220,9 +240,9 @@ def write_gguf(path: Path, tok: Any, weights: dict[str, np.ndarray]) -> Path:
     w.add_chat_template(CHAT_TEMPLATE)
     for name, arr in weights.items():
         if name.endswith("q_proj.weight"):
-            arr = _permute(arr, HEADS)
+            arr = _permute(arr, shape.heads)
         elif name.endswith("k_proj.weight"):
-            arr = _permute(arr, KV_HEADS)
+            arr = _permute(arr, shape.kv_heads)
         w.add_tensor(_gguf_name(name), np.ascontiguousarray(arr))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -231,17 +251,17 @@ def write_gguf(path: Path, tok: Any, weights: dict[str, np.ndarray]) -> Path:
     return path
 
 
-def _hf_config(n_vocab: int, bos: int, eos: int) -> dict[str, Any]:
+def _hf_config(n_vocab: int, bos: int, eos: int, shape: LlamaShape = TINY) -> dict[str, Any]:
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": n_vocab,
-            "hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
-            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HIDDEN // HEADS,
+            "hidden_size": shape.hidden, "intermediate_size": shape.ffn, "num_hidden_layers": shape.layers,
+            "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
             "max_position_embeddings": CONTEXT, "rms_norm_eps": RMS_EPS, "rope_theta": ROPE_THETA,
             "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
             "bos_token_id": bos, "eos_token_id": eos, "torch_dtype": "float32", "dtype": "float32",
             "use_cache": True}
 
 
-def write_hf(folder: Path, tok: Any, weights: dict[str, np.ndarray]) -> Path:
+def write_hf(folder: Path, tok: Any, weights: dict[str, np.ndarray], shape: LlamaShape = TINY) -> Path:
     """The Hugging Face form in ``folder`` (replaced if it exists)."""
     _, _, st = _modules()
     if folder.exists():
@@ -249,7 +269,8 @@ def write_hf(folder: Path, tok: Any, weights: dict[str, np.ndarray]) -> Path:
     folder.mkdir(parents=True)
     n_vocab = tok.get_vocab_size()
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
-    (folder / "config.json").write_text(json.dumps(_hf_config(n_vocab, bos, eos), indent=2, sort_keys=True) + "\n")
+    config = _hf_config(n_vocab, bos, eos, shape)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (folder / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": bos, "eos_token_id": eos, "do_sample": False}, indent=2, sort_keys=True) + "\n")
     st.save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
@@ -263,14 +284,15 @@ def write_hf(folder: Path, tok: Any, weights: dict[str, np.ndarray]) -> Path:
     return folder
 
 
-def build_tiny_llama(out_dir: Path) -> TinyLlama:
-    """Write both forms of the tiny Llama into ``out_dir`` (created): ``tiny-llama.gguf`` and
-    ``tiny-llama-hf/``; returns their paths."""
+def build_tiny_llama(out_dir: Path, shape: LlamaShape = TINY) -> TinyLlama:
+    """Write both forms of the tiny Llama (or one of another ``shape``, same tokenizer) into ``out_dir``
+    (created): ``tiny-llama.gguf`` and ``tiny-llama-hf/``; returns their paths."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise RequestError(f"{out_dir} is a file; the tiny-llama example writes a folder (give a directory)")
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer()
     n_vocab = tok.get_vocab_size()
-    weights = _weights(n_vocab, ordinary(tok, n_vocab))
-    return TinyLlama(gguf=write_gguf(out_dir / GGUF_NAME, tok, weights), hf=write_hf(out_dir / HF_NAME, tok, weights))
+    weights = _weights(n_vocab, ordinary(tok, n_vocab), shape)
+    return TinyLlama(gguf=write_gguf(out_dir / GGUF_NAME, tok, weights, shape),
+                     hf=write_hf(out_dir / HF_NAME, tok, weights, shape))

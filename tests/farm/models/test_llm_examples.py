@@ -3,13 +3,14 @@ only ordinary (printable ASCII) tokens emitted."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from farm.models.info import detect_format, inspect_model
-from farm.models.llm_examples import GGUF_NAME, HF_NAME
+from farm.models.llm_examples import GGUF_NAME, HF_NAME, SMALL, TINY
 from tests.helpers import farm
 from tests.llm_servers import skip_without
 from tests.llm_servers import tiny_llama as write_tiny_llama
@@ -38,6 +39,27 @@ def test_farm_example_model_writes_the_tiny_llama(tmp_path: Path) -> None:
     out = farm("example-model", str(tmp_path / "m"), "--kind", "tiny-llama")
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "m" / GGUF_NAME).is_file() and (tmp_path / "m" / HF_NAME / "config.json").is_file()
+
+
+@pytest.mark.llm
+def test_a_larger_shape_is_written_as_asked_and_still_emits_ordinary_tokens_to_max_tokens(tmp_path: Path) -> None:
+    """The ``small`` shape (the benchmarks' server-bound model): its size in both forms' metadata, the tiny's
+    tokenizer, and the guard that keeps its output printable holds at 12 layers of width 256."""
+    small, tiny = write_tiny_llama(tmp_path / "small", SMALL), write_tiny_llama(tmp_path / "tiny", TINY)
+    skip_without("llama.cpp")
+    import llama_cpp
+
+    config = json.loads((small.hf / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]) == (256, 12, 768)
+    assert (small.hf / "tokenizer.json").read_bytes() == (tiny.hf / "tokenizer.json").read_bytes()
+    assert small.gguf.stat().st_size > 10 * tiny.gguf.stat().st_size
+    llm = llama_cpp.Llama(str(small.gguf), n_ctx=512, n_threads=1, seed=1, verbose=False)
+    assert llm.n_embd() == 256 and llm.metadata["llama.block_count"] == "12"
+    for temperature in (0.0, 1.0):
+        out = llm.create_completion("The engineer asks", max_tokens=40, temperature=temperature)
+        text = out["choices"][0]["text"]
+        assert out["usage"]["completion_tokens"] == 40 and out["choices"][0]["finish_reason"] == "length"
+        assert text and all(" " <= c <= "~" for c in text), repr(text)
 
 
 @pytest.mark.llm
