@@ -65,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=5)
     p.add_argument("--model", default="mlp", choices=["mlp", "convnet", "identity"])
     p.add_argument("--edge-duration-s", type=float, default=2.0)
-    p.add_argument("--quick", action="store_true", help="3 jobs, 1 s edge loop (CI smoke run)")
+    p.add_argument("--quick", action="store_true", help="2 jobs, 1 s edge loop (CI smoke run)")
     a = p.parse_args(argv)
     if a.quick:
-        a.jobs, a.edge_duration_s = min(a.jobs, 3), 1.0
+        a.jobs, a.edge_duration_s = min(a.jobs, 2), 1.0
     try:
         import docker
 
