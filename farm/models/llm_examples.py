@@ -11,7 +11,7 @@ same tokens and (greedy) generate the same text.
 Sized for a 2-core CI host (``TINY``): 2 layers, hidden 64, 4 heads (2 key/value heads), FFN 128, a vocabulary
 of about ``VOCAB_SIZE`` tokens (a byte-level BPE trained with the ``tokenizers`` package on ``CORPUS`` below),
 context 2048. Deterministic: the same bytes on every run (seeded weights, a fixed corpus, F32). A larger
-``LlamaShape`` (``SMALL``: 8 layers, hidden 512) makes a server whose time goes to the model rather than to
+``LlamaShape`` (``SMALL``: 12 layers, hidden 256) makes a server whose time goes to the model rather than to
 its own per-token overhead, as a real model's does (the benchmarks that compare load clients use it).
 
 Random weights would emit any token, among them single bytes of multi-byte UTF-8 characters (text that
@@ -91,7 +91,7 @@ class LlamaShape:
 
 
 TINY = LlamaShape(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128)  # ~1,500 tokens/s on one core (llama.cpp)
-SMALL = LlamaShape(hidden=256, layers=12, heads=8, kv_heads=4, ffn=768)
+SMALL = LlamaShape(hidden=256, layers=12, heads=8, kv_heads=4, ffn=768)  # ~5 ms a token on one core, 39 MB F32
 SHAPES = {"tiny": TINY, "small": SMALL}
 
 
