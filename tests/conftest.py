@@ -7,6 +7,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -65,16 +66,29 @@ def isolated_hooks() -> Iterator[None]:
             hook.register(handler)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """A test that uses Postgres holds it shared, one that stops it (``stops_postgres``) exclusive: under
-    pytest-xdist the outage would otherwise land in the other process's tests (tests/pg_lock.py)."""
+_PG_LOCK = pytest.StashKey[ExitStack]()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """A test that uses Postgres holds it shared, one that stops it (``stops_postgres``) exclusive, from before its
+    setup (module fixtures included) to after its teardown: under pytest-xdist the outage would otherwise land in
+    the other process's tests (tests/pg_lock.py). Taken here, not around the whole protocol, so that the wait is
+    under pytest-timeout's clock and a wait that fails is the test's setup error, not the run's internal error."""
     stops = item.get_closest_marker("stops_postgres") is not None
-    if not stops and "pg_url" not in getattr(item, "fixturenames", ()):
-        yield
-        return
-    with postgres_in_use(exclusive=stops):
-        yield
+    if stops or "pg_url" in getattr(item, "fixturenames", ()):
+        stack = item.stash[_PG_LOCK] = ExitStack()
+        stack.enter_context(postgres_in_use(exclusive=stops))
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Lets go of the Postgres lock taken in ``pytest_runtest_setup``, once the test's fixtures are torn down."""
+    yield
+    stack = item.stash.get(_PG_LOCK, None)
+    if stack is not None:
+        stack.close()
 
 
 @pytest.fixture(scope="session")
