@@ -26,7 +26,6 @@ from farm.errors import RunInterrupted, SandboxError
 from farm.results import result_rows
 from farm.settings import get_settings
 from schemas import ProfileRequest
-from workers.runners.select import make_runner
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -81,6 +80,7 @@ def run_embedded(request_id: str, job_ids: list[str], quiet: bool, command: str 
     stopped by the signal) and raise RunInterrupted naming ``farm resume``."""
     from workers.hardware import detect_gpus  # noqa: PLC0415 - psutil: +0.02 s on every CLI start, measured
     from workers.node import new_worker_id  # noqa: PLC0415 - celery, prometheus_client, psutil: +0.11 s on every CLI start, measured
+    from workers.runners.select import make_runner  # noqa: PLC0415 - the serving stack: +0.26 s on every CLI start, measured
 
     register_hooks()
     worker_id = f"embedded-{new_worker_id()}"

@@ -30,8 +30,6 @@ from farm.sandbox import jail_argv, model_jail
 from farm.settings import get_settings, mask_url, reset_settings
 from schemas.engines import FORMAT_ENGINE
 from schemas.metrics import MODEL_METRICS
-from workers.runners.select import make_runner
-from workers.slots import SlotSupervisor, build_slots, self_argv, slot_worker_id
 
 
 def worker(
@@ -53,6 +51,8 @@ def worker(
     from farm.telemetry import serve_metrics, slot_port  # noqa: PLC0415 - prometheus_client: +0.035 s on every CLI start, measured
     from workers.hardware import detect_hardware  # noqa: PLC0415 - psutil: +0.02 s on every CLI start, measured
     from workers.node import WorkerNode, new_worker_id  # noqa: PLC0415 - celery, prometheus_client, psutil: +0.11 s on every CLI start, measured
+    from workers.runners.select import make_runner  # noqa: PLC0415 - the serving stack: +0.26 s on every CLI start, measured
+    from workers.slots import SlotSupervisor, build_slots, self_argv, slot_worker_id  # noqa: PLC0415 - with it
 
     if allow_commands:  # a setting, so that slot processes and every job of this worker see it
         os.environ["FARM_ALLOW_COMMANDS"] = "1"
