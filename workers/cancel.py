@@ -4,7 +4,9 @@ A ``JobWatch`` is one thread per worker. While a job runs it checks the job's st
 every ``cancel_poll_s`` and its deadline (``MeasurementSettings.timeout_s``). When the job must stop, it
 raises ``JobInterrupt`` in the thread running the job (the main thread, via a SIGUSR2 the watch sends to
 it), so the job's context managers unwind: the model server or container is stopped as on any failure.
-The interrupt is raised at most once per job, so it never lands inside that cleanup.
+The interrupt is raised at most once per job, so it never lands inside that cleanup. The signal is sent only
+while the watch's handler is installed (under the watch's lock), and a watch that exits never leaves SIGUSR2
+at its default action (which ends the process): a late one is ignored, never fatal to the worker.
 
 Jobs run outside the main thread (tests, embedded helpers) cannot be interrupted; their cancellation is
 still recorded and their result refused by the ledger.
@@ -45,7 +47,9 @@ class JobWatch:
     def __init__(self, status_of: Callable[[str], str | None], poll_s: float = 1.0) -> None:
         self.status_of = status_of
         self.poll_s = poll_s
-        self._lock = threading.Lock()
+        # reentrant: the signal handler takes it in the main thread, which may hold it already when the
+        # handler runs (between two bytecodes of job() or start_clock())
+        self._lock = threading.RLock()
         self._job: str | None = None
         self._deadline: float | None = None
         self._reason: str | None = None
@@ -67,13 +71,16 @@ class JobWatch:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
+        with self._lock:  # no interrupt() sends the signal from here on
+            self._stop.set()
+            uninstall, self._installed = self._installed, False
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self._installed and threading.current_thread() is threading.main_thread():
-            signal.signal(INTERRUPT_SIGNAL, self._previous if self._previous is not None else signal.SIG_IGN)
-            self._installed = False
+        if uninstall and threading.current_thread() is threading.main_thread():
+            # SIG_DFL would end the process on a SIGUSR2 still on its way: ignore it instead
+            keep = self._previous not in (None, signal.SIG_DFL)
+            signal.signal(INTERRUPT_SIGNAL, self._previous if keep else signal.SIG_IGN)
 
     # -- the job in hand ----------------------------------------------------------------------------
     @contextmanager
@@ -114,12 +121,14 @@ class JobWatch:
             if self._job is None or self._reason is not None:
                 return False
             self._reason = reason
-            target = self._target
-        log.warning("stopping job %s: %s", self._job, reason)
-        if target is None:
-            return False
-        signal.pthread_kill(target, INTERRUPT_SIGNAL)
-        return True
+            job, target = self._job, self._target
+            # sent under the lock: the handler is still installed and the job still in hand when it arrives
+            if target is not None and self._installed and not self._stop.is_set():
+                signal.pthread_kill(target, INTERRUPT_SIGNAL)
+            else:
+                target = None
+        log.warning("stopping job %s: %s", job, reason)
+        return target is not None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         with self._lock:

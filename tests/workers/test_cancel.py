@@ -1,12 +1,17 @@
 """The job watch: time limit, cancellation and shutdown stop the job in the main thread, once."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_time_limit_interrupts_a_blocked_job() -> None:
@@ -58,3 +63,34 @@ def test_jobs_outside_the_main_thread_are_not_interrupted_but_the_reason_is_kept
         t.start()
         t.join()
     assert seen == [CANCELLED]
+
+
+#: a watch that has exited, then a SIGUSR2 on its way (an interrupt sent as the job ended): the process lives on
+LATE_SIGNAL = """
+import os, signal, time
+from workers.cancel import INTERRUPT_SIGNAL, JobWatch
+with JobWatch(lambda job: "running", poll_s=0.05):
+    pass
+assert signal.getsignal(INTERRUPT_SIGNAL) is signal.SIG_IGN
+os.kill(os.getpid(), INTERRUPT_SIGNAL)
+time.sleep(0.1)
+mine = lambda *a: None
+signal.signal(INTERRUPT_SIGNAL, mine)
+with JobWatch(lambda job: "running", poll_s=0.05):
+    pass
+assert signal.getsignal(INTERRUPT_SIGNAL) is mine  # a handler of the process's own is given back
+print("alive")
+"""
+
+
+def test_a_late_interrupt_signal_after_the_watch_exits_never_ends_the_process() -> None:
+    proc = subprocess.run([sys.executable, "-c", LATE_SIGNAL], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "alive", (proc.returncode, proc.stderr[-2000:])
+
+
+def test_no_signal_is_sent_once_the_watch_has_stopped() -> None:
+    watch = JobWatch(lambda job: "running", poll_s=0.05)
+    with watch, watch.job("j", timeout_s=None):
+        watch._stop.set()  # as __exit__ does first, under the lock
+        assert watch.interrupt(SHUTDOWN) is False  # nothing sent: the handler may be gone by the time it lands
+        assert watch.reason == SHUTDOWN  # the reason is kept, as for a job outside the main thread
