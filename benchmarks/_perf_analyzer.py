@@ -13,8 +13,8 @@ from pathlib import Path
 import _serve  # noqa: F401 (puts the repository on sys.path)
 
 from schemas import TensorSpec
-from workers.loadgen.patterns import OPEN_PATTERNS, ClosedLoop, LoadPattern
-from workers.loadgen.perf_analyzer import (
+from schemas.load_levels import load_level
+from workers.loadgen.perf_analyzer.tool import (
     VERSION,
     binary,
     command,
@@ -48,13 +48,13 @@ def run(url: str, model: str, inputs: list[TensorSpec], batch: int, *, concurren
     (``-b`` where the model declares a max batch size, else the shape's first dimension) over unary gRPC
     (``-i grpc``, non-streaming; its sync API, its async one with ``use_async``): closed loop at ``concurrency``
     or open loop at ``rate`` req/s (``distribution`` constant|poisson), ``window_ms`` per window; the command
-    line is farm's backend's (``workers.loadgen.perf_analyzer.command``) but for its outputs. The figures are its
+    line is farm's backend's (``workers.loadgen.perf_analyzer.tool.command``) but for its outputs. The figures are its
     first 3 windows' (``ALWAYS_STABLE_PCT``: it always reports them, as farm's fixed-duration runs do)."""
-    pattern: LoadPattern = ClosedLoop(concurrency or 1) if rate is None else OPEN_PATTERNS[distribution](rate)
+    level = load_level("closed" if rate is None else distribution, concurrency or 1, rate)
     with tempfile.TemporaryDirectory() as tmp:
         out_csv = Path(tmp) / "pa.csv"
         max_batch = max_batch_size(url, model) or 0
-        cmd = command(url, model, inputs, batch, max_batch, pattern, interval_ms=window_ms, trials=10,
+        cmd = command(url, model, inputs, batch, max_batch, level, interval_ms=window_ms, trials=10,
                       options=["--percentile", "50", "-f", str(out_csv)], async_api=use_async)
         ran = launch(cmd, TIMEOUT_S, cpu_set)
         text, cpu = ran.output, ran.cpu_s

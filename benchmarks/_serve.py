@@ -17,6 +17,26 @@ if str(ROOT) not in sys.path:
 START_TIMEOUT_S = 60.0
 
 
+def stored_upload(kind: str, path: Path, home: Path) -> dict[str, object]:
+    """``path`` uploaded as a request's ``kind`` file (``farm.workload_files``) into an embedded database under ``home``
+    (this process's ``FARM_HOME`` from now on); its reference, for ``measurement.llm`` (a job reads only uploads)."""
+    # farm's database side, only for the benchmarks that upload a request's file (the others never import it)
+    from farm import workload_files  # noqa: PLC0415
+    from farm.db.migrate import upgrade  # noqa: PLC0415
+    from farm.db.session import session_scope  # noqa: PLC0415
+    from farm.settings import get_settings, reset_settings  # noqa: PLC0415
+
+    os.environ["FARM_HOME"] = str(home)
+    os.environ.pop("FARM_DATABASE_URL", None)
+    reset_settings()
+    home.mkdir(parents=True, exist_ok=True)
+    upgrade(get_settings().db_url)
+    up = workload_files.upload(kind, str(path))
+    with session_scope() as s:
+        workload_files.store(s, [up])
+    return up.ref.model_dump()
+
+
 def cpus() -> list[int]:
     """The CPUs this process may run on."""
     return sorted(os.sched_getaffinity(0))

@@ -43,7 +43,8 @@ import psutil
 from _serve import Steal, farm_server_pid, identity_model, matmul_chain_model, pin, steal_flag  # noqa: I001
 
 from schemas import MeasurementSettings, TensorSpec
-from workers.loadgen import run_load
+from workers.loadgen.clients import run_load
+from workers.loadgen.contract import LoadSpec, LoadTarget
 from workers.loadgen.drivers import load_process_pids
 from workers.samplers.calibrate import calibrate as yardstick
 from workers.samplers.foreign import ForeignLoadSampler, ProcessesCpu, job_cpu_s
@@ -104,7 +105,8 @@ def measure(url: str, dim: int, warmup: float, duration: float, pid: int | None 
     settings = MeasurementSettings(client="farm", warmup_s=warmup, window_s=1.0, duration_s=duration)
     proc = psutil.Process(pid) if pid else None
     cpu0 = sum(proc.cpu_times()[:2]) if proc else 0.0
-    r = run_load(url, "model", [TensorSpec(name="x", shape=(dim, dim))], 1, 1, settings, processes=1)
+    r = run_load(LoadTarget(url, "model"),
+                 LoadSpec.from_settings([TensorSpec(name="x", shape=(dim, dim))], 1, 1, settings), processes=1)
     out = {k: v for k, v in r.metrics.items() if isinstance(v, float)}
     if proc is not None:
         requests = r.details["warmup_requests"] + sum(w["requests"] for w in r.details["windows"])

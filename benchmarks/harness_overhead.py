@@ -5,7 +5,7 @@ half of the CPUs, the server to the other half. For concurrency 1 and 16, each c
 loop for the same time; printed: end-to-end p50 latency and achieved requests/s.
 
 Clients, each over unary ModelInfer calls and over ModelStreamInfer streams (one stream per outstanding
-request): farm (``workers.loadgen.run_load``: grpc.aio, request serialized once, ``rpc`` unary or
+request): farm (``workers.loadgen.clients.run_load``: grpc.aio, request serialized once, ``rpc`` unary or
 stream), ``tritonclient.grpc`` sync client (one client and thread per outstanding request; streams via
 ``start_stream``/``async_stream_infer``), ``tritonclient.grpc.aio`` (one client, N coroutines; streams
 via ``stream_infer``), and a bare ``grpc.aio`` generated stub (request object, serialized per call).
@@ -31,7 +31,8 @@ import numpy as np
 from _serve import Steal, farm_server, identity_model, pin, split_cpus, steal_flag  # noqa: I001 (sets sys.path)
 
 from schemas import MeasurementSettings, TensorSpec
-from workers.loadgen import run_load
+from workers.loadgen.clients import run_load
+from workers.loadgen.contract import LoadSpec, LoadTarget
 from workers.loadgen.stats import percentile
 
 SHAPE = (16,)
@@ -123,7 +124,8 @@ async def bench_coroutines(calls: list[Callable[[], Awaitable[object]]], warmup:
 def client_farm(url: str, conc: int, warmup: float, duration: float, rpc: str = "unary") -> Figures:
     settings = MeasurementSettings(client="farm", warmup_s=warmup, window_s=min(1.0, duration), duration_s=duration,
                                    rpc=rpc)  # farm's own generator is what this benchmark weighs
-    r = run_load(url, "model", [TensorSpec(name="x", shape=SHAPE)], 1, conc, settings, processes=1)
+    r = run_load(LoadTarget(url, "model"),
+                 LoadSpec.from_settings([TensorSpec(name="x", shape=SHAPE)], 1, conc, settings), processes=1)
     m = r.metrics
     busy, rps = float(m["client_busy_pct"]), float(m["requests_per_s"])  # type: ignore[arg-type]
     cpu_us = busy / 100 / rps * 1e6  # CPU share of wall time / requests per wall second
@@ -240,7 +242,7 @@ def client_bare_aio(url: str, conc: int, warmup: float, duration: float) -> Figu
     from tritonclient.grpc import service_pb2 as pb
     from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-    from workers.loadgen.request import build_request
+    from workers.loadgen.kserve.request import build_request
 
     req = build_request("model", [TensorSpec(name="x", shape=SHAPE)], 1)
 

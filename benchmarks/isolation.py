@@ -30,7 +30,7 @@ def run_request(model: Path, workers: int, tmp: Path, measurement: dict[str, Any
     lock_dir = tmp / "host"
     with scratch_cluster(FARM_HEARTBEAT_S="1", FARM_HOST_LOCK_DIR=str(lock_dir), PYTHONPATH=str(ROOT),
                          **settings) as env:
-        from farm.results import result_rows
+        from farm.readers.results import result_rows
         from scheduler.enqueue import submit
         from schemas import MeasurementSettings, ProfileRequest
         from schemas.job import FINAL

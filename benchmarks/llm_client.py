@@ -3,7 +3,7 @@ fake server logs (``tests/fake_openai.py``: per request, by its X-Request-Id, th
 written; one monotonic clock for both processes).
 
 The fake server runs in its own process pinned to one half of the CPUs, farm's client (its load process, the
-code ``OpenAIClient`` runs: ``openai_http.load_process``, ``llm_stream.account``) to the other half. For each
+code ``OpenAIClient`` runs: ``openai.load_loop.load_process``, ``openai.stream.account``) to the other half. For each
 concurrency (1, 64, 256) and chunking (1 token a chunk; 4 a chunk without usage, counted by a tokenizer of the
 fake's words, so the client splits each chunk's gap over its tokens): a closed loop for a fixed time (at least
 3 requests long, after a warm-up of 2). Each measured request is paired with the server's log. The true TTFT
@@ -35,9 +35,9 @@ from _serve import pin, split_cpus  # noqa: I001 (sets sys.path)
 
 from schemas.llm import LlmSettings
 from tests.fake_openai import fake_server, read_log, word_tokenizer
-from workers.loadgen.llm_stream import account
-from workers.loadgen.llm_workload import Tokenizer, synthetic_prompts
-from workers.loadgen.openai_http import HttpJob, HttpRun, load_process, request_seq
+from workers.loadgen.openai.load_loop import HttpJob, HttpRun, load_process, request_seq
+from workers.loadgen.openai.stream import account
+from workers.loadgen.openai.workload import Tokenizer, synthetic_prompts
 from workers.loadgen.patterns import ClosedLoop
 from workers.loadgen.plan import WindowPlan
 from workers.samplers.calibrate import calibrate

@@ -6,7 +6,7 @@ Method: ``farm example-model --kind tiny-llama`` into a scratch folder, then onl
 
 1. **Sweep**: per configuration, ``farm submit MODEL --engine E --knob K=V --concurrency 1,2,4,8`` (closed loop,
    synthetic prompts of ``--input-tokens``, ``--output-tokens`` each); the knee (the concurrency past which
-   more concurrency buys under 10 % more output tokens/s per doubling, ``farm.knee``) and its tokens/s are
+   more concurrency buys under 10 % more output tokens/s per doubling, ``farm.readers.knee``) and its tokens/s are
    read from ``farm status ID --json`` (``knees``).
 2. **Search**: ``farm submit MODEL ... --search max-goodput --slo ttft=MS,tpot=MS --rate START``; the best rate
    (``max_goodput_rate``) and the steps are read from ``farm status ID --json`` (``searches``). The SLO is set per
@@ -111,6 +111,7 @@ class Farm:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
         self.env.update(FARM_HOME=str(home), FARM_RUNNER="process", FARM_PERF_ANALYZER_INSTALL="0",
                         FARM_SERVER_READY_TIMEOUT_S="300",  # transformers serve imports torch: slow on a busy host
+                        FARM_LLAMA_SERVER="off",  # llama-cpp-python's server, as measured (llama_server.py: both)
                         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])))
 
     def run(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:

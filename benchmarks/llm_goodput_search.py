@@ -1,5 +1,5 @@
 """Does the max-goodput search (``--search max-goodput``: ``scheduler.goodput_rules``, the over-saturation stop
-of ``workers.loadgen.saturation``) find what a brute-force rate sweep finds, in far fewer steps?
+of ``workers.loadgen.openai.saturation``) find what a brute-force rate sweep finds, in far fewer steps?
 
 Server: the scripted fake OpenAI server (``tests/fake_openai.py``) with a known capacity: ``SLOTS`` answers
 stream at once, the others queue; each answer is a TTFT of ``TTFT_MS`` then ``OUTPUT - 1`` tokens ``ITL_MS``
@@ -37,10 +37,10 @@ from _serve import pin, split_cpus  # noqa: I001 (sets sys.path)
 from scheduler.goodput_rules import BRACKET, RateStep, decide_rate, round_rate
 from schemas import MeasurementSettings
 from schemas.llm import LlmSettings
+from schemas.load_levels import load_level
 from tests.fake_openai import fake_server
 from workers.loadgen.contract import LoadJob
-from workers.loadgen.openai_client import OpenAIClient
-from workers.loadgen.patterns import pattern_for
+from workers.loadgen.openai.client import OpenAIClient
 from workers.loadgen.plan import WindowPlan
 
 SLOTS, TTFT_MS, ITL_MS, OUTPUT = 2, 20.0, 5.0, 8
@@ -63,8 +63,8 @@ def settings(rate: float | None, stop_oversaturated: bool, step_s: float) -> Mea
 def measure(url: str, rate: float | None, stop_oversaturated: bool, seed: int) -> tuple[RateStep, float]:
     """One step against the server at ``url``: its :class:`RateStep` and completed requests/s."""
     s = settings(rate, stop_oversaturated, STEP_S)
-    job = LoadJob(url=url.removeprefix("http://"), model_name="fake", inputs=(), batch_size=1, concurrency=SLOTS,
-                  settings=s, pattern=pattern_for(s, SLOTS), seed=seed)
+    job = LoadJob(url=url.removeprefix("http://"), model_name="fake", inputs=(), batch_size=1,
+                  load=load_level(s.mode, SLOTS, s.rate), settings=s, seed=seed)
     rec = OpenAIClient().run(job, WindowPlan.of(s))
     own = rec.own
     done = rec.totals.lat_ms.size / rec.totals.duration_s

@@ -74,6 +74,7 @@ def main() -> int:
     core = min(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="farm-bench-llm-") as tmp, ExitStack() as stack:
         os.environ.setdefault("FARM_HOME", str(Path(tmp) / "home"))
+        os.environ.setdefault("FARM_LLAMA_SERVER", "off")  # llama-cpp-python's (llama-server: llama_server.py)
         model = build_tiny_llama(Path(tmp) / "m")
         paths = {"llama.cpp": model.gguf, "transformers": model.hf}
         urls = {e: stack.enter_context(ProcessRunner().serve(_spec(e), paths[e], cpus={core})).url for e in ENGINES}

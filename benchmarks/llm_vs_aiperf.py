@@ -54,6 +54,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _serve import stored_upload  # noqa: E402
+
 from farm.models.llm_examples import SHAPES, build_tiny_llama  # noqa: E402
 from schemas import MeasurementSettings  # noqa: E402
 from schemas.engines import SERVED_MODEL_NAME  # noqa: E402
@@ -61,6 +63,7 @@ from schemas.llm import LlmSettings  # noqa: E402
 from tests.fake_openai import fake_server, read_log  # noqa: E402
 from tests.llm_servers import llama_cpp_server  # noqa: E402
 from workers.loadgen.clients import run_load  # noqa: E402
+from workers.loadgen.contract import LoadSpec, LoadTarget
 from workers.samplers.calibrate import calibrate  # noqa: E402
 
 DEFAULT_AIPERF = Path.home() / ".cache/farm/aiperf-venv/bin/aiperf"
@@ -93,11 +96,13 @@ def hostport(url: str) -> str:
     return url.split("://", 1)[-1].removesuffix("/v1")
 
 
-def farm_run(url: str, hf: Path, concurrency: int, seconds: float, _out: Path) -> tuple[float, float]:
-    """(output tokens/s, TTFT p50 ms) of farm's OpenAI client, closed loop."""
-    llm = LlmSettings.model_validate({"input_tokens": IN_TOKENS, "output_tokens": OUT_TOKENS, "tokenizer": str(hf)})
+def farm_run(url: str, hf: Path, concurrency: int, seconds: float, out: Path) -> tuple[float, float]:
+    """(output tokens/s, TTFT p50 ms) of farm's OpenAI client, closed loop; the tokenizer uploaded as a request's
+    (a job reads only uploads, and parses a tokenizer in the jail)."""
+    tokenizer = stored_upload("tokenizer", hf, out / "farm-home")
+    llm = LlmSettings.model_validate({"input_tokens": IN_TOKENS, "output_tokens": OUT_TOKENS, "tokenizer": tokenizer})
     settings = MeasurementSettings(client="openai", llm=llm, duration_s=seconds, warmup_s=1.0)
-    res = run_load(hostport(url), SERVED_MODEL_NAME, [], 1, concurrency, settings)
+    res = run_load(LoadTarget(hostport(url), SERVED_MODEL_NAME), LoadSpec.from_settings([], 1, concurrency, settings))
     tok_s, ttft = res.metrics["output_tokens_per_s"], res.metrics["ttft_p50_ms"]
     if not isinstance(tok_s, float | int) or not isinstance(ttft, float | int):
         raise RuntimeError(f"farm measured no tokens/s or TTFT: {res.details.get('notes')}")

@@ -20,7 +20,9 @@ from pathlib import Path
 from _serve import farm_server_pid, identity_model, pin, split_cpus  # noqa: I001 (sets sys.path)
 
 from schemas import MeasurementSettings, TensorSpec
-from workers.loadgen import run_load, worker
+from workers.loadgen.clients import run_load
+from workers.loadgen.contract import LoadSpec, LoadTarget
+from workers.loadgen.kserve import worker
 from workers.samplers.calibrate import calibrate
 
 SENDERS = ("thread", "aio")
@@ -31,7 +33,8 @@ def one_run(url: str, sender: str, rate: float, window: float) -> tuple[float, f
     worker.OPEN_SENDER = sender
     settings = MeasurementSettings(warmup_s=0.5, window_s=window, duration_s=3 * window, mode="poisson", rate=rate,
                                    client="farm")
-    r = run_load(url, "model", [TensorSpec(name="x", shape=(64,))], 1, 1, settings, in_process=True)
+    r = run_load(LoadTarget(url, "model"),
+                 LoadSpec.from_settings([TensorSpec(name="x", shape=(64,))], 1, 1, settings), in_process=True)
     m = {**r.metrics, **(r.details["client_limited_latency"] or {})}
     return float(m["late_send_pct"] or 0.0), float(m["latency_p50_ms"]), float(m["requests_per_s"])  # type: ignore[arg-type]
 

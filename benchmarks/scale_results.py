@@ -95,7 +95,7 @@ def main() -> None:
 
         from farm.cli import views
         from farm.db.session import get_engine
-        from farm.results import recent_requests, result_rows, status_counts
+        from farm.readers.results import recent_requests, result_rows, status_counts
 
         t = time.perf_counter()
         rids = _load(env["FARM_DATABASE_URL"], args.requests, args.jobs_per_request)

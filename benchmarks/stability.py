@@ -26,7 +26,8 @@ from _serve import Steal, farm_server, identity_model, machine_speed, matmul_cha
 from host_noise import cv_pct
 
 from schemas import MeasurementSettings, TensorSpec
-from workers.loadgen import run_load
+from workers.loadgen.clients import run_load
+from workers.loadgen.contract import LoadSpec, LoadTarget
 
 
 def run_job(model: Path, shape: tuple[int, ...], conc: int, settings: MeasurementSettings,
@@ -35,7 +36,8 @@ def run_job(model: Path, shape: tuple[int, ...], conc: int, settings: Measuremen
     machine speed right after, timed for as long as the job's measured windows: loop M it/s, gather
     M elements/s)."""
     with Steal() as st, farm_server(model, threads=1, cpu_set=cpu_sets[1]) as url:
-        r = run_load(url, "model", [TensorSpec(name="x", shape=shape)], 1, conc, settings, processes=1)
+        r = run_load(LoadTarget(url, "model"),
+                     LoadSpec.from_settings([TensorSpec(name="x", shape=shape)], 1, conc, settings), processes=1)
     speed = machine_speed(list(cpu_sets), float(r.metrics["duration_s"]))  # type: ignore[arg-type]
     return {**r.metrics, "steal_pct": st.pct}, speed
 

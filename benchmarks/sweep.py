@@ -32,7 +32,8 @@ from _serve import Steal, farm_server, identity_model, pin, split_cpus, steal_fl
 
 from scheduler.search_rules import Step, decide
 from schemas import MeasurementSettings, TensorSpec
-from workers.loadgen import run_load
+from workers.loadgen.clients import run_load
+from workers.loadgen.contract import LoadSpec, LoadTarget
 
 BUDGET_X = 4.0  # the p99 budget, in p99s of one request at a time on one instance
 
@@ -42,7 +43,8 @@ def measure(url: str, name: str, shape: tuple[int, ...], conc: int, settings: Me
     """One configuration: throughput (infer/s) and p99 (ms); its wall time (load process start, warm-up,
     windows) is appended to ``walls``."""
     t0 = time.perf_counter()
-    r = run_load(url, "model", [TensorSpec(name=name, shape=shape)], 1, conc, settings, processes=1)
+    r = run_load(LoadTarget(url, "model"),
+                 LoadSpec.from_settings([TensorSpec(name=name, shape=shape)], 1, conc, settings), processes=1)
     walls.append(time.perf_counter() - t0)
     return Step(conc, float(r.metrics["throughput_infer_per_s"]),  # type: ignore[arg-type]
                 float(r.metrics["latency_p99_ms"]))  # type: ignore[arg-type]

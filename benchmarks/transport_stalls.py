@@ -48,8 +48,8 @@ async def _drive(url: str, seconds: float) -> tuple[np.ndarray, float]:
 
     from schemas import TensorSpec
     from workers.engines.base import COMPUTE_PARAM, QUEUE_PARAM
-    from workers.loadgen.request import serialized_request
-    from workers.loadgen.worker import CHANNEL_OPTIONS, INFER_METHOD
+    from workers.loadgen.kserve.request import serialized_request
+    from workers.loadgen.kserve.worker import CHANNEL_OPTIONS, INFER_METHOD
 
     rows: list[tuple[float, float, float]] = []
     last = [0.0]

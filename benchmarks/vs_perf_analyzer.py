@@ -52,8 +52,9 @@ from _serve import (  # noqa: I001 (sets sys.path)
 )
 
 from schemas import MeasurementSettings, TensorSpec
-from workers.loadgen import run_load
-from workers.loadgen.request import serialized_request
+from workers.loadgen.clients import run_load
+from workers.loadgen.contract import LoadSpec, LoadTarget
+from workers.loadgen.kserve.request import serialized_request
 from workers.samplers.calibrate import calibrate
 from workers.samplers.host import HostSampler
 from workers.samplers.process import ProcessTreeSampler
@@ -99,8 +100,9 @@ def run_farm(url: str, server_pid: int, model: Model, cell: Cell, rate: float | 
     with ExitStack() as stack:
         stack.enter_context(ProcessTreeSampler(server_pid))
         stack.enter_context(HostSampler())
-        r = run_load(url, "model", [TensorSpec(name="x", shape=model.shape)], batch,
-                     int(conc) if mode == "closed" else 1, settings, processes=1)
+        r = run_load(LoadTarget(url, "model"),
+                     LoadSpec.from_settings([TensorSpec(name="x", shape=model.shape)], batch,
+                                            int(conc) if mode == "closed" else 1, settings), processes=1)
     # a client-limited run reports no latency; its latency stays in the details (compared here all the same,
     # with its late sends shown beside it)
     m = {**r.metrics, **(r.details["client_limited_latency"] or {})}

@@ -1,11 +1,14 @@
-"""Model artifact store: model files live in the database, content-addressed by sha256, and are cached
-on each worker's disk under ``<home>/artifacts/<sha256>/<filename>``."""
+"""Model artifacts: a model's metadata lives in the database (``ModelArtifact``), its bytes in the model store
+(``farm.store``: a folder under ``FARM_HOME``, an S3 bucket or a shared volume), content-addressed by sha256 and
+streamed in (a file as one blob, a folder file by file with its ``Manifest``); workers cache them on disk under
+``<home>/artifacts/<sha256>/<filename>``."""
 from __future__ import annotations
 
-import hashlib
+import io
 import json
-import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +17,15 @@ from sqlalchemy.orm import Session
 
 from farm.db.models import ModelArtifact
 from farm.db.session import session_scope
-from farm.errors import ArtifactError
+from farm.errors import ArtifactError, DigestMismatch, RequestError
 from farm.models.analysis import analyze
-from farm.models.llm_info import folder_tar
+from farm.models.llm_info import folder_manifest, weights_bytes
 from farm.settings import get_settings
+from farm.store.backends import free_bytes, open_store
+from farm.store.base import BlobStore
+from farm.store.cache import Layout, ModelCache
 from schemas import TensorSpec
+from schemas.llm import WORKLOAD_FORMATS
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -31,13 +38,24 @@ def safe_filename(name: str) -> str:
 
 
 def artifact_filename(path: Path) -> str:
-    """The name a model is stored and cached under: a folder (a Hugging Face model) is stored as ``NAME.tar``."""
-    return safe_filename(path.name + ".tar" if path.is_dir() else path.name)
+    """The name a model is stored and cached under (a folder, a Hugging Face model: the folder's name)."""
+    return safe_filename(path.name)
 
 
-def model_bytes(path: Path) -> bytes:
-    """What the store holds of the model at ``path``: the file, or a folder's deterministic tar."""
-    return folder_tar(path) if path.is_dir() else path.read_bytes()
+def check_storable(path: Path, size: int | None = None, store: BlobStore | None = None) -> int:
+    """The bytes the model at ``path`` brings (``size`` where known); RequestError (one line) when it is above
+    ``FARM_MAX_MODEL_BYTES``, ArtifactError when a local ``store`` has not that much free space."""
+    if size is None:  # from the file system: nothing is read yet
+        size = weights_bytes(path)
+    cap = get_settings().max_model_bytes
+    if size > cap:
+        raise RequestError(f"{path.name} is {size / 2**30:.2f} GiB, above the {cap / 2**30:.2f} GiB a model may be "
+                           "here (FARM_MAX_MODEL_BYTES)")
+    free = free_bytes(store) if store is not None else None
+    if free is not None and size > free:
+        raise ArtifactError(f"the model store {store.url if store else ''} has {free / 2**30:.2f} GiB free, "
+                            f"{path.name} needs {size / 2**30:.2f} GiB; free space there or set FARM_STORE_URL")
+    return size
 
 
 def static_metrics(path: Path, model_format: str, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -47,6 +65,8 @@ def static_metrics(path: Path, model_format: str, inputs: list[dict[str, Any]]) 
         return {"error": "a running server's model: no model file to analyse"}
     if model_format in ("gguf", "hf"):  # LLM weights: farm's graph analyser counts ONNX/TorchScript graphs
         return {"error": f"an LLM model ({model_format}): no graph to analyse"}
+    if model_format in WORKLOAD_FORMATS.values():  # a request's prompt, trace or tokenizer file (workload_files)
+        return {"error": f"a workload file ({model_format}), not a model"}
     try:
         report = analyze(path, model_format, [TensorSpec.model_validate(t) for t in inputs])
     except Exception as exc:  # analysis is informative; a model that serves must not be refused for it
@@ -57,21 +77,51 @@ def static_metrics(path: Path, model_format: str, inputs: list[dict[str, Any]]) 
 
 def store_model(session: Session, path: Path, sha256: str, model_format: str,
                 inputs: list[dict[str, Any]]) -> ModelArtifact:
-    """Put the model at ``path`` in the store (once per sha256) within ``session``'s transaction, with its
-    static metrics computed once per artifact."""
+    """Stream the model at ``path`` (sha256 ``sha256``, computed at inspection) into the model store, once per
+    sha256, and add its row to ``session``'s transaction (committed by the caller after the bytes are
+    published, so no row names missing bytes), with its static metrics computed once per artifact."""
     existing = session.get(ModelArtifact, sha256)
-    if existing is not None:
+    store = open_store()
+    if existing is not None and existing.location and store.exists(sha256):
         if existing.static_metrics is None:
             existing.static_metrics = static_metrics(path, model_format, inputs)
         return existing
-    data = model_bytes(path)
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise ArtifactError(f"{path} changed while it was being submitted; submit it again")
+    size = check_storable(path, store=store)
+    layout = "folder" if path.is_dir() else "file"
+    if layout == "folder":
+        _put_folder(store, path, sha256)
+    else:
+        _put_file(store, path, sha256, size)
+    if existing is not None:  # its bytes were lost (a migrated row without them, or a store emptied)
+        existing.location, existing.layout = store.url, layout
+        return existing
     artifact = ModelArtifact(sha256=sha256, filename=artifact_filename(path), format=model_format,
-                             size_bytes=len(data), content=data, inputs=inputs,
+                             size_bytes=size, location=store.url, layout=layout, inputs=inputs,
                              static_metrics=static_metrics(path, model_format, inputs))
     session.add(artifact)
     return artifact
+
+
+def _put_file(store: BlobStore, path: Path, sha256: str, size: int) -> None:
+    """Stream one file into the store as blob ``sha256`` (checked while it passes)."""
+    try:
+        with path.open("rb") as src:
+            store.put(sha256, src, size)
+    except DigestMismatch:
+        raise DigestMismatch(f"{path} changed while it was being submitted; submit it again") from None
+
+
+def _put_folder(store: BlobStore, path: Path, sha256: str) -> None:
+    """Stream a folder's files into the store, then its manifest (blob ``sha256``): the manifest is published
+    last, so a folder is complete in the store once its manifest is."""
+    manifest = folder_manifest(path)
+    if manifest.digest() != sha256:
+        raise ArtifactError(f"{path} changed while it was being submitted; submit it again")
+    for entry in manifest.files:
+        if not store.exists(entry.sha256):
+            _put_file(store, path / entry.path, entry.sha256, entry.size)
+    body = manifest.canonical()
+    store.put(sha256, io.BytesIO(body), len(body))
 
 
 def artifact_path(sha256: str, filename: str, cache_dir: Path | None = None) -> Path:
@@ -92,20 +142,23 @@ def ensure_in_store(path: Path, cache_dir: Path | None = None) -> Path:
     return resolved
 
 
-def fetch_model(sha256: str, filename: str, cache_dir: Path | None = None) -> Path:
-    """The local path of artifact ``sha256``, fetched from the database and verified on first use."""
-    target = artifact_path(sha256, filename, cache_dir)
-    if target.is_file():
-        return target
+@contextmanager
+def using_model(sha256: str, filename: str, cache_dir: Path | None = None) -> Iterator[Path]:
+    """The verified local copy of stored model ``sha256`` (a file, or a folder model's folder) in this host's
+    cache (``farm.store.cache``), pinned for the block: no eviction removes it while a job uses it."""
     with session_scope() as s:
-        row = s.execute(select(ModelArtifact.content).where(ModelArtifact.sha256 == sha256)).scalar_one_or_none()
-    if row is None:
+        layout = s.execute(select(ModelArtifact.layout).where(ModelArtifact.sha256 == sha256)).scalar_one_or_none()
+    if layout not in ("file", "folder"):
         raise ArtifactError(f"model {sha256[:12]} is not in the artifact store; submit the request again")
-    if hashlib.sha256(row).hexdigest() != sha256:
-        raise ArtifactError(f"model {sha256[:12]} in the database does not match its sha256; resubmit it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(row)
-    os.chmod(tmp, 0o644)  # containers read the model as an unprivileged user through a read-only mount
-    os.replace(tmp, target)
-    return target
+    kind: Layout = "folder" if layout == "folder" else "file"
+    settings = get_settings()
+    cache = ModelCache(cache_dir or settings.cache_dir, open_store(), settings.cache_max_bytes)
+    with cache.use(sha256, safe_filename(filename), kind) as path:
+        yield ensure_in_store(path, cache_dir)
+
+
+def fetch_model(sha256: str, filename: str, cache_dir: Path | None = None) -> Path:
+    """The local path of stored model ``sha256``, fetched into this host's cache and verified, not pinned: for a
+    short read (a submit's reference, an op profile's static costs); a job holds ``using_model`` instead."""
+    with using_model(sha256, filename, cache_dir) as path:
+        return path

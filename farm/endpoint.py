@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from farm import egress
 from farm.errors import FarmError, RequestError
 from farm.settings import get_settings
 from schemas import ProfileRequest, TensorSpec
@@ -42,8 +43,9 @@ class ServedModel(Protocol):
     def outputs(self) -> Sequence[Any]: ...
 
 
-#: attach(endpoint HOST:PORT, model name, timeout s): wait until the server serves the model and read its
-#: metadata; a FarmError when it does not
+#: attach(endpoint ADDRESS:PORT, model name, timeout s): wait until the server serves the model and read its
+#: metadata; a FarmError when it does not. The address is the one the egress policy checked and pinned
+#: (``farm.egress.pin``); an HTTP reader takes the name the request gave for its Host header and TLS itself
 Attach = Callable[[str, str, float], ServedModel]
 
 
@@ -94,14 +96,18 @@ def endpoint_inputs(meta_inputs: Sequence[Any], given: list[TensorSpec] | None) 
 
 
 def describe_endpoint(request: ProfileRequest, attach: Attach, timeout_s: float = 10.0) -> tuple[Path, dict[str, Any]]:
-    """Read the endpoint's metadata with ``attach`` and write its descriptor under ``<home>/endpoints``;
-    returns the file and the descriptor. RequestError when the server does not answer or does not serve the
-    model."""
+    """Check the endpoint against this host's egress policy and caps (``farm.egress``: EgressError, before any
+    connection), read its metadata with ``attach`` at the address checked, and write its descriptor under
+    ``<home>/endpoints``; returns the file and the descriptor. RequestError when the server does not answer or does
+    not serve the model."""
     assert request.endpoint is not None and request.model_name is not None
+    pinned = egress.pin(request.endpoint)  # EgressError before any connection
+    egress.check_load(request.concurrency, request.rate_levels())
     try:
-        server = attach(request.endpoint, request.model_name, timeout_s)
+        server = attach(pinned.hostport, request.model_name, timeout_s)
     except FarmError as exc:
         raise RequestError(f"endpoint {request.endpoint}: {exc}") from None
+    context = getattr(server, "context_tokens", None)
     # an LLM server (measurement.llm) takes text, no tensors
     inputs, batch = ([], None) if request.measurement.llm else endpoint_inputs(server.inputs, request.inputs)
     descriptor = {
@@ -110,6 +116,7 @@ def describe_endpoint(request: ProfileRequest, attach: Attach, timeout_s: float 
         "platform": server.platform, "static_batch": batch,
         "inputs": [t.model_dump(mode="json") for t in inputs],
         "outputs": [{"name": o.name, "datatype": o.datatype, "shape": list(o.shape or [])} for o in server.outputs],
+        **({"context_tokens": context} if isinstance(context, int) else {}),
     }
     data = json.dumps(descriptor, sort_keys=True, separators=(",", ":")).encode()
     folder = get_settings().home / "endpoints"

@@ -22,8 +22,42 @@ class ModelError(RequestError):
     """The model file cannot be read, parsed or has inputs farm cannot feed."""
 
 
+class AuthError(FarmError):
+    """An API call without a valid token (HTTP 401): unknown, revoked or missing."""
+
+    exit_code = 4
+
+
+class ForbiddenError(FarmError):
+    """An API call its identity may not make (HTTP 403): changing another's request, an operator's command."""
+
+    exit_code = 4
+
+
+class LimitError(RequestError):
+    """A submit past a fair-share limit (queued jobs, request size; HTTP 429): wait, or shrink it."""
+
+
+class TooLargeError(LimitError):
+    """An upload past the server's size limit (HTTP 413)."""
+
+
 class ArtifactError(FarmError):
     """A model artifact is missing from the store or does not match its sha256."""
+
+
+class StoreUnavailable(ArtifactError):
+    """The model store (a folder under FARM_HOME, an S3 bucket, a shared volume) cannot be reached or written:
+    a fetch is retried; a submit fails and says which store to start or fix."""
+
+
+class BlobMissing(ArtifactError):
+    """A blob the database names is not in the model store (deleted, or a half-finished upload never published)."""
+
+
+class DigestMismatch(ArtifactError):
+    """Bytes sent to the model store are not the sha256 (or size) they were sent as: the file changed while it
+    was stored, or a reference names other bytes; nothing was published."""
 
 
 class SchedulerError(FarmError):
@@ -78,3 +112,13 @@ class UnsupportedError(WorkerError):
 class SandboxError(ConfigError):
     """Code from a model or request would have to run in a sandbox (farm.sandbox) this host cannot make, or a
     worker refuses to run a request's own command; the message says what the operator can do."""
+
+
+class EgressError(RequestError):
+    """An endpoint the operator's egress policy refuses (``farm.egress``: ``FARM_ENDPOINT_ALLOW``), or one over the
+    endpoint caps on rate and requests in flight; refused at submit and again on the worker, before any connection."""
+
+
+class CredentialError(RequestError):
+    """A request names an endpoint credential the operator did not set up (``FARM_ENDPOINT_CREDENTIALS``), or its
+    secret cannot be read where the job runs; the message never holds the secret."""

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import re
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -63,7 +64,7 @@ def fmt_value(name: str, value: Any) -> str:
     return str(value)
 
 
-def rate_text(row: dict[str, Any]) -> str:
+def rate_text(row: Mapping[str, Any]) -> str:
     """A row's open-loop rate, ``@100/s`` (empty in closed loop and for edge rows, which send no load)."""
     rate = row.get("rate")
     return "" if rate is None or row.get("edge_profile") else f"@{rate:g}/s"
@@ -73,17 +74,32 @@ def _jsonable(v: Any) -> Any:
     return v.isoformat() if isinstance(v, datetime) else v
 
 
-def to_json(rows: list[dict[str, Any]]) -> str:
+def to_json(rows: Sequence[Mapping[str, Any]]) -> str:
     """The rows as a JSON array (timestamps in ISO 8601)."""
     return json.dumps([{k: _jsonable(v) for k, v in r.items()} for r in rows], indent=2)
 
 
-def to_csv(rows: list[dict[str, Any]]) -> str:
-    """The rows as CSV with a header of the first row's keys (None as an empty cell)."""
+#: the first characters that make a spreadsheet read a cell as a formula (OWASP's CSV injection)
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """A value as a CSV cell: text that a spreadsheet would run as a formula (a server's name like
+    ``=HYPERLINK(...)``) gets a leading ``'`` so it stays text; numbers (a negative one too) and other text as
+    they are."""
+    value = _jsonable(value)
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value
+
+
+def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The rows as CSV with a header of the first row's keys (None as an empty cell; text cells neutralized:
+    :func:`csv_cell`)."""
     buf = io.StringIO()
     if rows:
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(buf, fieldnames=[csv_cell(k) for k in rows[0]])
         writer.writeheader()
         for r in rows:
-            writer.writerow({k: "" if v is None else _jsonable(v) for k, v in r.items()})
+            writer.writerow({csv_cell(k): "" if v is None else csv_cell(v) for k, v in r.items()})
     return buf.getvalue()

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import numpy as np
+
+from schemas.load import Histogram
 
 HIST_PER_DECADE = 50  # buckets per factor of 10: each bucket is ~4.7 % wide
 HIST_MIN_INDEX = -4 * HIST_PER_DECADE  # values below 1e-4 ms (0.1 us) go to the first bucket
@@ -31,7 +32,7 @@ def bucket_bound(index: int) -> float:
     return float(10.0 ** (index / HIST_PER_DECADE))
 
 
-def histogram(values_ms: Sequence[float] | np.ndarray) -> dict[str, Any]:
+def histogram(values_ms: Sequence[float] | np.ndarray) -> Histogram:
     """A JSON-storable latency histogram with log-spaced buckets.
 
     ``{"per_decade": D, "first_index": i0, "bounds_ms": [...], "counts": [...], "count": n,
@@ -53,7 +54,7 @@ def histogram(values_ms: Sequence[float] | np.ndarray) -> dict[str, Any]:
 
 def _hist_from_counts(
     counts: dict[int, int], n: int, total: float, lo: float | None, hi: float | None
-) -> dict[str, Any]:
+) -> Histogram:
     if not counts:
         return {"per_decade": HIST_PER_DECADE, "first_index": 0, "bounds_ms": [], "counts": [],
                 "count": 0, "sum_ms": 0.0, "min_ms": None, "max_ms": None}
@@ -64,13 +65,13 @@ def _hist_from_counts(
             "count": n, "sum_ms": total, "min_ms": lo, "max_ms": hi}
 
 
-def bucket_counts(hist: dict[str, Any]) -> dict[int, int]:
+def bucket_counts(hist: Histogram) -> dict[int, int]:
     """A stored histogram's non-empty buckets: grid index -> count."""
     first = int(hist.get("first_index", 0))
     return {first + j: int(c) for j, c in enumerate(hist.get("counts") or []) if c}
 
 
-def merge_histograms(hists: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def merge_histograms(hists: Iterable[Histogram]) -> Histogram:
     """Add histograms built by :func:`histogram` (same bucket grid) into one."""
     counts: dict[int, int] = {}
     n, total = 0, 0.0
@@ -84,14 +85,15 @@ def merge_histograms(hists: Iterable[dict[str, Any]]) -> dict[str, Any]:
             counts[i] = counts.get(i, 0) + c
         n += int(h["count"])
         total += float(h["sum_ms"])
-        if h.get("min_ms") is not None:
-            lo = h["min_ms"] if lo is None else min(lo, h["min_ms"])
-        if h.get("max_ms") is not None:
-            hi = h["max_ms"] if hi is None else max(hi, h["max_ms"])
+        h_lo, h_hi = h.get("min_ms"), h.get("max_ms")
+        if h_lo is not None:
+            lo = h_lo if lo is None else min(lo, h_lo)
+        if h_hi is not None:
+            hi = h_hi if hi is None else max(hi, h_hi)
     return _hist_from_counts(counts, n, total, lo, hi)
 
 
-def histogram_quantile(hist: dict[str, Any], q: float) -> float | None:
+def histogram_quantile(hist: Histogram, q: float) -> float | None:
     """The ``q``-th percentile (0..100) estimated from a histogram: linear within the bucket reached,
     clamped to the recorded min/max. Error is at most one bucket width (~4.7 %). None when empty."""
     if not 0.0 <= q <= 100.0:
@@ -120,7 +122,7 @@ def histogram_quantile(hist: dict[str, Any], q: float) -> float | None:
     return float(hi_v) if hi_v is not None else float(bounds[-1])
 
 
-def histogram_mean(hist: dict[str, Any]) -> float | None:
+def histogram_mean(hist: Histogram) -> float | None:
     """Exact mean in ms of the values a histogram was built from; None when empty."""
     n = int(hist["count"])
     return float(hist["sum_ms"]) / n if n else None

@@ -92,24 +92,38 @@ def _binds(paths: Iterable[str], flag: str) -> list[str]:
     return out
 
 
+def _library_dirs(ld_library_path: str) -> list[str]:
+    """The absolute, existing directories of an ``LD_LIBRARY_PATH`` value."""
+    return [str(Path(p).resolve()) for p in ld_library_path.split(os.pathsep) if os.path.isabs(p) and Path(p).is_dir()]
+
+
 def jail_argv(argv: Sequence[str], *, network: bool, read_only: Iterable[Path | str] = (),
-              env: dict[str, str] | None = None, writable: Iterable[Path | str] = ()) -> list[str]:
+              env: dict[str, str] | None = None, writable: Iterable[Path | str] = (),
+              cwd: str | None = None) -> list[str]:
     """``argv`` run by bubblewrap in a jail (see the module docstring); ``network``: keep the host's network
     (a server whose port the load client drives), else none at all; ``read_only``: further host paths the
     process may read (the model file), seen at the same paths; ``env``: its whole environment (default
     ``clean_env()``), with ``HOME`` at the jail's private ``/tmp``; ``writable``: the job's own scratch
-    directories it writes its output to (the only host paths it may write), seen at the same paths."""
+    directories it writes its output to (the only host paths it may write), seen at the same paths; ``cwd``: the
+    directory it starts in (one of ``read_only``; default the private ``/tmp``)."""
     environment = dict(clean_env() if env is None else env)
     environment["HOME"] = JOB_HOME
+    # the jailed python imports farm's own code from where this process does (an editable install's finder may
+    # point elsewhere, outside the jail)
+    environment["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
+        [str(SOURCE_ROOT), *(p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p)]))
     args = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             *([] if network else ["--unshare-net"]), "--uid", str(JAIL_UID), "--gid", str(JAIL_UID),
             "--die-with-parent", "--cap-drop", "ALL", "--clearenv"]
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # before the binds: a model may be in /tmp
     args += _binds(SYSTEM_PATHS, "--ro-bind-try")
     args += _binds(_python_paths(), "--ro-bind-try")
+    # the operator's library directories (a GPU node's driver libraries are often there, e.g. libnvidia-ml in
+    # /usr/local/nvidia/lib64): LD_LIBRARY_PATH comes from the worker's allowlisted environment, not from a request
+    args += _binds(_library_dirs(environment.get("LD_LIBRARY_PATH", "")), "--ro-bind-try")
     args += _binds((str(Path(p).resolve()) for p in read_only), "--ro-bind")
     args += _binds((str(Path(p).resolve()) for p in writable), "--bind")
-    args += ["--chdir", "/tmp"]
+    args += ["--chdir", str(Path(cwd).resolve()) if cwd else "/tmp"]
     gpus = sorted(glob.glob("/dev/nvidia*"))
     if gpus:  # a GPU host: its devices, and /sys read-only for the CUDA driver's PCI lookups (not run on a GPU yet)
         args += _binds(gpus, "--dev-bind-try") + ["--ro-bind-try", "/sys", "/sys"]

@@ -4,32 +4,37 @@ then hand the jobs to the broker (cluster mode), in expansion order (with repeat
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
-from farm.artifacts import artifact_filename, store_model
+from farm import workload_files
+from farm.artifacts import artifact_filename, check_storable, store_model
 from farm.broker import Broker
-from farm.db.models import Job, Request, utcnow
+from farm.db.models import Job, Request, RequestOwner, utcnow
 from farm.db.session import session_scope
 from farm.endpoint import FORMAT, Attach, describe_endpoint
 from farm.errors import RequestError, SchedulerError
+from farm.identity import Principal, audit
 from farm.input_data import check_input_sizes, resolve_input_data
 from farm.models.info import inspect_model, sha256_file
 from farm.models.llm_info import check_fits
-from farm.results import live_workers
+from farm.readers.results import live_workers
+from farm.secrets import CREDENTIALS_HINT, credentials
 from farm.settings import get_settings
+from farm.store import references
 from scheduler.expand import Expansion, ModelRef, expand, job_count
+from scheduler.fairshare import check_limits
 from schemas import JobSpec, ProfileRequest, TensorSpec
-from schemas.engines import LLM_FORMAT_ENGINE
+from schemas.engines import llm_format
 from schemas.job import JobStatus
 
 #: JobSpec fields that differ between the jobs of one request (the rest is dumped once per request)
-_PER_JOB = ("job_id", "device", "engine", "batch_size", "concurrency", "edge_profile", "queue", "measurement",
-            "repeat", "knobs")
+_PER_JOB = ("job_id", "device", "engine", "batch_size", "load", "concurrency", "edge_profile", "queue",
+            "measurement", "repeat", "knobs")
 
 
 @dataclass
@@ -39,6 +44,7 @@ class Submission:
     request_id: str
     expansion: Expansion
     request: ProfileRequest | None = None  # as expanded: its input data file read and checked
+    files: list[workload_files.Upload] = field(default_factory=list)  # its workload files, stored with it
 
 
 def online_gpu_products(session: Session) -> list[str]:
@@ -46,21 +52,40 @@ def online_gpu_products(session: Session) -> list[str]:
     return [g.get("name", "") for hw, _ in live_workers(session) for g in hw.get("gpus", [])]
 
 
-def _model_ref(request: ProfileRequest, attach: Attach | None) -> tuple[Path, ModelRef]:
-    """The artifact to store and what expansion needs of it: the model file, or the endpoint's
-    descriptor (``farm.endpoint``, its metadata read with ``attach``)."""
+def _model_ref(request: ProfileRequest, attach: Attach | None) -> tuple[Path, ModelRef, int | None]:
+    """The artifact to store, what expansion needs of it and an LLM's context length (tokens; None: unknown): the
+    model file, or the endpoint's descriptor (``farm.endpoint``, its metadata read with ``attach``)."""
     if request.endpoint is not None:
         if attach is None:
             raise RequestError("profiling an endpoint needs its metadata reader: pass attach= "
                                "(the CLI passes workers.engines.triton.attach)")
         path, desc = describe_endpoint(request, attach)
         return path, ModelRef(sha256=sha256_file(path), format=FORMAT, filename=path.name, static_batch=
-                              desc["static_batch"], inputs=tuple(TensorSpec.model_validate(t) for t in desc["inputs"]))
+                              desc["static_batch"], inputs=tuple(TensorSpec.model_validate(t) for t in desc["inputs"])
+                              ), desc.get("context_tokens")
     assert request.model is not None
-    path = Path(request.model).expanduser()
+    path = references.resolve(request.model) if references.is_reference(request.model) else \
+        Path(request.model).expanduser()
+    if path.exists():  # FARM_MAX_MODEL_BYTES before a byte is read
+        check_storable(path)
     info = inspect_model(path, request.format, request.inputs)
     return path, ModelRef(sha256=info.sha256, format=info.format, filename=artifact_filename(path),
-                          inputs=tuple(info.inputs), static_batch=info.static_batch)
+                          inputs=tuple(info.inputs), static_batch=info.static_batch), info.context_tokens
+
+
+def check_credential(request: ProfileRequest) -> None:
+    """RequestError (one line) when the request names an endpoint credential that neither this host's operator
+    (``FARM_ENDPOINT_CREDENTIALS``) nor a live worker (by name, in its registration) has set up."""
+    llm = request.measurement.llm
+    if llm is None or llm.credential is None:
+        return
+    known = set(credentials())
+    if not get_settings().embedded:
+        with session_scope() as s:
+            known |= {str(n) for hw, _ in live_workers(s) for n in hw.get("credentials") or []}
+    if llm.credential not in known:
+        have = ", ".join(sorted(known)) or "none"
+        raise RequestError(f"credential {llm.credential!r} is not set up (known: {have}); {CREDENTIALS_HINT}")
 
 
 def plan(request: ProfileRequest, request_id: str | None = None, attach: Attach | None = None,
@@ -74,9 +99,15 @@ def plan(request: ProfileRequest, request_id: str | None = None, attach: Attach 
                            f"visibility timeout ({settings.visibility_timeout_s} s, FARM_VISIBILITY_TIMEOUT_S)")
     if request.inputs:  # before the model is loaded (a dry run allocates its inputs)
         check_input_sizes(request.inputs, request.batch_sizes, settings.max_input_bytes)
-    path, ref = _model_ref(request, attach)
-    if ref.format in LLM_FORMAT_ENGINE:  # weights over an edge box's memory: killed while loading
+    check_credential(request)
+    if request.measurement.llm is not None:  # the host's cap first: before the model or endpoint is read
+        workload_files.check_prompt_bounds(request.measurement.llm)
+    path, ref, context = _model_ref(request, attach)
+    if llm_format(ref.format):  # weights over an edge box's memory: killed while loading
         check_fits(path, {p.name: p.memory for p in request.edge})
+    if request.measurement.llm is not None:  # before anything is allocated, here or on a worker
+        workload_files.check_prompt_bounds(request.measurement.llm, context, request.knob_configs())
+    request, files = workload_files.prepare(request)
     check_input_sizes(ref.inputs, request.batch_sizes, settings.max_input_bytes)
     data = resolve_input_data(request.input_data, list(ref.inputs))
     if data is not request.input_data:
@@ -94,27 +125,43 @@ def plan(request: ProfileRequest, request_id: str | None = None, attach: Attach 
     if not expansion.jobs:
         reasons = "; ".join(str(e["reason"]) for e in expansion.excluded) or "empty matrix"
         raise RequestError(f"the request expands to no runnable job: {reasons}")
-    return Submission(rid, expansion, request), path, ref
+    return Submission(rid, expansion, request, files), path, ref
 
 
-def submit(request: ProfileRequest, send: bool | None = None, attach: Attach | None = None) -> Submission:
+def submit(request: ProfileRequest, send: bool | None = None, attach: Attach | None = None,
+           owner: Principal | None = None, request_id: str | None = None, client_id: str | None = None,
+           gpu_products: list[str] | None = None) -> Submission:
     """Store the model (or the descriptor of the endpoint, read with ``attach``: ``farm.endpoint``), the
     request and its jobs atomically; then enqueue them when a broker is set.
 
     A broker failure after the commit leaves the jobs ``queued`` in the database, where reconciliation
     re-enqueues them; it is reported as a SchedulerError.
+
+    ``owner`` (the API's caller): the request is owned (``request_owners``, with ``client_id``, its idempotency
+    key), checked against the owner's fair-share limits in the same transaction, and its jobs are held for
+    ``scheduler.fairshare.release`` instead of being sent. ``request_id``: the id to give it (the API derives
+    it from the owner and client id, so a submit retried after a crash finds the first one). ``gpu_products``: the
+    GPUs ``gpu`` expands to (None: those live workers advertise; an embedded run passes this host's).
     """
-    sub, path, ref = plan(request, attach=attach)
+    sub, path, ref = plan(request, request_id=request_id, attach=attach, gpu_products=gpu_products)
     request = sub.request or request
     with session_scope() as s:
+        if owner is not None:
+            check_limits(s, owner, len(sub.expansion.jobs))
         store_model(s, path, ref.sha256, ref.format, [t.model_dump(mode="json") for t in ref.inputs])
+        workload_files.store(s, sub.files)
         s.add(Request(id=sub.request_id, name=request.name, model_sha256=ref.sha256,
                       spec=request.model_dump(mode="json"), excluded=sub.expansion.excluded))
         s.flush()
+        if owner is not None:
+            s.add(RequestOwner(request_id=sub.request_id, owner=owner.name, team=owner.team, priority=owner.priority,
+                               client_id=client_id))
+            audit(s, owner.name, "request.submit", sub.request_id, {"jobs": len(sub.expansion.jobs),
+                                                                     "client_id": client_id})
         rows = job_rows(sub.request_id, sub.expansion.jobs)
         for i in range(0, len(rows), 2000):
             s.execute(insert(Job), rows[i:i + 2000])
-    if send if send is not None else not get_settings().embedded:
+    if owner is None and (send if send is not None else not get_settings().embedded):
         enqueue_jobs([(j.job_id, j.queue) for j in sub.expansion.jobs], request_id=sub.request_id)
     return sub
 
@@ -127,7 +174,8 @@ def spec_json(job: JobSpec, common: dict[str, Any] | None = None,
         return job.model_dump(mode="json")
     out = dict(common)
     out.update(job_id=job.job_id, device=job.device, engine=job.engine, batch_size=job.batch_size,
-               concurrency=job.concurrency, queue=job.queue, repeat=job.repeat, knobs=dict(job.knobs),
+               load=job.load.model_dump(mode="json"), concurrency=job.concurrency, queue=job.queue, repeat=job.repeat,
+               knobs=dict(job.knobs),
                edge_profile=job.edge_profile.model_dump(mode="json") if job.edge_profile else None,
                measurement=_dump_measurement(job, dumped if dumped is not None else {}))
     return out

@@ -3,8 +3,8 @@
 One job per (device x engine x batch size x serving configuration x concurrency x open-loop rate) plus one per
 (edge profile x in-process engine x batch size), where a serving configuration is one combination of the
 request's instances x threads x max queue delay (``ProfileRequest.serving_configs``), held by each job's
-``measurement`` with its open-loop rate (one of ``ProfileRequest.rate_levels``; ``JobSpec.rate``, stored in the
-``jobs.rate`` column like its concurrency). A quick search
+``measurement``, and a load level its ``load`` (``schemas.load_levels``: the concurrency, or the mode with one of
+``ProfileRequest.rate_levels``; ``JobSpec.concurrency``/``rate``, stored in the ``jobs`` columns). A quick search
 (``measurement.search == "quick"``) gets only the first step of each serving configuration (a concurrency, or
 a rate in open loop); ``scheduler.search`` adds the next ones as results land. Job ids are deterministic from
 the request id and the job's coordinates (and its repeat).
@@ -24,9 +24,10 @@ from farm.errors import RequestError
 from scheduler.goodput_rules import round_rate, step_duration
 from scheduler.search_rules import first_level
 from schemas import JobSpec, ProfileRequest, TensorSpec
-from schemas.engines import FORMAT_ENGINE, IN_PROCESS, LLM_FORMAT_ENGINE, OPENAI_ENGINES, incompatibility
+from schemas.engines import FORMAT_ENGINE, IN_PROCESS, default_engine, incompatibility, is_openai, llm_format
 from schemas.llm import LlmSettings
 from schemas.llm_engines import check_knobs
+from schemas.load_levels import load_level
 from schemas.queues import EDGE_QUEUE, queue_for
 from schemas.request import PLAIN_SERVING, device_slug
 
@@ -139,12 +140,12 @@ def _llm_for(request: ProfileRequest, engine: str) -> LlmSettings | None:
     """The OpenAI-API settings of a job on ``engine``: the request's, or the defaults (chat API, 128 in / 128 out)
     for an LLM engine farm launches when the request gave no LLM option."""
     llm = request.measurement.llm
-    return llm if llm is not None or engine not in OPENAI_ENGINES else LlmSettings()
+    return llm if llm is not None or not is_openai(engine) else LlmSettings()
 
 
 def _api_mismatch(request: ProfileRequest, engine: str) -> str | None:
     """Why LLM options (``measurement.llm``) cannot apply to ``engine``; None where they can."""
-    if request.measurement.llm is None or engine in OPENAI_ENGINES or request.endpoint is not None:
+    if request.measurement.llm is None or is_openai(engine) or request.endpoint is not None:
         return None
     return (f"{engine} serves KServe v2 tensors, not the OpenAI API: LLM options (--api, tokens, --slo) need an LLM "
             "model (.gguf or a Hugging Face folder)")
@@ -169,15 +170,17 @@ def _serving_jobs(request: ProfileRequest, device: str, engine: str, batches: li
                         update={**serving, "rate": rate, "llm": _llm_for(request, engine), **_step_time(request, rate)})
                     jobs.append(JobSpec(
                         job_id=job_id_for(request_id, device, engine, b, c, None, {**serving, "rate": rate}, knobs),
-                        device=device, engine=engine, batch_size=b, concurrency=c, queue=queue_for(device),
-                        measurement=m, knobs=knobs, **common))
+                        device=device, engine=engine, batch_size=b, load=load_level(m.mode, c, rate),
+                        queue=queue_for(device), measurement=m, knobs=knobs, **common))
     return jobs
 
 
 def request_engines(request: ProfileRequest, model_format: str) -> list[str]:
-    """The request's engines; an LLM model's default engine (``LLM_FORMAT_ENGINE``) when none was named."""
-    if "engines" not in request.model_fields_set and model_format in LLM_FORMAT_ENGINE:
-        return [LLM_FORMAT_ENGINE[model_format]]
+    """The request's engines; the model format's default engine (its card's, ``schemas.engines.default_engine``)
+    when none was named (a TorchScript model without ``--engine`` was expanded for onnxruntime and refused)."""
+    default = default_engine(model_format)
+    if "engines" not in request.model_fields_set and default is not None:
+        return [default]
     return list(request.engines)
 
 
@@ -185,7 +188,7 @@ def _add_edge_jobs(result: Expansion, request: ProfileRequest, model_format: str
                    common: dict[str, Any]) -> None:
     """One edge job per (edge profile x in-process engine x batch size); a profile without an engine for the
     model's format is excluded. An LLM model's edge jobs are its CPU LLM engines' (:func:`_add_llm_edge_jobs`)."""
-    if model_format in LLM_FORMAT_ENGINE:
+    if llm_format(model_format):
         _add_llm_edge_jobs(result, request, model_format, common)
         return
     engines = edge_engines(request.engines, model_format)
@@ -198,7 +201,8 @@ def _add_edge_jobs(result: Expansion, request: ProfileRequest, model_format: str
             for b in batches:
                 result.jobs.append(JobSpec(
                     job_id=job_id_for(common["request_id"], "cpu", edge_engine, b, 1, profile.name), device="cpu",
-                    engine=edge_engine, batch_size=b, concurrency=1, edge_profile=profile, queue=EDGE_QUEUE,
+                    engine=edge_engine, batch_size=b, edge_profile=profile, queue=EDGE_QUEUE,
+                    load=load_level(request.measurement.mode, 1, request.measurement.rate),
                     measurement=request.measurement, **common))
 
 
@@ -206,7 +210,7 @@ def _add_llm_edge_jobs(result: Expansion, request: ProfileRequest, model_format:
     """An LLM model on edge boxes: one job per (edge profile x CPU LLM engine x knob set x load level), its
     server held to the profile's limits and driven by the OpenAI client like a serving job (the worker's runner:
     ``workers.runners.llm_edge``); a profile with no CPU engine for the model's format is excluded."""
-    engines = [e for e in request_engines(request, model_format) if e in OPENAI_ENGINES
+    engines = [e for e in request_engines(request, model_format) if is_openai(e)
                and incompatibility(e, model_format, "cpu") is None]
     for profile in request.edge:
         if not engines:
@@ -219,9 +223,9 @@ def _add_llm_edge_jobs(result: Expansion, request: ProfileRequest, model_format:
                 m = request.measurement.model_copy(update={"rate": rate, "llm": _llm_for(request, engine)})
                 job_id = job_id_for(common["request_id"], "cpu", engine, 1, c, profile.name,
                                     {**PLAIN_SERVING, "rate": rate}, knobs)
-                result.jobs.append(JobSpec(job_id=job_id, device="cpu", engine=engine, batch_size=1, concurrency=c,
-                                           edge_profile=profile, queue=EDGE_QUEUE, measurement=m, knobs=knobs,
-                                           **common))
+                result.jobs.append(JobSpec(job_id=job_id, device="cpu", engine=engine, batch_size=1,
+                                           load=load_level(m.mode, c, rate), edge_profile=profile, queue=EDGE_QUEUE,
+                                           measurement=m, knobs=knobs, **common))
 
 
 def _levels(request: ProfileRequest) -> list[tuple[int, float | None]]:
@@ -269,9 +273,9 @@ def job_count(request: ProfileRequest, model: ModelRef, gpu_products: list[str] 
     levels = 1 if m.search != "brute" else len(request.concurrency) * len(request.rate_levels())  # as _levels
     configs *= len(request.knob_configs())
     edge = len(request.edge) * len(edge_engines(request.engines, model.format)) * batches  # as _add_edge_jobs
-    if model.format in LLM_FORMAT_ENGINE:  # as _add_llm_edge_jobs
+    if llm_format(model.format):  # as _add_llm_edge_jobs
         cpu = sum(1 for e in request_engines(request, model.format)
-                  if e in OPENAI_ENGINES and incompatibility(e, model.format, "cpu") is None)
+                  if is_openai(e) and incompatibility(e, model.format, "cpu") is None)
         edge = len(request.edge) * cpu * len(request.knob_configs()) * levels
     return pairs * batches * configs * levels + edge
 

@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import ColumnElement, and_, exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from farm import lifecycle
 from farm.broker import Broker
-from farm.db.models import Job, Worker, heartbeat_cutoff, live_worker, utcnow
+from farm.db.models import Job, RequestOwner, Worker, heartbeat_cutoff, live_worker, utcnow
 from farm.db.session import session_scope
-from farm.results import find_request
+from farm.readers.results import find_request
 from farm.settings import Settings, get_settings
 from scheduler.enqueue import enqueue_jobs
 from scheduler.search import advance_recent
@@ -133,17 +133,16 @@ def resend_missing(settings: Settings, now: datetime, report: ReconcileReport) -
     """(job id, queue) of jobs queued in the database, sent over ``requeue_after_s`` ago (or never), and
     absent from the broker's queues."""
     cutoff = now - timedelta(seconds=settings.requeue_after_s)
+    never_sent = and_(Job.enqueued_at.is_(None), Job.created_at < cutoff, ~_owned())  # owned: held (fair share)
     with session_scope() as s:
         stale = s.execute(select(Job.id, Job.queue).where(
-            Job.status == JobStatus.queued,
-            or_(Job.enqueued_at < cutoff, and_(Job.enqueued_at.is_(None), Job.created_at < cutoff)))).all()
+            Job.status == JobStatus.queued, or_(Job.enqueued_at < cutoff, never_sent))).all()
     if not stale:
         return []
     present = Broker().queued_job_ids({q for _, q in stale})
     if present is None:  # a broker we cannot look into: only jobs never sent
         with session_scope() as s:
-            never = set(s.execute(select(Job.id).where(Job.status == JobStatus.queued, Job.enqueued_at.is_(None),
-                                                       Job.created_at < cutoff)).scalars().all())
+            never = set(s.execute(select(Job.id).where(Job.status == JobStatus.queued, never_sent)).scalars().all())
         missing = [(j, q) for j, q in stale if j in never]
     else:
         missing = [(j, q) for j, q in stale if j not in present]
@@ -151,6 +150,11 @@ def resend_missing(settings: Settings, now: datetime, report: ReconcileReport) -
     if missing:
         log.warning("%d queued job(s) were missing from the broker; sending them again", len(missing))
     return missing
+
+
+def _owned() -> ColumnElement[bool]:
+    """The job belongs to a request submitted through the API: ``scheduler.fairshare`` sends it, not this."""
+    return exists().where(RequestOwner.request_id == Job.request_id)
 
 
 def reconcile(settings: Settings | None = None, now: datetime | None = None, dead_after_s: float | None = None,

@@ -19,10 +19,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from farm.db.models import Job, Request, Result, utcnow
+from farm.db.models import Job, Request, RequestOwner, Result, utcnow
 from farm.db.session import dialect_insert, session_scope
-from farm.report import SERVING_GROUP
-from farm.results import find_request
+from farm.readers.report import SERVING_GROUP
+from farm.readers.results import find_request
 from farm.settings import get_settings
 from scheduler.enqueue import enqueue_jobs, job_rows
 from scheduler.expand import job_id_for
@@ -30,6 +30,7 @@ from scheduler.goodput_rules import GoodputDecision, RateStep, decide_rate, step
 from scheduler.search_rules import Decision, Step, decide, label
 from schemas import SERVING_KEYS, JobSpec, MeasurementSettings, ProfileRequest
 from schemas.job import FINAL, JobStatus
+from schemas.load import LoadDetails
 
 
 def serving_key(spec: dict[str, Any]) -> tuple[Any, ...]:
@@ -132,10 +133,10 @@ def rate_step(rate: float, goodput: float | None, details: dict[str, Any] | None
     """A max-goodput step from its job's rate (requests/s), goodput and result details (None: the job failed):
     the share within the SLO and the over-saturation stop are the OpenAI client's ``slo_met_share`` and
     ``oversaturated`` (in the load client's details, ``details.load``)."""
-    load = (details or {}).get("load") or {}
-    if load.get("slo_met_share") is None:
+    load = LoadDetails.of(details)
+    if load.slo_met_share is None:
         return RateStep(rate, None)
-    return RateStep(rate, float(load["slo_met_share"]), bool(load.get("oversaturated")), goodput)
+    return RateStep(rate, load.slo_met_share, load.oversaturated, goodput)
 
 
 def _decision(request: ProfileRequest, st: SearchState, cancelled: bool) -> Decision | GoodputDecision:
@@ -161,7 +162,8 @@ def next_steps(bind: Any, request_id: str) -> list[tuple[str, str]]:
     for st in search_states(bind, request_id):
         if st.decision is None or st.decision.next is None:
             continue
-        t, c, m = st.template, st.template["concurrency"], st.template["measurement"]
+        t = {k: v for k, v in st.template.items() if k != "load"}  # the step's load: from c and m below
+        c, m = t["concurrency"], t["measurement"]
         if isinstance(st.decision, GoodputDecision):
             asked = st.asked or MeasurementSettings()  # the request's own, not a lengthened step's
             m = {**m, "rate": st.decision.next, "duration_s": step_duration(
@@ -181,11 +183,13 @@ def next_steps(bind: Any, request_id: str) -> list[tuple[str, str]]:
 
 
 def advance(request_id: str) -> list[tuple[str, str]]:
-    """Enqueue the next steps of the request's searches (sent to the broker in cluster mode; the embedded
-    loop picks queued jobs up itself); returns the (job id, queue) pairs added."""
+    """Enqueue the next steps of the request's searches (sent to the broker in cluster mode, or held for
+    ``scheduler.fairshare.release`` when the request came through the API; the embedded loop picks queued jobs
+    up itself); returns the (job id, queue) pairs added."""
     with session_scope() as s:
         added = next_steps(s, request_id)
-    if added and not get_settings().embedded:
+        owned = s.get(RequestOwner, request_id) is not None  # an API request's steps wait for fair share's release
+    if added and not owned and not get_settings().embedded:
         enqueue_jobs(added)
     return added
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from farm.settings import get_settings
 from farm.telemetry import SchedulerMetrics
+from scheduler.fairshare import release
 from scheduler.reconcile import ReconcileReport, reconcile
 
 log = logging.getLogger("farm.scheduler")
@@ -24,6 +25,8 @@ class SchedulerService:
     """The reconciliation loop. ``stop`` (an Event) ends it between passes."""
 
     interval_s: float = field(default_factory=lambda: get_settings().reconcile_interval_s)
+    #: how often held jobs of API requests are released (fair share), s
+    release_s: float = field(default_factory=lambda: get_settings().release_interval_s)
     stop: threading.Event = field(default_factory=threading.Event)
     passes: int = 0
     failures: int = 0
@@ -53,9 +56,22 @@ class SchedulerService:
             log.info("reconciled: %s", report.summary())
         return report
 
+    def release_once(self) -> list[tuple[str, str]]:
+        """One fair-share release pass (``scheduler.fairshare.release``); [] when it failed (logged)."""
+        try:
+            return release()
+        except Exception as exc:  # the database or broker is down: the next pass tries again
+            log.warning("releasing held jobs failed (%s: %s)", type(exc).__name__, " ".join(str(exc).split())[:200])
+            return []
+
     def run_forever(self) -> None:
-        """Reconcile until ``stop`` is set."""
-        log.info("farm scheduler: reconciling every %.1f s", self.interval_s)
+        """Reconcile every ``interval_s`` and release held jobs every ``release_s``, until ``stop`` is set."""
+        log.info("farm scheduler: reconciling every %.1f s, releasing held jobs every %.1f s", self.interval_s,
+                 self.release_s)
+        next_pass = 0.0
         while not self.stop.is_set():
-            self.run_once()
-            self.stop.wait(self.interval_s)
+            if time.monotonic() >= next_pass:
+                self.run_once()
+                next_pass = time.monotonic() + self.interval_s
+            self.release_once()
+            self.stop.wait(min(self.release_s, max(0.0, next_pass - time.monotonic())))

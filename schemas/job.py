@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, computed_field, model_validator
 
 from schemas.input_data import InputData
-from schemas.llm_engines import KnobValue, check_knobs
+from schemas.knobs import KnobValue
+from schemas.llm_engines import check_knobs
+from schemas.load_levels import ClosedLoop, LoadLevel, OpenLevel, load_level
 from schemas.request import MeasurementSettings
 from schemas.specs import EdgeProfile, TensorSpec
 
@@ -35,6 +38,16 @@ ACTIVE: frozenset[JobStatus] = frozenset({JobStatus.claimed, JobStatus.running})
 FINAL: frozenset[JobStatus] = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
 
 
+_LEVEL: TypeAdapter[ClosedLoop | OpenLevel] = TypeAdapter(LoadLevel)
+
+
+def _mode_rate(m: Any, concurrency: int) -> tuple[str, int, float | None]:
+    """(mode, concurrency, rate) of an older job: its ``measurement``'s (a model or its dict) mode and rate."""
+    if isinstance(m, MeasurementSettings):
+        return m.mode, concurrency, m.rate
+    return m.get("mode", "closed"), concurrency, m.get("rate")
+
+
 class JobSpec(BaseModel):
     """Everything a worker needs to run one measurement, independent of the database."""
 
@@ -49,14 +62,41 @@ class JobSpec(BaseModel):
     device: str  # "cpu" or "gpu:<slug>"
     engine: str
     batch_size: int
-    concurrency: int
+    load: LoadLevel  # the load level, the one place: concurrency, mode and rate
     edge_profile: EdgeProfile | None = None
     queue: str
-    measurement: MeasurementSettings
+    measurement: MeasurementSettings  # its ``mode`` and ``rate`` mirror ``load`` (:meth:`_load_in_one_place`)
     input_data: InputData | None = None  # None: random
     repeat: int = Field(default=0, ge=0)  # which run of its cell (0-based; ``ProfileRequest.repeats``)
     # an LLM engine's settings (``schemas.llm_engines.KNOBS``: name -> value), checked for its engine
     knobs: dict[str, KnobValue] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _load_in_one_place(cls, data: Any) -> Any:
+        """``load`` from an older job's ``concurrency`` and ``measurement.mode``/``rate`` (jobs serialized before
+        ``load`` existed still load); where both are given (a dump: :attr:`concurrency` is in it), they must
+        agree; ``measurement.mode``/``rate`` then set from ``load``, so the stored measurement (read by the results
+        view) never disagrees with it."""
+        if not isinstance(data, dict) or data.get("measurement") is None:
+            return data
+        data = dict(data)
+        concurrency, m = data.pop("concurrency", None), data["measurement"]
+        if concurrency is not None:
+            old = load_level(*_mode_rate(m, concurrency))
+            given = _LEVEL.validate_python(data.setdefault("load", old))
+            if given != old:
+                raise ValueError(f"the job's load ({given!r}) disagrees with its concurrency and measurement mode/rate "
+                                 f"({old!r})")
+        if data.get("load") is not None:
+            level = _LEVEL.validate_python(data["load"])
+            data["load"] = level
+            if isinstance(m, MeasurementSettings):
+                changed = (m.mode, m.rate) != (level.type, level.rate)
+                data["measurement"] = m.model_copy(update={"mode": level.type, "rate": level.rate}) if changed else m
+            elif isinstance(m, dict):
+                data["measurement"] = {**m, "mode": level.type, "rate": level.rate}
+        return data
 
     @model_validator(mode="after")
     def _knobs(self) -> JobSpec:
@@ -67,8 +107,15 @@ class JobSpec(BaseModel):
     def is_edge(self) -> bool:
         return self.edge_profile is not None
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def concurrency(self) -> int:
+        """The job's concurrency, from ``load`` (an open loop's: the one it was listed under), stored in the
+        ``jobs.concurrency`` column and kept in its dump."""
+        return self.load.concurrency
+
     @property
     def rate(self) -> float | None:
-        """The job's open-loop rate, requests/s (None in closed loop): its load with ``concurrency``, held by
-        its ``measurement`` (what the load generator reads) and stored in the ``jobs.rate`` column."""
-        return self.measurement.rate if self.measurement.mode != "closed" else None
+        """The job's open-loop rate, requests/s (None in closed loop), from ``load``; stored in the ``jobs.rate``
+        column."""
+        return self.load.rate

@@ -1,9 +1,14 @@
 """The request side of profiling a generative (LLM) server over the OpenAI HTTP API: which API, the workload
 (prompt and output lengths as fixed values or distributions, a shared prefix, a seed, or a prompt file), where
-token counts come from (``tokenizer``), the latency goals (``slo``) and how many requests to measure.
+token counts come from (``tokenizer``), the latency goals (``slo``), how many requests to measure and the
+operator's credential an endpoint's key comes from (``credential``).
 
 A request carries it as ``measurement.llm`` (``MeasurementSettings.llm``), so every job of the request gets it
 in its spec. ``None``: the job speaks KServe v2 as before. Token counts in tokens, times in ms.
+
+Files a request brings (prompt, trace and tokenizer files) travel as :class:`FileRef`: at submit a path on the
+submitter's disk, read (size-capped), stored content-addressed like a model (``farm.artifacts``) and replaced by
+its reference; a worker reads only the stored bytes, never a path of its own disk.
 """
 from __future__ import annotations
 
@@ -21,7 +26,9 @@ LLM_APIS: tuple[str, ...] = ("openai-chat", "openai-completions")
 MAX_TOKENS = 1_000_000  # the longest prompt or output a request may ask for, tokens
 #: what ``--slo`` accepts: key -> the field of :class:`Slo`
 SLO_KEYS: dict[str, str] = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2e": "e2e_ms"}
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_CREDENTIAL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SHA_RE = r"^[0-9a-f]{64}$"
+_FILENAME_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$"
 _NUM = r"(\d+(?:\.\d+)?)"
 _FIXED_RE = re.compile(rf"^{_NUM}$")
 _NORMAL_RE = re.compile(rf"^{_NUM}/{_NUM}$")
@@ -63,6 +70,10 @@ class TokenDist(StrictModel):
     @property
     def mean(self) -> float:
         return (self.a + self.b) / 2 if self.kind == "uniform" else self.a
+
+    def upper(self) -> int:
+        """The largest length a draw gives (a normal draw is cut at mean + 4 stddev: ``workload._draw``)."""
+        return int(self.b if self.kind == "uniform" else self.a + 4 * self.b if self.kind == "normal" else self.a)
 
 
 def parse_token_dist(text: str) -> dict[str, object]:
@@ -116,6 +127,31 @@ def parse_slo(text: str) -> dict[str, float]:
     return out
 
 
+class FileRef(StrictModel):
+    """A file uploaded with the request (``kind``: prompts, a trace or a tokenizer), stored content-addressed like a
+    model: its sha256, the name it is cached under (a folder: ``NAME.tar``), its size in bytes and what the
+    submitter called it (``label``, shown in results; never opened)."""
+
+    kind: Literal["prompts", "trace", "tokenizer"]
+    sha256: str = Field(pattern=_SHA_RE)
+    filename: str = Field(pattern=_FILENAME_RE)
+    size_bytes: int = Field(ge=0)
+    label: str = Field(default="", max_length=4096)
+
+
+def file_label(ref: str | FileRef | None) -> str | None:
+    """How results name a workload file: the submitter's name for it and its sha256's first 12 characters (a path
+    not uploaded yet: itself)."""
+    if ref is None or isinstance(ref, str):
+        return ref
+    return f"{ref.label or ref.filename} (sha256 {ref.sha256[:12]})"
+
+
+#: the artifact format a workload file is stored under (``farm.artifacts``), by its kind
+WORKLOAD_FORMATS: dict[str, str] = {"prompts": "llm-prompts", "trace": "llm-trace", "tokenizer": "llm-tokenizer"}
+WorkloadFile = str | FileRef  # a path at submit (read and uploaded there), a stored file's reference after
+
+
 class LlmSettings(StrictModel):
     """How an LLM job is driven (see the module docstring). ``base_path``: the API's path on the server
     (``/v1``); ``tls``: https. ``requests``: measured requests (None: the measurement's windows);
@@ -124,16 +160,26 @@ class LlmSettings(StrictModel):
     api: LlmApi = "openai-chat"
     base_path: str = Field(default="/v1", max_length=300)
     tls: bool = False
-    api_key_env: str | None = Field(default=None, description="the environment variable holding the API key "
-                                    "(read by the client, never stored)")
+    credential: str | None = Field(default=None, description="the name of an endpoint credential the workers' "
+                                   "operator set up (FARM_ENDPOINT_CREDENTIALS): its value is sent as the bearer "
+                                   "token, never stored")
     input_tokens: TokenDist = Field(default_factory=lambda: TokenDist(a=128))
     output_tokens: TokenDist = Field(default_factory=lambda: TokenDist(a=128))
     prefix_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS, description="a prefix shared by every prompt, "
                                "in front of its own input_tokens")
     seed: int = Field(default=0, ge=0)
-    prompts: str | None = Field(default=None, max_length=4096, description="JSONL or ShareGPT JSON prompt file")
-    tokenizer: str | None = Field(default=None, max_length=4096,
-                                  description="a local Hugging Face tokenizer folder or tokenizer.json")
+    prompts: WorkloadFile | None = Field(default=None, description="JSONL or ShareGPT JSON prompt file (uploaded "
+                                         "with the request)")
+    trace: WorkloadFile | None = Field(default=None, description="a request trace replayed on its own schedule "
+                                       "(Mooncake JSONL, BurstGPT or Azure CSV; uploaded with the request)")
+    trace_speed: float = Field(default=1.0, gt=0, le=1000, description="the trace's time scale: its gaps divided "
+                               "by this (2: twice as fast)")
+    trace_tokens: float = Field(default=1.0, gt=0, le=16, description="the trace's token scale: every length "
+                                "and its hash ids' block size times this")
+    trace_limit: int | None = Field(default=None, ge=1, le=10_000_000, description="replay the trace's first N "
+                                    "requests only")
+    tokenizer: WorkloadFile | None = Field(default=None, description="a Hugging Face tokenizer.json or its folder "
+                                           "(uploaded with the request, parsed only in the sandbox)")
     slo: Slo | None = None
     requests: int | None = Field(default=None, ge=1, le=10_000_000)
     warmup_requests: int = Field(default=0, ge=0, le=1_000_000)
@@ -143,12 +189,43 @@ class LlmSettings(StrictModel):
         """``http(s)://HOST:PORT/v1`` of the server at ``hostport``, with this scheme and path."""
         return f"{'https' if self.tls else 'http'}://{hostport}{self.base_path}"
 
-    @field_validator("api_key_env")
+    @model_validator(mode="before")
     @classmethod
-    def _env(cls, v: str | None) -> str | None:
-        if v is not None and not _ENV_RE.match(v):
-            raise ValueError(f"api_key_env {v!r} is not an environment variable name (letters, digits, _)")
+    def _no_env_names(cls, data: object) -> object:
+        if isinstance(data, dict) and "api_key_env" in data:
+            raise ValueError("api_key_env is gone: a request names an operator's endpoint credential instead "
+                             "(credential, --credential NAME; docs/security.md)")
+        return data
+
+    @field_validator("credential")
+    @classmethod
+    def _credential(cls, v: str | None) -> str | None:
+        if v is not None and not _CREDENTIAL_RE.match(v):
+            raise ValueError(f"credential {v!r} is not a credential name (letters, digits, _.-, at most 64)")
         return v
+
+    @field_validator("prompts", "trace", "tokenizer")
+    @classmethod
+    def _file_path(cls, v: WorkloadFile | None) -> WorkloadFile | None:
+        if isinstance(v, str) and (not v.strip() or len(v) > 4096 or "\x00" in v):
+            raise ValueError(f"{v[:60]!r} is not a file path")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> LlmSettings:
+        if self.trace is not None and self.prompts is not None:
+            raise ValueError("--trace and --prompts both say what to send: give one of them")
+        return self
+
+    def files(self) -> dict[str, WorkloadFile]:
+        """The files the workload names, by field (``prompts``, ``trace``, ``tokenizer``)."""
+        return {k: v for k, v in (("prompts", self.prompts), ("trace", self.trace), ("tokenizer", self.tokenizer))
+                if v is not None}
+
+    def prompt_tokens_max(self) -> int:
+        """The most tokens one synthetic prompt may hold: the shared prefix and the largest input draw (a normal
+        draw is cut at mean + 4 stddev)."""
+        return self.prefix_tokens + self.input_tokens.upper()
 
     @field_validator("base_path")
     @classmethod

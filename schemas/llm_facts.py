@@ -14,7 +14,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from schemas.job import JobSpec
-from schemas.llm_engines import KNOBS, N_THREADS, KnobValue
+from schemas.knobs import N_THREADS, KnobValue
+from schemas.llm import LlmSettings, file_label
+from schemas.llm_engines import KNOBS
 
 
 class LlmFacts(BaseModel):
@@ -24,7 +26,11 @@ class LlmFacts(BaseModel):
     ``token_source``: what counted the output tokens of most requests (``usage``: the server's own tokenizer,
     ``tokenizer``: the client's, ``chunks``: one per streamed chunk); ``input_tokens``/``output_tokens``: the
     length specs as written (``128``, ``128/32``, ``64:256``); ``prefix_tokens``: the shared prefix, tokens;
-    ``workload_seed``: the prompts' seed; ``prompts``: the prompt file (None: synthetic prompts)."""
+    ``workload_seed``: the prompts' seed; ``prompts``: the prompt file (None: synthetic prompts), or the trace a
+    replay sent with its scales (``trace NAME (sha256 ...), speed x1, tokens x0.0625``: its own lengths, so no
+    ``input_tokens``/``output_tokens``); ``server``: the server program that ran and its version
+    (``llama-server 0.6.0-dev (build 0, commit unknown)``; None: the engine has one server only, or it never
+    started)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -37,13 +43,15 @@ class LlmFacts(BaseModel):
     prefix_tokens: int | None = None
     workload_seed: int | None = None
     prompts: str | None = None
+    server: str | None = None
 
     @classmethod
-    def of(cls, spec: JobSpec, server_cores: int | None, token_sources: Mapping[str, Mapping[str, int]] | None = None
-           ) -> LlmFacts | None:
+    def of(cls, spec: JobSpec, server_cores: int | None, token_sources: Mapping[str, Mapping[str, int]] | None = None,
+           server: Mapping[str, str] | None = None) -> LlmFacts | None:
         """The facts of LLM job ``spec`` (None when it is not one: no ``measurement.llm``) whose server ran on
         ``server_cores`` leased cores (None: unknown, e.g. a running endpoint farm did not start);
-        ``token_sources``: the load client's counts of each source (``{"output": {"usage": 12}}``)."""
+        ``token_sources``: the load client's counts of each source (``{"output": {"usage": 12}}``); ``server``: the
+        launch's ``name`` and ``version`` of the server program (``workers.serving.base.Launch.server``)."""
         llm = spec.measurement.llm
         if llm is None:
             return None
@@ -52,13 +60,31 @@ class LlmFacts(BaseModel):
             knobs[N_THREADS.name] = int(server_cores)
         threads = knobs.get(N_THREADS.name)
         return cls(knobs=knobs, n_threads=int(threads) if isinstance(threads, int | float) else None,
-                   tokenizer=llm.tokenizer, token_source=_main_source((token_sources or {}).get("output")),
-                   input_tokens=llm.input_tokens.text(), output_tokens=llm.output_tokens.text(),
-                   prefix_tokens=llm.prefix_tokens, workload_seed=llm.seed, prompts=llm.prompts)
+                   tokenizer=file_label(llm.tokenizer),
+                   token_source=_main_source((token_sources or {}).get("output")),
+                   input_tokens=None if llm.trace else llm.input_tokens.text(),
+                   output_tokens=None if llm.trace else llm.output_tokens.text(),
+                   prefix_tokens=llm.prefix_tokens, workload_seed=llm.seed, prompts=_source(llm),
+                   server=server_label(server))
 
     def columns(self) -> dict[str, Any]:
         """The facts as results-table columns (:data:`LLM_FACT_COLUMNS`)."""
         return self.model_dump()
+
+
+def _source(llm: LlmSettings) -> str | None:
+    """What the prompts came from: the prompt file, or the trace with its scales (None: synthetic)."""
+    if llm.trace is None:
+        return file_label(llm.prompts)
+    first = f", first {llm.trace_limit}" if llm.trace_limit else ""
+    return f"trace {file_label(llm.trace)}, speed x{llm.trace_speed:g}, tokens x{llm.trace_tokens:g}{first}"
+
+
+def server_label(server: Mapping[str, str] | None) -> str | None:
+    """``NAME VERSION`` of a launched server (None: not named)."""
+    if not server or not server.get("name"):
+        return None
+    return f"{server['name']} {server.get('version', '')}".strip()[:200]
 
 
 def _main_source(counts: Mapping[str, int] | None) -> str | None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 Aggregation = Literal["mean", "max", "min", "sum", "last", "all", "extreme"]
+#: Metric values by registry name (a sampler's summary, a load client's figures): None where not measured.
+MetricValues = dict[str, float | int | bool | None]
 
 
 @dataclass(frozen=True)
@@ -82,12 +84,31 @@ METRICS: tuple[Metric, ...] = (
     _M("limits_enforced", "bool", True, "all", "bool", "the CPU/memory limits were actually enforced"),
     _M("duration_s", "s", False, "sum", description="measured time, warm-up excluded"),
     _M("total_time_s", "s", False, "sum", description="edge run: container start to exit"),
-    # generative (LLM) serving over the OpenAI API (workers.loadgen.openai_client); e2e latency is latency_*
+    # generative (LLM) serving over the OpenAI API (workers.loadgen.openai.client); e2e latency is latency_*
     *(_M(f"{fig}_{q}_ms", "ms", False, "mean", description=f"{what}, {q}")
       for fig, what in (("ttft", "time to first token"), ("itl", "inter-token latency, per token"),
                         ("tpot", "time per output token after the first")) for q in ("p50", "p90", "p99")),
+    *(_M(f"ttfot_{q}_ms", "ms", False, "mean", description=f"time to first output (content or tool-call) token, "
+         f"reasoning left out, {q}") for q in ("p50", "p90", "p99")),
     _M("output_tokens_per_s", "tok/s", True, "mean",
-       description="generated tokens that arrived in the measured span, per second of it"),
+       description="generated tokens (reasoning, content, tool calls) that arrived in the measured span, per second"),
+    _M("reasoning_tokens_per_s", "tok/s", True, "mean",
+       description="reasoning tokens (reasoning_content/reasoning deltas) that arrived in the measured span, per s"),
+    _M("answer_tokens_per_s", "tok/s", True, "mean",
+       description="content and tool-call tokens that arrived in the measured span, per second (reasoning left out)"),
+    _M("mean_reasoning_tokens", "tokens", False, "mean", description="reasoning tokens per request, mean"),
+    _M("requested_input_tokens_mean", "tokens", False, "mean",
+       description="prompt tokens per request the workload meant, mean (compare mean_input_tokens: the server's)"),
+    _M("requested_output_tokens_mean", "tokens", False, "mean",
+       description="output tokens per request asked (max_tokens), mean"),
+    _M("input_tokens_off_pct", "%", False, "extreme",
+       description="prompt tokens by the server's count (usage) vs the workload's, mean, signed %"),
+    _M("output_tokens_off_pct", "%", False, "extreme",
+       description="output tokens generated vs asked (max_tokens), mean, signed %"),
+    _M("cached_prompt_tokens_pct", "%", False, "mean",
+       description="share of prompt tokens the server served from its prefix cache (its usage or timings)"),
+    _M("workload_as_asked", "bool", True, "all", "bool",
+       "prompt and output lengths within 2 % of the request by the server's own counts"),
     _M("output_tokens_per_s_per_user", "tok/s", True, "mean",
        description="generated tokens per second of one stream after its first token (median request)"),
     _M("input_tokens_per_s", "tok/s", True, "mean", description="prompt tokens per second, all requests"),
@@ -98,6 +119,28 @@ METRICS: tuple[Metric, ...] = (
        "requests that generated more tokens than their max_tokens"),
     _M("server_ttft_p50_ms", "ms", False, "mean", description="server-side prompt (prefill) time, p50"),
     _M("server_tpot_p50_ms", "ms", False, "mean", description="server-side time per output token, p50"),
+    # the server's own view (its Prometheus /metrics scraped through the measured windows at 4 Hz:
+    # workers.loadgen.openai.server_scrape): gauges as mean and max, counters as increases over the windows
+    _M("server_requests_running_mean", "requests", False, "mean",
+       description="requests the server was decoding (its slots/batch in use), mean over the windows"),
+    _M("server_requests_running_max", "requests", False, "max",
+       description="requests the server was decoding, the most seen in the windows"),
+    _M("server_requests_waiting_mean", "requests", False, "mean",
+       description="requests queued in the server for a slot, mean over the windows"),
+    _M("server_requests_waiting_max", "requests", False, "max",
+       description="requests queued in the server for a slot, the most seen in the windows"),
+    _M("server_kv_cache_usage_mean_pct", "%", False, "mean", description="the server's KV cache in use, mean"),
+    _M("server_kv_cache_usage_max_pct", "%", False, "max", description="the server's KV cache in use, max"),
+    _M("server_prompt_tokens", "tokens", False, "mean",
+       description="prompt tokens the server processed in the windows (its counter, cached ones excluded)"),
+    _M("server_generation_tokens", "tokens", True, "mean",
+       description="tokens the server generated in the windows (its counter)"),
+    _M("server_cached_prompt_tokens", "tokens", True, "mean",
+       description="prompt tokens the server reused from its cache in the windows (its counter)"),
+    _M("server_preemptions", "requests", False, "mean",
+       description="requests the server preempted in the windows (its counter)"),
+    _M("server_scrapes", "scrapes", True, "mean", "int",
+       "scrapes of the server's /metrics inside the measured windows (none: it has no /metrics)"),
     # static metrics of the model artifact (farm analyze), stored once per artifact
     _M("params", "params", False, "last", "int", "trainable and constant parameters", "model"),
     _M("size_bytes", "B", False, "last", "int", "model file size", "model"),
@@ -148,7 +191,17 @@ LABELS: dict[str, tuple[str, str]] = {
     "total_time_s": ("total time", "total s"),
     **{f"{fig}_{q}_ms": (f"{q} {fig.upper()}", f"{fig}{q[1:]} ms") for fig in ("ttft", "itl", "tpot")
        for q in ("p50", "p90", "p99")},
+    **{f"ttfot_{q}_ms": (f"{q} TTFOT", f"ttfot{q[1:]} ms") for q in ("p50", "p90", "p99")},
     "output_tokens_per_s": ("output tokens/s", "out tok/s"),
+    "reasoning_tokens_per_s": ("reasoning tokens/s", "rsn tok/s"),
+    "answer_tokens_per_s": ("answer tokens/s", "ans tok/s"),
+    "mean_reasoning_tokens": ("reasoning tokens per request", "rsn tok"),
+    "requested_input_tokens_mean": ("input tokens asked", "in asked"),
+    "requested_output_tokens_mean": ("output tokens asked", "out asked"),
+    "input_tokens_off_pct": ("prompt length off", "in off %"),
+    "output_tokens_off_pct": ("output length off", "out off %"),
+    "cached_prompt_tokens_pct": ("prompt tokens from cache", "cached %"),
+    "workload_as_asked": ("workload as asked", "as asked"),
     "output_tokens_per_s_per_user": ("output tokens/s per user", "user tok/s"),
     "input_tokens_per_s": ("input tokens/s", "in tok/s"),
     "mean_input_tokens": ("input tokens per request", "in tok"),
@@ -157,6 +210,17 @@ LABELS: dict[str, tuple[str, str]] = {
     "output_overrun_count": ("output limit overruns", "overruns"),
     "server_ttft_p50_ms": ("server prefill p50", "srv pf ms"),
     "server_tpot_p50_ms": ("server TPOT p50", "srv tpot"),
+    "server_requests_running_mean": ("server requests running, mean", "srv run"),
+    "server_requests_running_max": ("server requests running, max", "srv run mx"),
+    "server_requests_waiting_mean": ("server requests waiting, mean", "srv wait"),
+    "server_requests_waiting_max": ("server requests waiting, max", "srv wt mx"),
+    "server_kv_cache_usage_mean_pct": ("server KV cache used, mean", "kv %"),
+    "server_kv_cache_usage_max_pct": ("server KV cache used, max", "kv max %"),
+    "server_prompt_tokens": ("server prompt tokens", "srv in tok"),
+    "server_generation_tokens": ("server generated tokens", "srv gen"),
+    "server_cached_prompt_tokens": ("server cached prompt tokens", "srv cached"),
+    "server_preemptions": ("server preemptions", "preempts"),
+    "server_scrapes": ("server /metrics scrapes", "scrapes"),
     "params": ("parameters", "params"),
     "size_bytes": ("model file size", "size"),
     "macs_per_sample": ("MACs per sample", "MACs"),

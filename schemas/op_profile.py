@@ -17,8 +17,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-#: engines whose backend profiler farm reads (``workers.profiling.collect``)
-PROFILED_ENGINES: tuple[str, ...] = ("onnxruntime", "torchscript", "openvino")
+from schemas.engines import CARDS
+
+#: engines whose backend profiler farm reads (``workers.profiling.collect``): the cards that name a profiler
+PROFILED_ENGINES: tuple[str, ...] = tuple(c.name for c in CARDS.values() if c.profiler is not None)
 #: the most trace events a pass reads (a larger trace is cut, and the profile says so)
 MAX_EVENTS = 200_000
 #: inferences of a profiling pass after its warm-up

@@ -8,11 +8,12 @@ from typing import Any, Literal, get_args
 
 from pydantic import Field, StrictInt, field_validator, model_validator
 
-from schemas.engines import ENDPOINT_ENGINE, ENGINES
+from schemas.engines import ENDPOINT_ENGINE, ENGINES, ModelFormat
 from schemas.input_data import InputData
+from schemas.knobs import KnobValue
 from schemas.llm import LlmSettings, split_endpoint
-from schemas.llm_engines import KnobValue, check_knobs, typed_knob
-from schemas.specs import EdgeProfile, StrictModel, TensorSpec
+from schemas.llm_engines import check_knobs, typed_knob
+from schemas.specs import EdgeProfile, StrictModel, TensorSpec, parse_memory
 
 _ENDPOINT_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9][A-Za-z0-9_.-]*):\d{1,5}$")
 _DEVICE_RE = re.compile(r"^(cpu|gpu(:[a-z0-9][a-z0-9_.-]{0,62})?)$")
@@ -52,7 +53,7 @@ def _goodput_open_loop(data: object) -> object:
 class MeasurementSettings(StrictModel):
     """How each job is measured. Times in seconds; percentages in %."""
 
-    mode: Literal["closed", "constant", "poisson"] = "closed"
+    mode: Literal["closed", "constant", "poisson", "trace"] = "closed"
     rate: float | None = Field(default=None, gt=0, description="requests/s for open-loop modes")
     # 0.5 s: a cold first window fails the stability rule and is measured again, so a longer warm-up only
     # adds to every configuration's wall time (perf_analyzer has none)
@@ -103,6 +104,14 @@ class MeasurementSettings(StrictModel):
 
     llm: LlmSettings | None = Field(default=None, description="an LLM server driven over the OpenAI API "
                                     "(schemas.llm); None: KServe v2")
+    server_memory: int | None = Field(default=None, ge=4 << 20, description="the memory limit of the model server "
+                                      "farm starts for each job, bytes or 512m/4g (its cgroup or container); None: "
+                                      "the worker's FARM_SERVER_MEMORY, which also caps a larger value")
+
+    @field_validator("server_memory", mode="before")
+    @classmethod
+    def _memory(cls, v: object) -> object:
+        return parse_memory(v) if isinstance(v, str) else v
 
     @model_validator(mode="before")
     @classmethod
@@ -122,6 +131,7 @@ class MeasurementSettings(StrictModel):
             raise ValueError("client openai drives LLM servers: name the API, --api openai-chat|openai-completions")
         if self.mode != "closed" and self.rate is None:
             raise ValueError(f"mode {self.mode!r} needs a rate (requests/s)")
+        self._check_trace()
         if self.max_windows < self.min_windows:
             raise ValueError(f"max_windows ({self.max_windows}) must be >= min_windows ({self.min_windows})")
         if self.search == "max-goodput":
@@ -130,6 +140,16 @@ class MeasurementSettings(StrictModel):
             raise ValueError("p99_ms (--p99) is the quick search's latency budget: add search quick (--search quick), "
                              "or rank by p99 afterwards with `farm report --p99`")
         return self
+
+    def _check_trace(self) -> None:
+        """Mode ``trace`` and ``llm.trace`` go together (``--trace FILE`` sets the mode, its rate and its count)."""
+        traced = self.llm is not None and self.llm.trace is not None
+        if self.mode == "trace" and not traced:
+            raise ValueError("mode trace replays a request trace: give --trace FILE with --api (it sets the mode)")
+        if traced and self.mode != "trace":
+            raise ValueError(f"a trace (--trace) is sent on its own schedule: drop --mode {self.mode} and --rate")
+        if traced and self.search != "brute":
+            raise ValueError(f"a trace (--trace) is replayed as it is: drop --search {self.search}")
 
     def _check_goodput(self) -> None:
         if self.llm is None:
@@ -225,7 +245,7 @@ class ProfileRequest(StrictModel):
 
     model: str | None = Field(default=None, min_length=1, max_length=4096,
                               description="path of the model file (none with endpoint)")
-    format: Literal["onnx", "torchscript", "gguf", "hf"] | None = None  # gguf, hf: LLM models (LLM_FORMAT_ENGINE)
+    format: ModelFormat | None = None  # the cards' formats (schemas.engines); gguf, hf: LLM models
     inputs: list[TensorSpec] | None = None
     devices: list[str] = Field(default_factory=lambda: ["cpu"])
     engines: list[str] = Field(default_factory=lambda: ["onnxruntime"])
@@ -435,6 +455,9 @@ class ProfileRequest(StrictModel):
         if self.endpoint is None:
             if self.model is None:
                 raise ValueError("give a model file (model), or an endpoint and model_name to profile a running server")
+            if self.measurement.llm is not None and self.measurement.llm.credential is not None:
+                raise ValueError("a credential is sent to an endpoint (--endpoint): a server farm starts needs none, "
+                                 "and never sees an operator's secret")
             if ENDPOINT_ENGINE in self.engines or self.model_name is not None:
                 raise ValueError("engine endpoint and model_name go with an endpoint (--endpoint HOST:PORT)")
             return self

@@ -34,8 +34,8 @@ def layer(module: str) -> tuple[int, str]:
     """(rank, name) of a module's layer; a module may import only from lower ranks (and its own layer),
     except that scheduler and workers (same rank) may not import each other."""
     top = module.split(".")[0]
-    if module in ("farm.cli", "farm.__main__") or module.startswith("farm.cli."):  # __main__: python -m farm
-        return 3, "cli"
+    if module in ("farm.cli", "farm.__main__", "farm.server") or module.startswith(("farm.cli.", "farm.server.")):
+        return 3, "cli"  # the CLI, the API server beside it, and __main__ (python -m farm)
     if top in ("scheduler", "workers"):
         return 2, top
     return (1, "farm") if top == "farm" else (0, "schemas")

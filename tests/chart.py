@@ -58,7 +58,8 @@ def _helm(op: str, values: dict[str, Any] | None, **extra: Any) -> Any:
 def render(values: dict[str, Any] | None = None, release: str = "rel", **opts: Any) -> list[dict[str, Any]]:
     """Every manifest the chart renders for ``values`` (install of release ``release`` in namespace farm)."""
     out = _helm("render", values or {}, release=release, opts=opts)
-    return [doc for text in out.values() for doc in yaml.safe_load_all(text) if doc]
+    return [doc for name, text in out.items() if not name.endswith("NOTES.txt")  # text for people, not a manifest
+            for doc in yaml.safe_load_all(text) if doc]
 
 
 def lint(values: dict[str, Any] | None = None) -> dict[str, Any]:

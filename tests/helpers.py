@@ -128,3 +128,16 @@ def signal_when(proc: subprocess.Popen[str], err_path: Path, ready: Callable[[],
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def stop_group(proc: subprocess.Popen[Any], timeout_s: float = 15.0) -> None:
+    """Stop the process group ``proc`` leads (started with ``start_new_session``): SIGTERM, then SIGKILL after
+    ``timeout_s`` seconds; nothing when it has already exited."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout_s)

@@ -287,15 +287,14 @@ def test_passwords_are_masked_in_every_output_line(cluster_env: dict[str, str], 
     assert "***" in everything
 
 
-def test_worker_refuses_a_model_outside_the_artifact_store(sqlite_url: str, example_onnx: Path,
+def test_worker_never_serves_a_model_outside_the_artifact_store(sqlite_url: str, example_onnx: Path,
                                                            tmp_path: Path) -> None:
-    """A cache entry that is a symlink out of the store (or any path trick) is refused before serving."""
-    from farm.artifacts import artifact_path, ensure_in_store
+    """A cache entry that is a symlink out of the store (or any path trick) is never served: the cache fetches a
+    verified copy in its place; a path outside the store is refused."""
+    from farm.artifacts import artifact_path, ensure_in_store, using_model
     from farm.errors import ArtifactError
     from scheduler.enqueue import submit
     from schemas import ProfileRequest
-    from workers.execute import measure
-    from workers.runners.process import ProcessRunner
 
     spec = submit(ProfileRequest(model=str(example_onnx)), send=False).expansion.jobs[0]
     target = artifact_path(spec.model_sha256, spec.model_filename)
@@ -303,8 +302,12 @@ def test_worker_refuses_a_model_outside_the_artifact_store(sqlite_url: str, exam
     outside = tmp_path / "elsewhere.onnx"
     outside.write_bytes(example_onnx.read_bytes())
     target.symlink_to(outside)
+    with using_model(spec.model_sha256, spec.model_filename) as served:  # an entry without the cache's marker
+        assert served == target.resolve() and not served.is_symlink()  # is never served: fetched again, verified
+        assert served.read_bytes() == example_onnx.read_bytes()
+    assert outside.read_bytes() == example_onnx.read_bytes()  # the file the link named is left alone
     with pytest.raises(ArtifactError, match="outside the artifact store"):
-        measure(spec, ProcessRunner())
+        ensure_in_store(outside)
     with pytest.raises(ArtifactError):
         ensure_in_store(target.parent / ".." / ".." / "x.onnx")
     with pytest.raises(ArtifactError, match="not a sha256"):

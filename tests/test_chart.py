@@ -13,6 +13,7 @@ from schemas.specs import EdgeProfile
 from tests.chart import (
     KEDA_KINDS,
     KUBE_VERSION,
+    REPO,
     ChartValuesError,
     by_kind,
     ci_values,
@@ -113,7 +114,8 @@ def test_pods_are_restricted_probed_and_outlast_their_jobs(which: str, default_d
             assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"], name
         if name.startswith("Deployment/"):
             main = spec["containers"][0]
-            assert main["livenessProbe"]["httpGet"]["path"] == "/metrics" and main["readinessProbe"], name
+            probe = "/healthz" if main["args"][0] == "server" else "/metrics"  # the API server's own readiness
+            assert main["livenessProbe"]["httpGet"]["path"] == probe and main["readinessProbe"], name
             assert spec["initContainers"][0]["args"][:2] == ["db", "check"], name
             if main["args"][0] == "worker":
                 assert spec["terminationGracePeriodSeconds"] > longest, name
@@ -219,3 +221,58 @@ def test_keda_query_counts_queued_claimed_and_running_jobs_of_the_pools_queues(
 def test_helm_lint_strict_finds_no_warning_or_error(which: str) -> None:
     report = lint(ci_values() if which != "default" else None)
     assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_the_api_server_runs_with_a_readiness_probe_and_only_farm_pods_hold_the_secrets(
+        default_docs: list[dict[str, Any]]) -> None:
+    spec = pod_specs(default_docs)["Deployment/rel-farm-server"]
+    main = spec["containers"][0]
+    assert main["args"][:3] == ["server", "--host", "0.0.0.0"]
+    assert main["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    service = by_kind(default_docs, "Service")["rel-farm-server"]
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "server"
+    holders = set()
+    for name, pod in pod_specs(default_docs).items():
+        for c in pod["containers"]:
+            if any("secretKeyRef" in (e.get("valueFrom") or {}) for e in c.get("env", [])):
+                holders.add(c["args"][0] if c.get("args") else name)
+    # the server, the scheduler, the workers (and the migration job's `db upgrade`): no other pod
+    assert holders <= {"server", "scheduler", "worker", "db"} and {"server", "scheduler", "worker"} <= holders
+
+
+def test_the_charts_cli_instructions_use_a_token() -> None:
+    notes = (REPO / "helm" / "farm" / "templates" / "NOTES.txt").read_text()
+    assert "farm token create" in notes and "FARM_TOKEN" in notes and "FARM_API_URL" in notes
+    assert "FARM_DATABASE_URL" not in notes and "FARM_BROKER_URL" not in notes
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def test_the_model_store_is_an_s3_endpoint_for_every_pod_that_moves_model_bytes() -> None:
+    """modelStore: an S3 endpoint with inline keys (in the chart's Secret and the migration hook's), set on the
+    server, the workers and the migration (which moves bytes out of the database)."""
+    docs = render({"modelStore": {"url": "s3://models/farm", "endpoint": "http://seaweedfs.storage:8333",
+                                  "accessKeyId": "AK", "secretAccessKey": "SK"}})
+    secrets = by_kind(docs, "Secret")
+    assert secrets["rel-farm"]["stringData"]["FARM_S3_ACCESS_KEY_ID"] == "AK"
+    assert secrets["rel-farm-migrate"]["stringData"]["FARM_S3_SECRET_ACCESS_KEY"] == "SK"
+    pods = pod_specs(docs)
+    for name in ("Deployment/rel-farm-server", "Deployment/rel-farm-cpu", "Job/rel-farm-db-upgrade"):
+        env = _env(pods[name]["containers"][0])
+        assert env["FARM_STORE_URL"] == "s3://models/farm" and env["FARM_S3_ENDPOINT"] == "http://seaweedfs.storage:8333"
+        assert env["FARM_S3_ACCESS_KEY_ID"]["secretKeyRef"]["key"] == "FARM_S3_ACCESS_KEY_ID", name
+    with pytest.raises(ChartValuesError):
+        render({"modelStore": {"endpoint": "seaweedfs:8333"}})  # no scheme
+
+
+def test_the_model_store_can_be_a_read_write_many_volume() -> None:
+    docs = render({"modelStore": {"volumeClaim": "farm-models"}})
+    pods = pod_specs(docs)
+    for name in ("Deployment/rel-farm-server", "Deployment/rel-farm-cpu", "Job/rel-farm-db-upgrade"):
+        pod = pods[name]
+        assert {"name": "model-store", "persistentVolumeClaim": {"claimName": "farm-models"}} in pod["volumes"]
+        assert {"name": "model-store", "mountPath": "/store"} in pod["containers"][0]["volumeMounts"], name
+        assert _env(pod["containers"][0])["FARM_STORE_URL"] == "/store"

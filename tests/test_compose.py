@@ -61,8 +61,13 @@ def test_migration_runs_once_before_the_scheduler_and_workers(resolved: dict[str
 def test_services_share_one_database_and_broker_and_expose_metrics(resolved: dict[str, Any]) -> None:
     svc = resolved["services"]
     farm = {n: s for n, s in svc.items() if s.get("image", "").startswith("farm:")}
-    assert {"migrate", "scheduler", "worker", "cli"} <= set(farm)
-    urls = {(s["environment"]["FARM_DATABASE_URL"], s["environment"]["FARM_BROKER_URL"]) for s in farm.values()}
+    assert {"migrate", "server", "scheduler", "worker", "cli"} <= set(farm)
+    # only the server, the scheduler and the workers (and the one-off migration) hold the secrets
+    holders = {n for n, s in farm.items() if {"FARM_DATABASE_URL", "FARM_BROKER_URL"} & set(s.get("environment", {}))}
+    assert holders == {"migrate", "server", "scheduler", "worker"}
+    assert farm["cli"]["environment"]["FARM_API_URL"] == "http://server:8080"
+    assert "FARM_TOKEN" in farm["cli"]["environment"]
+    urls = {(farm[n]["environment"]["FARM_DATABASE_URL"], farm[n]["environment"]["FARM_BROKER_URL"]) for n in holders}
     assert len(urls) == 1
     db, broker = urls.pop()
     pg = svc["postgres"]["environment"]
@@ -85,3 +90,29 @@ def test_every_farm_service_command_is_one_the_cli_accepts(resolved: dict[str, A
         proc = subprocess.run([sys.executable, "-m", "farm", *s["command"], "--help"], capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 0 and "Usage:" in proc.stdout, (name, proc.stderr[-1000:])
+
+
+def test_the_api_server_runs_with_a_readiness_check(resolved: dict[str, Any]) -> None:
+    svc = resolved["services"]
+    server = svc["server"]
+    assert server["command"][:3] == ["server", "--host", "0.0.0.0"]
+    assert "/healthz" in " ".join(server["healthcheck"]["test"])
+    assert server["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert svc["cli"]["depends_on"]["server"]["condition"] == "service_healthy"
+    assert any("/uploads" in str(v) for v in server["volumes"]) and server["read_only"] is True
+
+
+def test_the_model_store_is_a_locally_built_seaweedfs_the_farm_services_use(resolved: dict[str, Any]) -> None:
+    """SeaweedFS (the model store) is built from docker/Dockerfile (no image pulled from a registry), started as
+    `weed server ... -s3 -s3.port=8333`, and the server, the workers and the migration wait for it and name it;
+    the CLI (a submitter) has no store settings: its models go through the API."""
+    svc = resolved["services"]
+    store = svc["seaweedfs"]
+    assert store["build"]["target"] == "seaweedfs" and store["build"]["dockerfile"].endswith("docker/Dockerfile")
+    assert store["command"][0] == "server" and {"-s3", "-s3.port=8333", "-dir=/data"} <= set(store["command"])
+    assert "healthcheck" in store and any("/data" in str(v) for v in store["volumes"])
+    for name in ("migrate", "server", "worker"):
+        assert svc[name]["depends_on"]["seaweedfs"]["condition"] == "service_healthy", name
+        env = svc[name]["environment"]
+        assert env["FARM_STORE_URL"].startswith("s3://") and env["FARM_S3_ENDPOINT"] == "http://seaweedfs:8333", name
+    assert not any(k.startswith(("FARM_STORE", "FARM_S3")) for k in svc["cli"]["environment"])

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from scheduler.enqueue import submit
 from schemas import ProfileRequest
 from schemas.job import FINAL
 from tests.helpers import farm, farm_env, start_worker
+from workers.cancel import INTERRUPT_SIGNAL
 
 pytestmark = pytest.mark.slow
 
@@ -332,3 +335,64 @@ def test_cancel_stops_a_running_server_and_cancels_queued_jobs(env: dict[str, st
     assert "cancelled" in procs.log("real")
     status = farm("status", rid, "--json", env=real)
     assert json.loads(status.stdout)["counts"] == {"cancelled": 3}
+
+
+class _Storm:
+    """Interrupt signals sent to a process from outside at random moments (every 5-50 ms) until stopped: they
+    arrive while it starts, between jobs, while a job cleans up and while the next one starts."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.sent = pid, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="interrupt-storm", daemon=True)
+
+    def _run(self) -> None:
+        rng = random.Random(36)
+        while not self._stop.wait(rng.uniform(0.005, 0.05)):
+            try:
+                os.kill(self.pid, INTERRUPT_SIGNAL)
+            except ProcessLookupError:
+                return
+            self.sent += 1
+
+    def __enter__(self) -> _Storm:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_late_interrupts_never_end_a_worker_nor_lose_a_job(env: dict[str, str], procs: Procs,
+                                                           example_onnx: Path) -> None:
+    """Issue 36: a worker flooded with interrupt signals from its first instant (before its job watch exists,
+    between jobs, during a job's cleanup and the next job's start), one of its jobs cancelled while it runs,
+    keeps running and loses no job: every other job succeeds exactly once."""
+    real = {k: v for k, v in env.items() if k != "FARM_NOOP_JOBS"}
+    keep = submit(ProfileRequest(model=str(example_onnx), batch_sizes=[1, 2, 3, 4], measurement=FAST))
+    stop = submit(ProfileRequest(model=str(example_onnx), batch_sizes=[5, 6],
+                                 measurement={"duration_s": 120, "warmup_s": 0.1}))
+    w = procs.worker(real, "storm")
+
+    def ended() -> str:
+        return f"the worker ended ({w.returncode}) after {storm.sent} interrupt signals:\n{procs.log('storm')}"
+
+    with _Storm(w.pid) as storm:
+        wait_for(lambda: w.poll() is not None or (all_final(keep.request_id, 4) and running_on("storm")
+                                                  and bool(_servers_of(w.pid))),
+                 240, "the kept jobs to finish and a job to be cancelled to run", procs, poll=0.2)
+        assert w.poll() is None, ended()
+        out = json.loads(farm("cancel", stop.request_id, "--json", "--wait", "30", env=real).stdout)
+        assert out["still_stopping"] == 0, procs.log("storm")
+        wait_for(lambda: all_final(stop.request_id, 2), 60, "the cancelled jobs to end", procs)
+        time.sleep(1)  # more signals while the worker idles between jobs
+    assert w.poll() is None, ended()
+    assert storm.sent > 100
+    assert counts(keep.request_id) == {"succeeded": 4}, procs.logs()
+    assert counts(stop.request_id) == {"cancelled": 2}, procs.logs()
+    assert_one_result_each(keep.request_id, [j.job_id for j in keep.expansion.jobs])
+    wait_for(lambda: not _servers_of(w.pid), 30, "the cancelled job's server to stop", procs)
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=30) == 0, procs.log("storm")
+    assert "Traceback" not in procs.log("storm")

@@ -5,24 +5,27 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 from farm import op_profile
-from farm.artifacts import ensure_in_store, fetch_model
+from farm.artifacts import using_model
 from farm.broker import Broker
 from farm.errors import FarmError, SandboxError
 from farm.hooks import announce
 from farm.lifecycle import failure_result
 from farm.models.llm_info import unpack_folder
+from farm.secrets import scrub_text
 from farm.settings import get_settings
 from schemas import JobResult, JobSpec, Placement
-from schemas.engines import FOLDER_FORMATS, OPENAI_ENGINES
+from schemas.engines import FOLDER_FORMATS, is_openai
 from schemas.job import JobStatus
 from schemas.llm_facts import LlmFacts
 from schemas.result import SHARED_NOTE, shared_unisolated
 from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
 from workers.loadgen.clients import run_load
+from workers.loadgen.contract import LoadSpec, LoadTarget
 from workers.measure import Measurement, Served, lease_for
 from workers.runners.base import Runner
 from workers.runners.llm_edge import run_llm_edge
@@ -53,14 +56,20 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     server cores, the load generator on its own.
     The GPU's idle baseline is read before the server starts, so the server's own memory is what remains.
     """
-    # the worker opens only models from its artifact store (a symlink or path trick is refused)
-    model_path = ensure_in_store(fetch_model(spec.model_sha256, spec.model_filename))
-    if spec.model_format in FOLDER_FORMATS:  # a Hugging Face folder, stored as one tar
-        model_path = unpack_folder(model_path)
+    # the worker opens only models from its artifact store (a symlink or path trick is refused), pinned in its
+    # cache for the whole job: the edge run, or the measured windows and the op-profile pass
+    with using_model(spec.model_sha256, spec.model_filename) as model_path:
+        if spec.model_format in FOLDER_FORMATS and model_path.is_file():  # one tar, stored before issue 38
+            model_path = unpack_folder(model_path)
+        return _measure(spec, model_path, runner, gpu_uuids, slots)
+
+
+def _measure(spec: JobSpec, model_path: Path, runner: Runner, gpu_uuids: list[str] | None, slots: int) -> JobResult:
+    """``measure`` of the job's model at ``model_path`` (verified, pinned)."""
     if spec.is_edge:
         refuse_command(spec)
         announce(f"edge run under {spec.edge_profile.name if spec.edge_profile else 'its'} limits")
-        if spec.engine in OPENAI_ENGINES:  # an LLM engine's server under the limits, driven over HTTP
+        if is_openai(spec.engine):  # an LLM engine's server under the limits, driven over HTTP
             return run_llm_edge(spec, model_path, runner.name)
         return runner.run_edge(spec, model_path)
     started = time.monotonic()
@@ -68,8 +77,8 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
         with runner.serve(spec, model_path, m.server_cpus) as target:
             with m.watch(Served(pid=target.pid, cgroup=target.cgroup_path, reused=target.reused)):
                 announce(f"measuring b={spec.batch_size} c={spec.concurrency} (warm-up, then windows)")
-                load = run_load(target.url, target.model_name, spec.inputs, spec.batch_size, spec.concurrency,
-                                spec.measurement, data=spec.input_data)
+                load = run_load(LoadTarget(target.url, target.model_name, target.authority, target.in_flight_cap),
+                                LoadSpec.of(spec))
         # after the measured windows, the server stopped, still on the job's cores: never inside the figures
         if spec.measurement.op_profile:
             announce("op profile pass (after the measurement)")
@@ -85,7 +94,7 @@ def measure(spec: JobSpec, runner: Runner, gpu_uuids: list[str] | None = None, s
     for note in (steal_note(metrics.get("cpu_steal_pct")), SHARED_NOTE if shared else None):
         if note is not None:
             details["notes"].append(note)
-    facts = LlmFacts.of(spec, len(m.server_cpus) or None, load.details.get("token_sources"))
+    facts = LlmFacts.of(spec, len(m.server_cpus) or None, load.typed.token_sources, target.server)
     return JobResult(job_id=spec.job_id, metrics=metrics, details=details, placement=m.placement, llm=facts)
 
 
@@ -165,12 +174,12 @@ def run_job(job_id: str, worker_id: str, runner: Runner, gpu_uuids: list[str] | 
     except JobInterrupt as exc:
         return _interrupted(spec, worker_id, exc.reason, spool)
     except FarmError as exc:
-        log.warning("job %s failed: %s", job_id, exc)
-        msg = str(exc)
+        msg = scrub_text(str(exc))  # the log too: a server may echo a credential's value in its error
+        log.warning("job %s failed: %s", job_id, msg)
         record(spec, worker_id, placed(_failed(spec, msg), slot, gpu_uuid), JobStatus.failed, msg, spool)
         return JobStatus.failed
     except Exception as exc:  # a bug or an unexpected library error: record it, keep the worker alive
-        log.error("job %s crashed: %s: %s", job_id, type(exc).__name__, exc,
+        log.error("job %s crashed: %s: %s", job_id, type(exc).__name__, scrub_text(str(exc)),
                   exc_info=log.isEnabledFor(logging.DEBUG))
         msg = f"internal error: {type(exc).__name__}: {exc}"
         record(spec, worker_id, placed(_failed(spec, msg), slot, gpu_uuid), JobStatus.failed, msg, spool)

@@ -32,6 +32,7 @@ import psutil
 from farm.hooks import announce
 from farm.settings import get_settings
 from schemas import JobSpec, Placement
+from schemas.metrics import MetricValues
 from schemas.result import host_notes
 from workers.cores import CoreLease, cores_for, cpu_list, held_lease, host_cores, pinned
 from workers.limits import Limits
@@ -232,6 +233,8 @@ class Measurement(AbstractContextManager["Measurement"]):
                 self.samplers.append(sampler)
             yield self
         if self.spec.is_edge:  # the edge run has ended; its runner reads the metrics before leaving
+            self.notes += [f"no resource samples: the run ended before the {s.name} sampler's first sample"
+                           for s in self.samplers if not isinstance(s, ForeignLoadSampler) and not s.samples]
             self._after()
 
     def _after(self) -> None:
@@ -244,9 +247,9 @@ class Measurement(AbstractContextManager["Measurement"]):
         settings = get_settings()
         self.notes += host_notes(self.metrics(), settings.host_drift_pct, settings.host_busy_pct)
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> MetricValues:
         """Every sampler's summary (metric names of ``schemas.metrics``), values that were measured only."""
-        out: dict[str, Any] = {}
+        out: MetricValues = {}
         for sampler in self.samplers:
             out.update({k: v for k, v in sampler.summary().items() if v is not None})
         before, after = self.calibration.get("before"), self.calibration.get("after")

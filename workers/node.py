@@ -22,9 +22,11 @@ from sqlalchemy import select, update
 from farm.broker import Broker
 from farm.db.models import Worker, live_worker, utcnow
 from farm.db.session import session_scope
+from farm.secrets import credentials
 from farm.settings import get_settings
 from farm.telemetry import WorkerMetrics
 from schemas import GpuInfo, WorkerHardware, WorkerStatus
+from workers import signal_stack
 from workers.cancel import SHUTDOWN, JobWatch
 from workers.execute import replay_spool, run_job
 from workers.hardware import gpu_uuids_for
@@ -79,10 +81,12 @@ class WorkerNode:
         return gpu_uuids_for(self.gpus, device)
 
     def registered_hardware(self) -> dict[str, Any]:
-        """The hardware JSON of this node's worker row: its slot's GPU and queues, and the slot itself."""
+        """The hardware JSON of this node's worker row: its slot's GPU and queues, the slot itself, and the names
+        (never the values) of the endpoint credentials its operator set up (``farm submit`` checks a request's)."""
+        names = {"credentials": sorted(credentials())}
         if self.slot is None:
-            return self.hardware.model_dump(mode="json")
-        return {**self.slot.hardware(self.hardware).model_dump(mode="json"), "slot": self.slot.describe()}
+            return {**self.hardware.model_dump(mode="json"), **names}
+        return {**self.slot.hardware(self.hardware).model_dump(mode="json"), "slot": self.slot.describe(), **names}
 
     def register(self) -> None:
         """Insert or refresh this worker's row: hardware JSON, queues, runner, status online."""
@@ -180,12 +184,12 @@ class WorkerNode:
         """Burst mode: consume this node's queues until empty; returns the number of messages handled."""
         previous = None
         if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, lambda signum, frame: self.shutdown(signum))
+            previous = signal_stack.install(signal.SIGTERM, lambda signum, frame: self.shutdown(signum))
         try:
             return Broker().drain(self.queues, self.run, max_jobs, stopping=lambda: self.stopping)
         finally:
             if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+                signal_stack.restore(signal.SIGTERM, previous)
 
     def serve_forever(self, loglevel: str = "INFO") -> None:
         """Run a Celery worker on this node's queues until stopped (SIGTERM: warm shutdown)."""

@@ -32,6 +32,7 @@ from typing import Any
 from farm.errors import ConfigError
 from schemas import GpuInfo, WorkerHardware
 from schemas.queues import gpu_queue
+from workers import signal_stack
 
 log = logging.getLogger("farm.worker")
 
@@ -158,7 +159,7 @@ class SlotSupervisor:
                 p.send_signal(signum)
 
     def run(self) -> int:
-        previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous = {s: signal_stack.install(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             for slot in self.slots:
                 self.procs.append(subprocess.Popen(self.argv(slot), env={**os.environ, **slot.env()},
@@ -172,7 +173,7 @@ class SlotSupervisor:
                 except subprocess.TimeoutExpired:
                     p.kill()
             for s, handler in previous.items():
-                signal.signal(s, handler)
+                signal_stack.restore(s, handler)
 
     def _wait(self) -> int:
         codes: dict[int, int] = {}

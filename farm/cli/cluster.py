@@ -7,6 +7,7 @@ import time
 
 import typer
 
+from farm.cli import remote
 from farm.cli.followups import next_hint
 from farm.cli.prepare import prepare_db
 from farm.cli.request_options import ID_ARGS, ID_HELP, request_ids
@@ -15,6 +16,7 @@ from farm.errors import ConfigError
 from farm.logs import setup_logging
 from farm.settings import get_settings, mask_url
 from scheduler.reconcile import cancel_request, still_running
+from workers import signal_stack
 
 
 def scheduler(
@@ -46,7 +48,7 @@ def scheduler(
         print(json.dumps({"lost_workers": report.lost_workers, "requeued": report.requeued,
                           "failed": report.failed, "timed_out": report.timed_out, "resent": report.resent}))
         return
-    signal.signal(signal.SIGTERM, lambda *_: service.stop.set())
+    signal_stack.install(signal.SIGTERM, lambda *_: service.stop.set())
     with serve_metrics(service.metrics.registry, settings.metrics_port, settings.metrics_addr, "scheduler"):
         try:
             service.run_forever()
@@ -62,6 +64,9 @@ def cancel(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Cancel a request: queued jobs never run; running jobs are stopped (server/container ended)."""
+    if get_settings().remote:
+        remote.cancel(request_id, as_json)
+        return
     prepare_db()
     out = cancel_request(request_id)
     remaining = list(out.pop("running_ids"))

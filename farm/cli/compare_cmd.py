@@ -1,24 +1,28 @@
 """``farm compare A B``: two requests matched configuration by configuration, judged on the variation between
-their runs (``farm.compare``)."""
+their runs (``farm.readers.compare``)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from farm.cli import interleave_cmd, remote, submit_options
 from farm.cli.followups import next_hint
 from farm.cli.op_profile_cmd import compare_ops_cmd
 from farm.cli.prepare import prepare_db
 from farm.cli.request_options import ID_ARGS, ID_HELP, request_ids
 from farm.cli.views import console, err_console, fmt_value, load_label, safe_row, say, serving_label
-from farm.compare import FASTER, MIN_REPEATS, SLOWER, Comparison
-from farm.compare import as_json as comparison_json
-from farm.compare import compare as run_compare
 from farm.errors import RequestError
-from farm.results import CONFIG_COLUMNS, find_request, result_rows
+from farm.readers.compare import FASTER, MIN_REPEATS, SLOWER, Comparison
+from farm.readers.compare import as_json as comparison_json
+from farm.readers.compare import compare as run_compare
+from farm.readers.results import CONFIG_COLUMNS, find_request, result_rows
+from farm.readers.rows import ResultRow
+from farm.settings import get_settings
 from schemas.measured import how_measured_short
 from schemas.metrics import BY_NAME
 
@@ -33,16 +37,20 @@ TEST_SHORT = {"throughput_infer_per_s": "thr", "latency_p50_ms": "p50", "output_
               "ttft_p50_ms": "ttft", "itl_p50_ms": "itl", "tpot_p50_ms": "tpot"}
 
 
+@submit_options.with_options(interleave_cmd.CELL_OPTIONS)  # the cell of --interleaved, as farm submit has them
 def compare(
-    request_a: str = typer.Argument(..., callback=request_ids, help="The baseline request. " + ID_HELP),
-    request_b: str = typer.Argument(..., callback=request_ids, help="The request compared against it."),
+    request_a: str = typer.Argument(..., callback=request_ids, help="The baseline request (with --interleaved: "
+                                    "the OLD model file). " + ID_HELP),
+    request_b: str = typer.Argument(..., callback=request_ids, help="The request compared against it (with "
+                                    "--interleaved: the NEW model file)."),
     fail_on_regression: float | None = typer.Option(
         None, "--fail-on-regression", metavar="PCT",
         help="Exit 1 when a matched configuration is conclusively slower by PCT % or more (a CI gate); "
              "inconclusive ones never fail it."),
-    min_effect: float = typer.Option(5.0, "--min-effect", metavar="PCT", min=0.0,
-                                     help="Smallest change of the run medians (%) called faster/slower; smaller "
-                                          "ones are the same."),
+    min_effect: float | None = typer.Option(None, "--min-effect", metavar="PCT", min=0.0,
+                                            help="Smallest change (%) called faster/slower; smaller ones are the "
+                                                 "same (default 5: the run medians; --interleaved 2: the median "
+                                                 "pair ratio)."),
     alpha: float = typer.Option(0.05, "--alpha", min=1e-9, max=0.5,
                                 help="Significance level of the Mann-Whitney test over the runs."),
     ignore: list[str] | None = typer.Option(None, "--ignore", help="A coordinate not to match on, e.g. engine "
@@ -52,9 +60,31 @@ def compare(
                               "change and p-value (the default table fits 80 columns)."),
     ops: bool = typer.Option(False, "--ops", help="A and B are job ids: which op types got faster or slower "
                              "between their op profiles (--op-profile)."),
+    interleaved: bool = typer.Option(False, "--interleaved", help="A and B are model files: measure them here, "
+                                     "alternately in short blocks on the same cores, one cell (the options of "
+                                     "farm submit below), and judge the pairs (docs/trust.md)."),
+    budget_s: float = typer.Option(60.0, "--budget-s", min=1.0, help="--interleaved: the longest it measures, s "
+                                   "(leasing cores and loading both models come on top); it stops sooner once the "
+                                   "verdict is conclusive."),
+    block_ms: float = typer.Option(100.0, "--block-ms", min=20.0, max=10000.0,
+                                   help="--interleaved: the length of one block of load, ms."),
+    alternate: bool = typer.Option(False, "--alternate-start", help="--interleaved: load each model for its block "
+                                   "only (the mode taken when both do not fit in memory at once)."),
+    **cell: Any,
 ) -> None:
     """Compare two requests configuration by configuration: ratios B / A and a verdict from their repeated runs
-    (faster, slower, same or inconclusive)."""
+    (faster, slower, same or inconclusive); with --interleaved, two models measured alternately here."""
+    if fail_on_regression is not None and fail_on_regression < 0:
+        raise RequestError("--fail-on-regression takes a percentage >= 0, e.g. 5")
+    if interleaved:
+        settings = interleave_cmd.Settings(budget_s, block_ms / 1000.0, alpha,
+                                           2.0 if min_effect is None else min_effect, alternate)
+        interleave_cmd.interleaved(request_a, request_b, cell, fail_on_regression, settings, as_json)
+        return
+    given = [o for o in interleave_cmd.CELL_OPTIONS if cell.get(o) not in (None, [])]
+    if given:
+        raise RequestError(f"--{given[0].replace('_', '-')} sets the cell of --interleaved; two requests are "
+                           "compared on their own cells")
     if ops:
         compare_ops_cmd(request_a, request_b, as_json)
         return
@@ -62,11 +92,8 @@ def compare(
     unknown = [c for c in ignored if c not in CONFIG_COLUMNS]
     if unknown:
         raise RequestError(f"--ignore {unknown[0]!r} is not a coordinate; use one of {', '.join(CONFIG_COLUMNS)}")
-    if fail_on_regression is not None and fail_on_regression < 0:
-        raise RequestError("--fail-on-regression takes a percentage >= 0, e.g. 5")
-    prepare_db()
-    a, b = find_request(request_a).id, find_request(request_b).id
-    result = run_compare(result_rows(a), result_rows(b), ignored, min_effect, alpha)
+    (a, rows_a), (b, rows_b) = _rows(request_a), _rows(request_b)
+    result = run_compare(rows_a, rows_b, ignored, 5.0 if min_effect is None else min_effect, alpha)
     if as_json:
         print(json.dumps(comparison_json(result, a, b), indent=2, default=str))
     else:
@@ -79,6 +106,16 @@ def compare(
             err_console.print(f"[red]{len(bad)} configuration(s) regressed by {fail_on_regression:g} % or more "
                               "with significance[/]", highlight=False)
             raise typer.Exit(1)
+
+
+def _rows(request_id: str) -> tuple[str, list[ResultRow]]:
+    """The request's full id and result rows, from the database or, in a shared farm, from farm's API."""
+    if get_settings().remote:
+        data = remote.rows_of(remote.Api(), request_id)
+        return data.request_id, data.rows
+    prepare_db()
+    rid = find_request(request_id).id
+    return rid, result_rows(rid)
 
 
 def _coords(key: dict[str, object]) -> str:

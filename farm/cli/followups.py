@@ -6,6 +6,7 @@ import json
 import math
 from typing import Any
 
+from farm.cli.embedded import local_gpu_products
 from farm.cli.views import config_label, err_console, jobs_table, say
 from farm.endpoint import Attach
 from farm.settings import get_settings
@@ -43,12 +44,7 @@ def search_steps(request: ProfileRequest) -> int:
 def dry_run(request: ProfileRequest, attach: Attach | None, as_json: bool) -> None:
     """Print the matrix the request expands to (jobs, left-out combinations, quick searches, estimated time)
     and write nothing: the model is inspected, not stored; no request or job row is written."""
-    from workers.hardware import detect_gpus  # noqa: PLC0415 - psutil: +0.02 s on every CLI start, measured
-
-    products = None  # a cluster: the GPUs its live workers advertise
-    if get_settings().embedded:  # this host's GPUs, without creating the embedded database
-        products = [g.name for g in detect_gpus()]
-    sub, _, _ = plan(request, attach=attach, gpu_products=products)
+    sub, _, _ = plan(request, attach=attach, gpu_products=local_gpu_products())
     jobs, excluded = sub.expansion.jobs, sub.expansion.excluded
     steps = search_steps(request)
     low = sum(job_seconds(j)[0] for j in jobs)

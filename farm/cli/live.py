@@ -10,7 +10,6 @@ from __future__ import annotations
 import statistics
 import time
 from types import TracebackType
-from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -20,6 +19,7 @@ from rich.text import Text
 
 from farm.cli.views import err_console, headline
 from farm.hooks import job_step
+from farm.readers.rows import ResultRow
 
 
 def eta_text(durations: list[float], remaining: int, parallel: int = 1) -> str:
@@ -80,7 +80,7 @@ class LiveRun:
         width = max(20, self.console.width - 4)
         self.spinner.update(text=Text(text if len(text) <= width else text[:width - 1] + "…"))
 
-    def finished(self, row: dict[str, Any], seconds: float | None) -> None:
+    def finished(self, row: ResultRow, seconds: float | None) -> None:
         """A job finished: print its headline above the bar, count it and update the ETA with its time."""
         if seconds is not None:
             self.durations.append(seconds)

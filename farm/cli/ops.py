@@ -17,6 +17,7 @@ from farm.cli.request_options import FORMAT_HELP, SERVE_ENGINE_HELP
 from farm.cli.views import console, err_console, safe_row, say
 from farm.db.create import ensure_database
 from farm.db.migrate import is_current, upgrade
+from farm.db.roles import grant_reader
 from farm.errors import ConfigError, RequestError
 from farm.formatting import safe_text
 from farm.logs import setup_logging
@@ -150,6 +151,7 @@ def db_upgrade(revision: str = typer.Argument("head")) -> None:
         console.print(f"created database {mask_url(url)}")
     upgrade(revision=revision)
     console.print(f"database {mask_url(get_settings().db_url)} is at revision {revision}")
+    say(grant_reader(url, get_settings().reader_role), to=err_console)
 
 
 def db_check(wait: float = typer.Option(0.0, "--wait", help="Seconds to wait for the newest schema (pods' "

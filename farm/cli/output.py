@@ -1,20 +1,20 @@
 """``farm results``' output: the table (80 columns by default, ``--wide``, ``--columns``) or an export (CSV, JSON,
 Parquet), to the terminal or to a file with ``-o``: one column set per format wherever it goes
-(``farm.export.EXPORT_COLUMNS``; docs/cli.md lists them with their units)."""
+(``farm.readers.export.EXPORT_COLUMNS``; docs/cli.md lists them with their units)."""
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.measure import Measurement
 
-from farm import export
 from farm.cli import views
 from farm.errors import RequestError
-from farm.results import find_request, merge_repeats, result_rows
+from farm.readers import export
+from farm.readers.results import find_request, merge_repeats, result_rows
+from farm.readers.rows import ResultRow
 
 FORMATS = ("table", "wide", "csv", "json", "parquet")
 #: the widest the wide table may get, columns
@@ -38,7 +38,7 @@ def parse_output(fmt: str, output: Path | None, wide: bool) -> tuple[str, Path |
     return fmt, output, wide
 
 
-def rows_for(request_id: str, fmt: str, merge_with: list[str] | None) -> list[dict[str, Any]]:
+def rows_for(request_id: str, fmt: str, merge_with: list[str] | None) -> list[ResultRow]:
     """The rows a format shows: exports have ``EXPORT_COLUMNS`` (the same to stdout and to a file); with
     ``merge_with`` (``--merge-repeats``) and in the table, repeats of one configuration merged into one row."""
     if merge_with is not None:
@@ -73,7 +73,7 @@ def show(request_id: str, fmt: str, output: Path | None = None, *, wide: bool = 
         sys.stdout.write(text)
 
 
-def print_table(console: Console, rows: list[dict[str, Any]], title: str, metrics: tuple[str, ...] | None,
+def print_table(console: Console, rows: list[ResultRow], title: str, metrics: tuple[str, ...] | None,
                 wide: bool) -> None:
     """The results table and its footnotes (how measured, errors, host notes) on ``console``."""
     table = views.results_table(rows, title=title, metrics=metrics, wide=wide)
@@ -93,7 +93,7 @@ def print_table(console: Console, rows: list[dict[str, Any]], title: str, metric
         views.say(line, style="yellow", to=console)
 
 
-def results_title(request_id: str, rows: list[dict[str, Any]], merge_with: list[str] | None) -> str:
+def results_title(request_id: str, rows: list[ResultRow], merge_with: list[str] | None) -> str:
     """The results table's title: the request, what it was merged with, and what all its rows share."""
     title = f"request {find_request(request_id).id}"
     if merge_with:

@@ -9,6 +9,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from farm.cli import remote
 from farm.cli.followups import next_hint
 from farm.cli.prepare import prepare_db
 from farm.cli.request_options import ID_ARGS, ID_HELP, request_ids
@@ -26,10 +27,11 @@ from farm.cli.views import (
     shared_lines,
 )
 from farm.db.session import session_scope
+from farm.errors import RequestError
 from farm.formatting import safe_text
 from farm.models.analysis import headline
 from farm.op_profile import breakdown_line, by_op_type, request_profiles
-from farm.report import (
+from farm.readers.report import (
     LLM_EDGE_FIGURES,
     LLM_RANKED,
     Constraint,
@@ -40,7 +42,9 @@ from farm.report import (
     parse_constraint,
     within_slo_pct,
 )
-from farm.results import find_request, llm_rows, model_static_metrics, request_slo, result_rows
+from farm.readers.results import find_request, llm_rows, model_static_metrics, request_goals, result_rows
+from farm.readers.rows import ResultRow
+from farm.settings import get_settings
 from schemas import COORDINATE_KEYS
 from schemas.metrics import BY_NAME
 from schemas.result import shared_unisolated
@@ -61,17 +65,20 @@ def report(
                                        "summary, every job) to this file; it opens offline."),
 ) -> None:
     """Rank the request's configurations under constraints; say which edge profiles fit."""
-    prepare_db()
     constraints = _constraints(constraint or [], p99)
+    if get_settings().remote:
+        _remote(request_id, objective, constraints, stable, top, as_json, output)
+        return
+    prepare_db()
     if output is not None:
-        from farm.report_html import render  # noqa: PLC0415 - matplotlib: +1.2 s on every CLI start, measured
+        from farm.readers.report_html import render  # noqa: PLC0415 - matplotlib: +1.2 s on every CLI start, measured
 
         output.write_text(render(request_id, objective, constraints, stable), encoding="utf-8")
         say(f"wrote {output}")
         next_hint(f"open {output} in a browser (it works offline)")
         return
     req = find_request(request_id)
-    rep = build_report(result_rows(req.id), objective, constraints, stable, request_slo(req))
+    rep = build_report(result_rows(req.id), objective, constraints, stable, request_goals(req))
     static = model_static_metrics(req.model_sha256)
     with session_scope() as s:
         profiles = request_profiles(s, req.id)
@@ -94,6 +101,24 @@ def report(
     next_hint(f"farm report {req.id[:8]} -o report.html (plots, every job)", f"farm compare {req.id[:8]} <other id>")
 
 
+def _remote(request_id: str, objective: str | None, constraints: list[Constraint], stable: bool, top: int,
+            as_json: bool, output: Path | None) -> None:
+    """``farm report`` through farm's API: the HTML report rendered by the server, the ranking here."""
+    if output is not None:
+        if constraints:
+            raise RequestError("over the API, -o report.html takes --objective and --stable; rank with --p99 and "
+                               "--constraint in the terminal report")
+        remote.report_html(request_id, output, objective, stable)
+        return
+    data = remote.rows_of(remote.Api(), request_id)
+    rep = build_report(data.rows, objective, constraints, stable, data.slo)
+    if as_json:
+        print(json.dumps(_as_json(data.request_id, rep, top, data.static), indent=2, default=str))
+        return
+    _print_ranked(data.request_id, rep, top)
+    _print_verdicts(rep)
+
+
 def _constraints(texts: list[str], p99: float | None) -> list[Constraint]:
     """The ``--constraint`` options, then ``--p99`` as ``latency_p99_ms=MS``."""
     constraints = [parse_constraint(c) for c in texts]
@@ -102,7 +127,7 @@ def _constraints(texts: list[str], p99: float | None) -> list[Constraint]:
     return constraints
 
 
-def _short(r: dict[str, Any], objective: str) -> dict[str, Any]:
+def _short(r: ResultRow, objective: str) -> dict[str, Any]:
     return {**{k: r.get(k) for k in ("job_id", *COORDINATE_KEYS[:-1], objective, "latency_p99_ms",
                                      "throughput_infer_per_s", "stable", "measured")},
             "shared_unisolated": shared_unisolated(r)}
@@ -182,7 +207,7 @@ def _print_verdicts(rep: Report) -> None:
             f"{fmt_value('mem_limit_bytes', e.get('mem_limit_bytes'))} MiB")
 
 
-def _figure(name: str, row: dict[str, Any]) -> str:
+def _figure(name: str, row: ResultRow) -> str:
     """A metric of a row for a sentence: ``762 infer/s``, ``4.1 ms p99 latency`` (the registry's unit and title)."""
     m = BY_NAME[name]
     unit = "MiB" if m.unit == "B" else m.unit

@@ -12,11 +12,9 @@ import yaml
 
 from farm.errors import RequestError
 from farm.models.info import tensor_spec
-from farm.results import RECENT_RE
-from schemas import ProfileRequest
+from farm.readers.results import RECENT_RE
 from schemas.engines import ENGINES, IN_PROCESS, LLM_FORMAT_ENGINE, MODEL_FORMATS
-from schemas.llm_engines import parse_knob
-from schemas.request import MEASUREMENT_DEFAULTS
+from schemas.knobs import parse_knob
 
 _MEASUREMENT_FLAGS = ("duration_s", "window_s", "warmup_s", "max_windows", "min_windows", "stability_pct",
                       "stability_latency", "mode", "timeout_s", "rpc", "preferred_batch_size", "search",
@@ -27,11 +25,10 @@ SERVE_ENGINE_HELP = f"{' | '.join(IN_PROCESS)} (default: by format)."
 FORMAT_HELP = f"{' | '.join(MODEL_FORMATS)} (default: detected)."
 #: farm submit also takes the LLM formats: a GGUF file, a Hugging Face model folder
 SUBMIT_FORMAT_HELP = f"{' | '.join((*MODEL_FORMATS, *LLM_FORMAT_ENGINE))} (default: detected)."
-WARMUP_HELP = f"Warm-up time, s (default {MEASUREMENT_DEFAULTS['warmup_s']:g})."
-STABILITY_HELP = f"Stability bound, % (default {MEASUREMENT_DEFAULTS['stability_pct']:g})."
 
 #: context settings of the commands taking a request id: ``-1``, ``-2`` (the newest requests) reach it as an id,
-#: not as an unknown option (``farm.results.find_request`` resolves them; any other unknown option is refused there)
+#: not as an unknown option (``farm.readers.results.find_request`` resolves them; any other unknown option is
+#: refused there)
 ID_ARGS: dict[str, Any] = {"ignore_unknown_options": True}
 #: the help of a request-id argument
 ID_HELP = "Request id: the id, a unique prefix, latest, or -1, -2, ... (the newest requests)."
@@ -44,20 +41,6 @@ def request_ids(value: Any) -> Any:
         if isinstance(v, str) and v.startswith("-") and not RECENT_RE.match(v):
             raise importlib.import_module(typer.BadParameter.__module__).NoSuchOption(v)
     return value
-
-
-def request_default(field: str) -> str:
-    """A ``ProfileRequest`` field's default as ``--help`` shows it: ``1`` for batch_sizes, ``cpu`` for devices."""
-    info = ProfileRequest.model_fields[field]
-    value = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
-
-
-def measurement_default(field: str, unit: str = "") -> str:
-    """A measurement setting's default for ``--help``: ``(default 10)``, ``(default 1 s)``."""
-    value = MEASUREMENT_DEFAULTS[field]
-    shown = f"{value:g}" if isinstance(value, float) else str(value)
-    return f"(default {shown}{' ' + unit if unit else ''})"
 
 
 #: ``--rate``'s help: ``START:END:STEP`` with Rich's emoji codes broken up (``:END:`` would print as an emoji)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from farm.errors import RequestError
 from farm.formatting import fmt_value, knobs_text, rate_text, safe_text
 from farm.formatting import to_csv as to_csv
 from farm.formatting import to_json as to_json
-from farm.results import llm_rows
+from farm.readers.results import llm_rows
+from farm.readers.rows import ResultRow, as_row, as_rows
 from farm.settings import get_settings
 from farm.steal import steal_note
 from schemas.llm_facts import LLM_FACT_COLUMNS
@@ -65,8 +67,11 @@ LLM_WIDE_METRICS: tuple[str, ...] = (
     "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "tpot_p50_ms", "latency_p50_ms",
     "goodput_req_per_s", "requests_per_s", "error_count", "cpu_pct_avg", "mem_peak_bytes", "gpu_util_avg_pct",
     "gpu_mem_peak_bytes", "gpu_power_avg_w",
+    # the server's own view (its /metrics through the windows), where it has one
+    "server_requests_running_max", "server_requests_waiting_max", "server_kv_cache_usage_max_pct",
+    "server_generation_tokens",
 )
-#: metrics whose range over a cell's runs the table shows beside the median (``farm.results.merge_repeats``)
+#: metrics whose range over a cell's runs the table shows beside the median (``farm.readers.results.merge_repeats``)
 RANGE_METRICS = ("throughput_infer_per_s", "latency_p50_ms")
 #: the load client, short, in the results table (``-``: an edge row, or not measured yet)
 CLIENT_LABELS = {"farm": "farm", "perf_analyzer": "pa", "openai": "openai"}
@@ -84,14 +89,15 @@ def safe_row(table: Table, *cells: object) -> None:
     table.add_row(*(c if isinstance(c, Text) else safe_text(c) for c in cells))
 
 
-def results_table(rows: list[dict[str, Any]], title: str = "", metrics: tuple[str, ...] | None = None,
+def results_table(rows: list[ResultRow], title: str = "", metrics: tuple[str, ...] | None = None,
                   wide: bool = False) -> Table:
     """The results as a Rich table; errors are listed under it (see ``error_lines``). ``title`` and the
     cells are shown literally. By default it fits 80 columns: the job, its coordinates and ``TABLE_METRICS``
     (status, edge and serving columns only where they say something); ``wide`` adds the client, every column
     and ``WIDE_METRICS``; ``metrics`` (``parse_columns``) replaces the metric columns. Headers are the
-    registry's short labels with units. Rows merged over repeats (``farm.results.merge_repeats``) get an ``n``
+    registry's short labels with units. Rows merged over repeats (``farm.readers.results.merge_repeats``) get an ``n``
     column (their runs) and their spread beside the median (``metric_cell``)."""
+    rows = as_rows(rows)
     table = Table(title=safe_text(title) if title else None, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     if metrics is None:
         base, more = (LLM_TABLE_METRICS, LLM_WIDE_METRICS) if llm_rows(rows) else (TABLE_METRICS, WIDE_METRICS)
@@ -107,14 +113,14 @@ def results_table(rows: list[dict[str, Any]], title: str = "", metrics: tuple[st
     return table
 
 
-def _identity_columns(rows: list[dict[str, Any]], wide: bool) -> dict[str, Any]:
+def _identity_columns(rows: list[ResultRow], wide: bool) -> dict[str, Any]:
     """The results table's columns before its metrics, each with how to fill it from a row; the serving,
     edge, status and ``n`` columns only where some row needs them (all but ``n`` in the wide table)."""
     cols: dict[str, Any] = {"job": job_label, "device": lambda r: r["device"], "engine": lambda r: r["engine"]}
     if wide or any(serving_label(r) != "-" for r in rows):  # a serving dimension varies
         cols["serving"] = serving_label
     cols["b x c"] = load_label
-    if wide or any(r.get("edge_profile") for r in rows):
+    if wide or any(r.is_edge for r in rows):
         cols["edge"] = lambda r: r["edge_profile"] or "-"
     if any(r.get("knobs") for r in rows):  # an LLM engine's settings, as its server ran (n_threads included)
         cols["knobs"] = lambda r: knobs_text(r.get("knobs"))
@@ -124,20 +130,21 @@ def _identity_columns(rows: list[dict[str, Any]], wide: bool) -> dict[str, Any]:
         cols["model"] = lambda r: (r.get("model_sha256") or "-")[:12]
     if wide:
         cols["client"] = client_label
-    if wide or any(r["status"] != "succeeded" for r in rows):
+    if wide or any(not r.succeeded for r in rows):
         cols["status"] = lambda r: r["status"]
     if any((r.get("repeats") or 0) > 1 for r in rows):
         cols["n"] = lambda r: str(r.get("repeats", 1))
     return cols
 
 
-def workload_label(r: dict[str, Any]) -> str:
+def workload_label(r: ResultRow) -> str:
     """An LLM row's workload: ``in 128 out 64 prefix 32 seed 0`` or ``prompts FILE out 64 seed 0``."""
-    if r.get("output_tokens") is None:
+    llm = as_row(r).llm
+    if llm is None or llm.output_tokens is None:
         return "-"
-    head = f"prompts {Path(str(r['prompts'])).name}" if r.get("prompts") else f"in {r.get('input_tokens')}"
-    prefix = f" prefix {r['prefix_tokens']}" if r.get("prefix_tokens") else ""
-    return f"{head} out {r['output_tokens']}{prefix} seed {r.get('workload_seed')}"
+    head = f"prompts {Path(str(llm.prompts)).name}" if llm.prompts else f"in {llm.input_tokens}"
+    prefix = f" prefix {llm.prefix_tokens}" if llm.prefix_tokens else ""
+    return f"{head} out {llm.output_tokens}{prefix} seed {llm.workload_seed}"
 
 
 #: the metric labels ``--columns`` takes besides metric names (``Metric.label``, case-insensitive)
@@ -166,17 +173,18 @@ def parse_columns(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def headline(row: dict[str, Any]) -> Text:
+def headline(row: ResultRow) -> Text:
     """One finished job in a line, as it lands: its configuration, throughput, p50 and p99 latency, and
     whether it was stable (or why not: unstable windows, a drifting or busy host), or its error."""
-    head = f"{job_label(row)} {row['device']} {row['engine']} {load_label(row)}"
-    if row.get("edge_profile"):
-        head += f" edge {row['edge_profile']}"
+    row = as_row(row)
+    head = f"{job_label(row)} {row.device} {row.engine} {load_label(row)}"
+    if row.is_edge:
+        head += f" edge {row.edge_profile}"
     serving = serving_label(row)
     head += "" if serving == "-" else f" {serving}"
-    if row["status"] != "succeeded":
-        error = " ".join(str(row.get("error") or "no result").split())
-        return Text.assemble(("✗ ", "red"), safe_text(f"{head}  {row['status']}: {error[:160]}"))
+    if not row.succeeded:
+        error = " ".join(str(row.error or "no result").split())
+        return Text.assemble(("✗ ", "red"), safe_text(f"{head}  {row.status}: {error[:160]}"))
     names = LLM_HEADLINE_METRICS if llm_rows([row]) else HEADLINE_METRICS
     figures = [f"{fmt_value(n, row.get(n))} {BY_NAME[n].unit}" if i == 0  # the rate, then labelled latencies
                else f"{BY_NAME[n].label.split()[0]} {fmt_value(n, row.get(n))} {BY_NAME[n].unit}"
@@ -213,7 +221,7 @@ def jobs_table(jobs: list[Any], title: str) -> Table:
     return table
 
 
-def status_table(rows: list[dict[str, Any]], times: dict[str, tuple[datetime | None, datetime | None]],
+def status_table(rows: list[ResultRow], times: dict[str, tuple[datetime | None, datetime | None]],
                  title: str) -> Table:
     """``farm status ID``: each job's state, coordinates and time running (so far, or in all), with its
     throughput and p99 once measured."""
@@ -252,13 +260,13 @@ def elapsed(started: datetime | None, finished: datetime | None) -> str:
     return f"{int(secs // 60)}:{int(secs % 60):02d}"
 
 
-def client_label(row: dict[str, Any]) -> str:
+def client_label(row: ResultRow) -> str:
     """The client that sent a row's load, short (``CLIENT_LABELS``); ``-`` for an edge row or one not measured."""
     client = row.get("client")
     return "-" if row.get("edge_profile") or client in (None, "auto") else CLIENT_LABELS.get(client, client)
 
 
-def metric_cell(row: dict[str, Any], name: str) -> str:
+def metric_cell(row: ResultRow, name: str) -> str:
     """A metric's table cell; for a row merged over repeats with a ``spread`` ``[min, max]``, the median and half
     the range in % of it: ``840 ±3%`` for runs from 814 to 870."""
     spread = (row.get("spread") or {}).get(name) if name in RANGE_METRICS else None
@@ -269,7 +277,7 @@ def metric_cell(row: dict[str, Any], name: str) -> str:
     return f"{text} ±{half:.1f}%" if half < 1 else f"{text} ±{half:.0f}%"
 
 
-def repeat_lines(rows: list[dict[str, Any]]) -> list[str]:
+def repeat_lines(rows: list[ResultRow]) -> list[str]:
     """How to read rows merged over repeats (one line, or none), and the client abbreviation in use."""
     lines = []
     if any((r.get("repeats") or 0) > 1 for r in rows):
@@ -281,7 +289,7 @@ def repeat_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines + client_note_lines(rows)
 
 
-def client_note_lines(rows: list[dict[str, Any]]) -> list[str]:
+def client_note_lines(rows: list[ResultRow]) -> list[str]:
     """Why rows were measured by another client than the first ``--client auto`` tries (perf_analyzer absent,
     its install failed, an RPC it cannot send): one line per reason, naming the rows."""
     by_note: dict[str, list[str]] = {}
@@ -291,12 +299,12 @@ def client_note_lines(rows: list[dict[str, Any]]) -> list[str]:
     return [f"{', '.join(ids)}: {note}" for note, ids in by_note.items()]
 
 
-def load_label(row: dict[str, Any]) -> str:
+def load_label(row: Mapping[str, Any]) -> str:
     """The batch size, concurrency and open-loop rate of a result row: ``8x4`` or ``1x1@100/s``."""
     return f"{row['batch_size']}x{row['concurrency']}{rate_text(row)}"
 
 
-def serving_label(row: dict[str, Any]) -> str:
+def serving_label(row: Mapping[str, Any]) -> str:
     """The serving configuration of a result row (``SERVING_KEYS``), short: ``i=2 t=1 q=500us p=8``; ``-``
     for the plain one (1 instance, engine default threads, no dynamic batching)."""
     parts = [f"i={row['instances']}" if row.get("instances") not in (None, 1) else "",
@@ -306,7 +314,7 @@ def serving_label(row: dict[str, Any]) -> str:
     return " ".join(p for p in parts if p) or "-"
 
 
-def config_label(config: dict[str, Any]) -> str:
+def config_label(config: Mapping[str, Any]) -> str:
     """A serving configuration with its device, engine and batch size: ``cpu onnxruntime b=1 i=2``."""
     label = serving_label(config)
     knobs = "".join(f" {k}={v}" for k, v in sorted((config.get("knobs") or {}).items()))
@@ -314,14 +322,14 @@ def config_label(config: dict[str, Any]) -> str:
             + knobs)
 
 
-def job_label(row: dict[str, Any]) -> str:
+def job_label(row: ResultRow) -> str:
     """The short job id, marked when the job shared its host without isolation (see ``shared_lines``)."""
     job_id: str = row["job_id"]
     return (job_id[:6] + (SHARED_MARK if shared_unisolated(row) else "")
             + (CLIENT_LIMITED_MARK if client_limited(row) else ""))
 
 
-def client_limited_lines(rows: list[dict[str, Any]]) -> list[str]:
+def client_limited_lines(rows: list[ResultRow]) -> list[str]:
     """The footnote for client-limited jobs (marked by ``job_label``): one line naming them (or none)."""
     by_client: dict[str | None, list[str]] = {}
     for r in rows:
@@ -331,13 +339,13 @@ def client_limited_lines(rows: list[dict[str, Any]]) -> list[str]:
             for client, ids in by_client.items()]
 
 
-def shared_lines(rows: list[dict[str, Any]]) -> list[str]:
+def shared_lines(rows: list[ResultRow]) -> list[str]:
     """The footnote for the jobs marked by ``job_label``: one line naming them (empty when none)."""
     marked = [r["job_id"][:6] for r in rows if shared_unisolated(r)]
     return [f"{SHARED_MARK} {', '.join(marked)}: {SHARED_NOTE}"] if marked else []
 
 
-def measured_lines(rows: list[dict[str, Any]]) -> list[str]:
+def measured_lines(rows: list[ResultRow]) -> list[str]:
     """How the rows were measured (``measured``: serving end to end over gRPC, edge in-process), one line per
     kind present, and a warning against comparing the two kinds when both are."""
     kinds = list(dict.fromkeys(("edge" if r.get("edge_profile") else "serving", r.get("measured")) for r in rows
@@ -349,17 +357,17 @@ def measured_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def error_lines(rows: list[dict[str, Any]]) -> list[str]:
+def error_lines(rows: list[ResultRow]) -> list[str]:
     """One line per job that has an error: short job id and the error."""
     return [f"{r['job_id'][:6]}: {' '.join(str(r['error']).split())}" for r in rows if r.get("error")]
 
 
-def steal_lines(rows: list[dict[str, Any]]) -> list[str]:
+def steal_lines(rows: list[ResultRow]) -> list[str]:
     """One line per job measured while the hypervisor stole a noticeable share of the CPUs."""
     return [f"{r['job_id'][:6]}: {note}" for r in rows if (note := steal_note(r.get("cpu_steal_pct")))]
 
 
-def host_lines(rows: list[dict[str, Any]]) -> list[str]:
+def host_lines(rows: list[ResultRow]) -> list[str]:
     """One line per note of a job whose host drifted or was busy on its cores while it was measured (the bounds
     ``FARM_HOST_DRIFT_PCT``, ``FARM_HOST_BUSY_PCT``)."""
     s = get_settings()

@@ -74,7 +74,10 @@ class Base(DeclarativeBase):
 
 
 class ModelArtifact(Base):
-    """A model file, content-addressed by sha256, so workers on other hosts fetch it by hash."""
+    """A model's metadata, content-addressed by sha256; its bytes are in the model store (``farm.store``), never
+    here: ``location`` is the store's URL (``file:///...``, ``s3://bucket/prefix``; empty: the bytes were lost) and
+    ``layout`` says how: ``file`` (one blob, ``sha256``) or ``folder`` (a ``farm.store.base.Manifest`` blob stored
+    under ``sha256``, naming each file's blob)."""
 
     __tablename__ = "model_artifacts"
 
@@ -82,7 +85,8 @@ class ModelArtifact(Base):
     filename: Mapped[str] = mapped_column(String(255))
     format: Mapped[str] = mapped_column(String(32))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
-    content: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+    location: Mapped[str] = mapped_column(String(1024))
+    layout: Mapped[str] = mapped_column(String(8), default="file")
     inputs: Mapped[list[Any]] = mapped_column(JSON)
     static_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -192,6 +196,7 @@ class Result(Base):
     prefix_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     workload_seed: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     prompts: Mapped[str | None] = mapped_column(Text, nullable=True)
+    server: Mapped[str | None] = mapped_column(String(200), nullable=True)  # migration 0013
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -248,3 +253,51 @@ class OpNodeRow(Base):
     input_shapes: Mapped[str] = mapped_column(Text, default="")
     fused: Mapped[list[Any]] = mapped_column(JSON, default=list)
     status: Mapped[str] = mapped_column(String(16), default="executed")
+
+
+class Identity(Base):
+    """Who calls farm's API (``farm token create``): a person or a CI pipeline, its team, whether it is an admin,
+    its release priority and its own fair-share limits (None: the operator's FARM_MAX_* settings). Its token is
+    kept only as a sha256 (``farm.identity``); ``revoked_at`` set: the token no longer authenticates."""
+
+    __tablename__ = "identities"
+
+    name: Mapped[str] = mapped_column(String(120), primary_key=True)
+    team: Mapped[str | None] = mapped_column(String(120), nullable=True)
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    max_queued_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_running_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_request_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class RequestOwner(Base):
+    """The identity that submitted a request through the API (requests without a row were submitted by an
+    operator on the database itself); ``client_id`` is the submitter's idempotency key, ``priority`` its
+    identity's at submit. Jobs of owned requests are released to the broker by fair share."""
+
+    __tablename__ = "request_owners"
+    __table_args__ = (Index(None, "owner"), Index(None, "team"))
+
+    request_id: Mapped[str] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(120))
+    team: Mapped[str | None] = mapped_column(String(120), nullable=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    client_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class AuditEntry(Base):
+    """One change made through the API or by an operator's ``farm token``: who, what, on what, when."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index(None, "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    actor: Mapped[str] = mapped_column(String(120))
+    action: Mapped[str] = mapped_column(String(40))
+    target: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

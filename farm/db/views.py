@@ -49,9 +49,32 @@ LLM_METRICS_0008 = (
 LLM_INT_METRICS_0008 = ('output_overrun_count',)
 #: the metric columns of results at migration 0008, frozen
 METRICS_0008 = METRICS_0007 + LLM_METRICS_0008
+#: the metric columns migration 0013 added (issue 41: reasoning, time to first output token, the workload's checks)
+WORKLOAD_METRICS_0013 = (
+    'ttfot_p50_ms', 'ttfot_p90_ms', 'ttfot_p99_ms', 'reasoning_tokens_per_s', 'answer_tokens_per_s',
+    'mean_reasoning_tokens', 'requested_input_tokens_mean', 'requested_output_tokens_mean', 'input_tokens_off_pct',
+    'output_tokens_off_pct', 'cached_prompt_tokens_pct', 'workload_as_asked',
+)
+#: the boolean ones among them
+WORKLOAD_BOOL_METRICS_0013 = ('workload_as_asked',)
+#: the metric columns of results at migration 0013, frozen
+METRICS_0013 = METRICS_0008 + WORKLOAD_METRICS_0013
 #: the LLM job's facts migration 0010 added to results (``schemas.llm_facts``: knobs as JSON, then scalars), frozen
 LLM_FACTS_0010 = ('knobs', 'n_threads', 'tokenizer', 'token_source', 'input_tokens', 'output_tokens',
                   'prefix_tokens', 'workload_seed', 'prompts')
+#: the server's own view migration 0014 added (its /metrics through the windows: ``server_scrape``), frozen
+SERVER_METRICS_0014 = (
+    'server_requests_running_mean', 'server_requests_running_max', 'server_requests_waiting_mean',
+    'server_requests_waiting_max', 'server_kv_cache_usage_mean_pct', 'server_kv_cache_usage_max_pct',
+    'server_prompt_tokens', 'server_generation_tokens', 'server_cached_prompt_tokens', 'server_preemptions',
+    'server_scrapes',
+)
+#: the integer ones among them
+SERVER_INT_METRICS_0014 = ('server_scrapes',)
+#: the metric columns of results at migration 0014, frozen
+METRICS_0014 = METRICS_0013 + SERVER_METRICS_0014
+#: the LLM job's facts at migration 0014: which server program ran and its version (``server``) added
+LLM_FACTS_0014 = LLM_FACTS_0010 + ('server',)
 
 
 def _json_text(dialect: str, column: str, *path: str) -> str:

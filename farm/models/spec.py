@@ -51,6 +51,7 @@ class ModelInfo:
     dynamic_batch: bool
     static_batch: int | None = None
     notes: list[str] = field(default_factory=list)
+    context_tokens: int | None = None  # an LLM's context length (GGUF metadata, config.json), tokens
 
     def to_json(self) -> dict[str, Any]:
         """This record as JSON-ready data (it crosses the sandbox's pipe: ``farm.models.probe``)."""

@@ -63,7 +63,7 @@ def seed_request(rng: np.random.Generator, *, slowdown: float = 1.0, model: str 
     sha = "ab" * 32
     with session_scope() as s:
         if s.get(ModelArtifact, sha) is None:
-            s.add(ModelArtifact(sha256=sha, filename=model, format="onnx", size_bytes=1234, content=b"x", inputs=[],
+            s.add(ModelArtifact(sha256=sha, filename=model, format="onnx", size_bytes=1234, location="", inputs=[],
                                 static_metrics={"params": 12345, "macs_per_sample": 67890,
                                                 "flops_per_sample": 135780, "size_bytes": 1234}))
         s.add(Request(id=rid, model_sha256=sha, spec={"model": model, "measurement": {"rpc": "unary"}}, excluded=[]))
@@ -156,7 +156,7 @@ def seed_llm_request(rng: np.random.Generator, *, slowdown: float = 1.0,
                                                                                         "b": 0.0}, "slo": LLM_SLO}
     with session_scope() as s:
         if s.get(ModelArtifact, sha) is None:
-            s.add(ModelArtifact(sha256=sha, filename="tiny.gguf", format="gguf", size_bytes=999, content=b"x",
+            s.add(ModelArtifact(sha256=sha, filename="tiny.gguf", format="gguf", size_bytes=999, location="",
                                 inputs=[]))
         s.add(Request(id=rid, model_sha256=sha, spec={"model": "tiny.gguf", "measurement": {"llm": llm}}, excluded=[]))
         s.flush()

@@ -115,7 +115,7 @@ def test_stream_rpc_request_runs_and_says_so(tmp_path: Path) -> None:
 def test_perf_analyzer_client_request_runs_and_says_so(tmp_path: Path) -> None:
     """The default client (auto) where perf_analyzer is installed: NVIDIA perf_analyzer sends the load, farm
     reads it; each row names the client that measured it, and the table says so."""
-    from workers.loadgen.perf_analyzer import missing
+    from workers.loadgen.perf_analyzer.tool import missing
 
     if why := missing():
         pytest.skip(why)

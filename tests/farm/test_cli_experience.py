@@ -147,7 +147,7 @@ def test_submit_help_shows_defaults_and_no_emoji() -> None:
 
 def test_compare_of_single_runs_raises_no_runtime_warning() -> None:
     """Two sides of one run each (and a constant sample): the test is skipped or exact, never a scipy warning."""
-    from farm.compare import mann_whitney_p
+    from farm.readers.compare import mann_whitney_p
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -195,8 +195,10 @@ def test_an_embedded_run_announces_its_long_steps(sqlite_url: str, example_onnx:
     CLI's own handler is gone once the run ends."""
     from farm.cli.main import main
     from farm.hooks import job_step
+    from farm.settings import reset_settings
 
     monkeypatch.setenv("FARM_RUNNER", "process")
+    reset_settings()  # the settings may be read already (migrating the test's database opens the model store)
     seen: list[str] = []
     job_step.register(seen.append)
     try:

@@ -4,9 +4,7 @@ runtime, from PyPI) and ``farm serve``; embedded and cluster mode."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -16,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import FAST, farm, farm_env, results_json, submit_to_worker
+from tests.helpers import FAST, farm, farm_env, results_json, stop_group, submit_to_worker
 from tests.workers.engines.conftest import build_mlp
 from tests.workers.engines.test_engine_repository import farm_serve
 from workers.engines.ready import wait_ready
@@ -68,13 +66,7 @@ def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         wait_ready(url, "iris", MLSERVER_START_S, alive=lambda: proc.poll() is None)
         yield url
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc, 30.0)
         log.close()
 
 
@@ -172,7 +164,8 @@ def test_bad_endpoint_options_are_one_line_errors(example_onnx: Path) -> None:
 
 @pytest.mark.slow
 def test_cluster_worker_profiles_the_endpoint(cluster_env: dict[str, str], mlserver: str, tmp_path: Path) -> None:
-    env = farm_env(**cluster_env)
+    """A cluster reaches no endpoint until its operator lists it (farm.egress): here the loopback server, by name."""
+    env = farm_env(**cluster_env, FARM_ENDPOINT_ALLOW=mlserver)
     counts, rows = submit_to_worker(env, ["--endpoint", mlserver, "--model-name", "iris", "--batch-sizes", "2"],
                                     tmp_path / "worker.log")
     assert counts == {"succeeded": 1}, (tmp_path / "worker.log").read_text()[-3000:]

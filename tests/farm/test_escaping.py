@@ -101,7 +101,7 @@ def test_html_report_escapes_every_user_string(sqlite_url: str, capsys: pytest.C
 
     from farm.db.models import Job, Request
     from farm.db.session import session_scope
-    from farm.report_html import CHECK_JS, render
+    from farm.readers.report_html import CHECK_JS, render
     from tests.farm.results_data import seed_request
 
     model = "<script>alert(1)</script>[/bold].onnx"

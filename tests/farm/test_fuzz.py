@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from farm.cli.main import main
-from farm.results import recent_requests
+from farm.readers.results import recent_requests
 from schemas import ProfileRequest
 
 TRIED: dict[str, int] = {}

@@ -26,7 +26,9 @@ def test_max_goodput_search_against_a_known_capacity() -> None:
     (search,) = json.loads(farm("status", rid, "--json", env=env).stdout)["searches"]
     assert search["kind"] == "max-goodput" and search["load"] == "rate" and search["done"]
     measured = search["measured"]
-    assert measured[:3] == [8.0, 16.0, 32.0]  # doubling from the start while the SLO holds
+    # doubling from the start while the SLO holds: 32/s is within capacity on an idle host; a busy one (these
+    # VMs, CI) can lower the fake server's capacity below it, and the search then bisects between 16 and 32
+    assert measured[:2] == [8.0, 16.0] and measured[2] in (32.0, 24.0), measured
     answer, fails_at = search["max_goodput_rate"], search["fails_at"]
     assert answer is not None and 8.0 <= answer <= CAPACITY * 1.1
     assert fails_at is not None and answer < fails_at <= answer * 1.05 + 1e-9  # bracketed within 5 %

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from farm.cli.views import host_lines
-from farm.compare import as_json, compare
-from farm.report_html import _jobs
-from farm.results import merge_repeats
+from farm.readers.compare import as_json, compare
+from farm.readers.report_html import _jobs
+from farm.readers.results import merge_repeats
 from farm.settings import reset_settings
-from tests.farm.test_results import _row
+from tests.farm.readers.test_results import _row
 
 DRIFTED = {"host_speed_index": 30.0, "host_speed_change_pct": -23.0, "foreign_cpu_pct": 2.0}
 BUSY = {"host_speed_index": 30.0, "host_speed_change_pct": 1.0, "foreign_cpu_pct": 41.0}

@@ -19,7 +19,7 @@ from schemas.input_data import DataArray, InputData
 from tests.helpers import FAST, farm, gather_model
 from workers.engines.base import IOSpec
 from workers.engines.decode import decode_inputs
-from workers.loadgen.request import build_request, input_tensor, random_tensor
+from workers.loadgen.kserve.request import build_request, input_tensor, random_tensor
 
 VOCAB = 50
 IDS = TensorSpec(name="ids", dtype="INT64", shape=(8,))
@@ -125,7 +125,7 @@ def test_value_range_and_data_file_keep_ids_in_the_vocabulary(tmp_path: Path) ->
 
 
 def test_edge_bench_honours_value_ranges_and_zeros() -> None:
-    from workers.edge_bench import make_inputs
+    from workers.engines.inputs import make_inputs
     from workers.runners.common import bench_command
 
     given = [{"name": "ids", "dtype": "INT64", "shape": [8], "value_range": [3, 4]}]
@@ -175,7 +175,8 @@ class _Recorder:
                     resp.id = request.id
                     yield pb.ModelStreamInferResponse(infer_response=resp)
 
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self.pool = futures.ThreadPoolExecutor(max_workers=2)
+        self.server = grpc.server(self.pool)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(Service(), self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
 
@@ -184,21 +185,24 @@ class _Recorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.stop(grace=None)
+        self.server.stop(grace=None).wait()
+        self.pool.shutdown(wait=True)  # grpc.server does not own the executor it is given
 
 
 @pytest.mark.parametrize("rpc", ["unary", "stream"])
 def test_every_row_of_the_file_is_sent(tmp_path: Path, rpc: str) -> None:
     """Five rows at batch 2: the generator sends requests starting at rows 0, 2 and 4 in turn."""
     from schemas import MeasurementSettings
-    from workers.loadgen import run_load
+    from workers.loadgen.clients import run_load
+    from workers.loadgen.contract import LoadSpec, LoadTarget
 
     ids = np.arange(5 * 8, dtype=np.int64).reshape(5, 8)
     np.savez(tmp_path / "rows.npz", ids=ids)
     data = resolve_input_data(InputData.model_validate(str(tmp_path / "rows.npz")), [IDS])
     settings = MeasurementSettings(warmup_s=0.1, duration_s=0.5, rpc=rpc)
     with _Recorder() as server:
-        result = run_load(f"127.0.0.1:{server.port}", "m", [IDS], 2, 1, settings, processes=1, data=data)
+        result = run_load(LoadTarget(f"127.0.0.1:{server.port}", "m"),
+                          LoadSpec.from_settings([IDS], 2, 1, settings, data=data), processes=1)
     assert server.seen == {0, 16, 32}  # the first id of rows 0, 2 and 4
     assert result.details["input_data"]["kind"] == "file" and result.details["input_data"]["rows"] == {"ids": 5}
 
@@ -207,7 +211,7 @@ def test_served_and_edge_jobs_of_a_request_send_the_same_data() -> None:
     """One generator (``farm.input_data``): the tensors of a served request (decoded as its server sees
     them) and of the edge bench are equal, integers drawn from 0..99 on both sides."""
     from schemas import EdgeProfile, JobSpec, MeasurementSettings
-    from workers.edge_bench import make_inputs
+    from workers.engines.inputs import make_inputs
     from workers.runners.common import bench_command
 
     inputs = [IDS, X, TensorSpec(name="r", dtype="INT32", shape=(3,), value_range=(5, 7))]
@@ -244,7 +248,7 @@ def test_edge_bench_reads_the_data_file_the_runner_writes() -> None:
     """``edge_input_file`` writes the request's checked arrays; the bench's batch from it equals a served
     request's first batch (rows from the first, cycled), not random values."""
     from schemas import EdgeProfile, JobSpec, MeasurementSettings
-    from workers.edge_bench import make_inputs
+    from workers.engines.inputs import make_inputs
     from workers.runners.common import bench_command, edge_input_file
 
     rows = np.arange(16, dtype="<i8").reshape(2, 8)

@@ -121,7 +121,7 @@ def test_cli_refuses_each_bomb_in_one_line_with_exit_2(sqlite_url: str, example_
     """The matrix, rate range, shape and npz bombs through ``farm submit``: exit 2, one ``error:`` line, no
     request stored."""
     from farm.cli.main import main
-    from farm.results import recent_requests
+    from farm.readers.results import recent_requests
 
     many = ",".join(map(str, range(1, 1001)))
     bomb = write_npz_bomb(tmp_path / "bomb.npz", 64 << 20)

@@ -12,7 +12,7 @@ from sqlalchemy import inspect, text
 
 from farm.db.session import get_engine
 from farm.db.views import LOAD, PLACEMENT, SPEC_DIMENSIONS
-from farm.results import result_rows
+from farm.readers.results import result_rows
 from schemas.metrics import JOB_METRICS
 from schemas.result import PLACEMENT_COLUMNS
 from tests.farm.results_data import seed_request

@@ -38,6 +38,11 @@ def test_llama_cpp_launched_by_farm_is_measured_over_the_openai_api(tiny_llama: 
         assert r["error_count"] == 0
         # the tiny model always runs to max_tokens (its output rows keep it on printable tokens): 16 asked, 16 made
         assert r["mean_output_tokens"] == pytest.approx(16, abs=1)
+        # the prompts cut by the server's own tokenizer (llama-cpp-python's /extras/tokenize), the chat template's
+        # tokens measured on the probe: 24 by its count, within 2 % (a word may merge with the template's text)
+        assert r["requested_input_tokens_mean"] == pytest.approx(24, rel=0.02)
+        assert r["input_tokens_off_pct"] == pytest.approx(0, abs=2)
+        assert r["workload_as_asked"] is not False and r["ttfot_p50_ms"] == pytest.approx(r["ttft_p50_ms"])
         assert r["goodput_req_per_s"] == pytest.approx(r["requests_per_s"], rel=0.05)
 
 
@@ -115,7 +120,7 @@ def test_llama_cpp_under_edge_limits_fits_the_slo_or_is_killed_out_of_memory(tin
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: pip install 'farm[llm]'")
     if not _cgroups_limit():
         pytest.skip("this host does not let farm create limited cgroups (run as root or in a delegated cgroup)")
-    env = farm_env()
+    env = farm_env(FARM_LLAMA_SERVER="off")  # llama-cpp-python's server: its memory is what the profiles are sized to
     out = farm("submit", str(tiny_llama.gguf), *SHORT, "--edge", "cpus=1,memory=512m,name=box", "--edge",
                "cpus=1,memory=40m,name=tiny", "--slo", "ttft=5000,tpot=1000", "--json", env=env, timeout=420)
     rid = json.loads(out.stdout)["request_id"]

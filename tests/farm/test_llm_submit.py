@@ -17,10 +17,11 @@ LLM = ["--duration", "1", "--window", "0.5", "--warmup", "0.3", "--input-tokens"
 
 
 def test_submit_profiles_an_openai_endpoint(tmp_path: Path) -> None:
-    env = farm_env(FARM_TEST_KEY="s3cret-key-value")
+    """The server asks for a key: the request names the operator's credential, the worker sends its value."""
+    env = farm_env(LLM_TEST_KEY="s3cret-key-value", FARM_ENDPOINT_CREDENTIALS="tiny-key=env:LLM_TEST_KEY")
     with fake_server(model="tiny", ttft_ms=5, itl_ms=1, api_key="s3cret-key-value") as url:
-        out = farm("submit", "--endpoint", url, "--api", "openai-chat", "--model-name", "tiny", "--api-key-env",
-                   "FARM_TEST_KEY", "--concurrency", "1,4", "--slo", "ttft=5000", *LLM, "--json", env=env)
+        out = farm("submit", "--endpoint", url, "--api", "openai-chat", "--model-name", "tiny", "--credential",
+                   "tiny-key", "--concurrency", "1,4", "--slo", "ttft=5000", *LLM, "--json", env=env)
     rid = json.loads(out.stdout)["request_id"]
     rows = json.loads(farm("results", rid, "--format", "json", env=env).stdout)
     assert sorted(r["concurrency"] for r in rows) == [1, 4] and {r["status"] for r in rows} == {"succeeded"}

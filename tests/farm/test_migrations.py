@@ -105,3 +105,41 @@ def test_the_rate_column_is_filled_from_the_jobs_specs(backend: str, tmp_path, r
     assert "rate" not in {c["name"] for c in inspect(get_engine(url)).get_columns("jobs")}
     with get_engine(url).connect() as conn:
         assert conn.execute(text(rates)).all() == [("closed", None), ("open", 120.5)]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_the_model_bytes_move_out_of_the_database_into_the_store(backend: str, tmp_path,
+                                                                  request: pytest.FixtureRequest) -> None:
+    """Migration 0012 copies each model's ``content`` into the model store (FARM_HOME/store here), records where,
+    and drops the column; a row whose bytes do not match its sha256 gets no location. The step back copies the
+    bytes into the column again."""
+    import hashlib
+
+    from farm.store.backends import open_store
+
+    url = _url(backend, tmp_path, request)
+    upgrade(url, "0011_api")
+    data = bytes(range(256)) * 4096  # 1 MiB
+    sha = hashlib.sha256(data).hexdigest()
+    with get_engine(url).begin() as conn:
+        for key, content in ((sha, data), ("f" * 64, b"not its bytes")):
+            conn.execute(text("INSERT INTO model_artifacts (sha256, filename, format, size_bytes, content, inputs, "
+                              "created_at) VALUES (:s, 'm.onnx', 'onnx', :n, :c, '[]', CURRENT_TIMESTAMP)"),
+                         {"s": key, "n": len(content), "c": content})
+        conn.execute(text("INSERT INTO requests (id, model_sha256, spec, excluded, created_at) "
+                          "VALUES ('r1', :s, '{}', '[]', CURRENT_TIMESTAMP)"), {"s": sha})
+    upgrade(url)
+    assert is_current(url) and _diff(url) == []
+    assert "content" not in {c["name"] for c in inspect(get_engine(url)).get_columns("model_artifacts")}
+    store = open_store()
+    with get_engine(url).connect() as conn:
+        rows = dict(conn.execute(text("SELECT sha256, location || '|' || layout FROM model_artifacts")).all())
+    assert rows == {sha: f"{store.url}|file", "f" * 64: "|file"}
+    with store.get(sha) as blob:
+        assert blob.read() == data
+    assert not store.exists("f" * 64)
+    with get_engine(url).begin() as conn:
+        conn.execute(text("DELETE FROM model_artifacts WHERE sha256 = :s"), {"s": "f" * 64})
+    _downgrade(url, "0011_api")
+    with get_engine(url).connect() as conn:
+        assert [bytes(c) for c in conn.execute(text("SELECT content FROM model_artifacts")).scalars()] == [data]

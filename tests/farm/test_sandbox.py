@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from sqlalchemy import create_engine, text
 
 from farm import sandbox
 from farm.errors import SandboxError
+from farm.sandbox import jail_argv
 from farm.secrets import clean_env, scrub, secret_values
 from farm.settings import reset_settings
 from schemas import JobSpec
@@ -253,3 +255,19 @@ def test_farm_worker_allow_commands_is_the_setting(monkeypatch: pytest.MonkeyPat
         main(["worker", "--allow-commands"])
     assert "needs a broker" in capsys.readouterr().err
     assert os.environ["FARM_ALLOW_COMMANDS"] == "1" and get_settings().allow_commands is True
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_a_jail_sees_the_libraries_on_the_workers_ld_library_path(tmp_path: Path) -> None:
+    """A GPU node's driver libraries often live on LD_LIBRARY_PATH (libnvidia-ml in /usr/local/nvidia/lib64): a
+    jailed server must see them, read-only, or NVML and CUDA fail to load in it."""
+    lib = tmp_path / "driver-libs"
+    lib.mkdir()
+    (lib / "libfake.so").write_text("x")
+    env = {**clean_env(), "LD_LIBRARY_PATH": f"{lib}{os.pathsep}relative{os.pathsep}/nonexistent"}
+    code = ("import os, sys; p = os.path.join(os.environ['LD_LIBRARY_PATH'].split(os.pathsep)[0], 'libfake.so'); "
+            "print(open(p).read()); open(p, 'a')")
+    done = subprocess.run(jail_argv([sys.executable, "-c", code], network=False, env=env), capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.strip() == "x", done.stderr[-2000:]  # seen
+    assert done.returncode != 0 and "Read-only file system" in done.stderr  # and read-only

@@ -235,3 +235,10 @@ def test_an_llm_model_on_an_edge_box_gets_llm_engine_jobs_under_the_profile() ->
     assert sorted((j.concurrency, j.knobs["n_ctx"]) for j in edge) == [(1, 256), (1, 512), (2, 256), (2, 512)]
     assert all(j.measurement.llm is not None and j.measurement.llm.slo is not None for j in edge)
     assert len({j.job_id for j in jobs}) == len(jobs)
+
+
+def test_a_model_without_engines_named_gets_its_formats_default_engine() -> None:
+    """``farm submit m.pt`` serves a TorchScript model on torchscript (it was expanded for onnxruntime, the
+    request's default, and refused: "engine onnxruntime cannot load torchscript models")."""
+    assert {j.engine for j in expand(ProfileRequest(model="m.pt"), "r", TS).jobs} == {"torchscript"}
+    assert {j.engine for j in expand(ProfileRequest(model="m.onnx"), "r", ONNX).jobs} == {"onnxruntime"}

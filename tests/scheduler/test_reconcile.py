@@ -192,7 +192,7 @@ def test_device_selectors_resolve_against_live_workers(cluster: dict[str, str], 
 
 
 def test_job_no_live_worker_can_serve_waits_and_status_says_so(cluster: dict[str, str], example_onnx: Path) -> None:
-    from farm.results import waiting_queues
+    from farm.readers.results import waiting_queues
     from tests.helpers import farm, farm_env
 
     add_worker("cpu-box", queues=("farm.cpu",))
@@ -214,7 +214,7 @@ def test_one_live_worker_rule_for_every_reader(cluster: dict[str, str], example_
     """Online with a fresh heartbeat is live; offline, lost or silent is dead, for reconciliation (dead
     holders), the inventory (live queues) and ``still_running`` alike."""
     from farm.db.models import live_worker
-    from farm.results import live_queues
+    from farm.readers.results import live_queues
     from schemas import WorkerStatus
 
     add_worker("live", queues=("q.live",))

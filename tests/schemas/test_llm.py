@@ -59,5 +59,7 @@ def test_http_endpoint_without_api_and_wrong_client_are_refused() -> None:
         MeasurementSettings(client="perf_analyzer", llm=LlmSettings())
     with pytest.raises(ValidationError, match="--api"):
         MeasurementSettings(client="openai")
-    with pytest.raises(ValidationError, match="environment variable"):
-        LlmSettings(api_key_env="MY KEY")
+    with pytest.raises(ValidationError, match="api_key_env is gone.*--credential"):
+        LlmSettings(api_key_env="MY_KEY")  # a request never names a worker's variable (issue 39)
+    with pytest.raises(ValidationError, match="not a credential name"):
+        LlmSettings(credential="my key")

@@ -35,3 +35,10 @@ def test_an_engine_without_threads_and_a_job_without_llm_settings() -> None:
     vllm = LlmFacts.of(_spec("vllm", {"max_num_seqs": 8}), 4)
     assert vllm is not None and vllm.knobs == {"max_num_seqs": 8} and vllm.n_threads is None
     assert LlmFacts.of(_spec("onnxruntime", llm=False), 2) is None
+
+
+def test_the_server_that_ran_is_named_with_its_version() -> None:
+    f = LlmFacts.of(_spec(), 2, server={"name": "llama-server", "version": "0.6.0-dev (build 0)", "binary": "/x"})
+    assert f is not None and f.server == "llama-server 0.6.0-dev (build 0)" and f.columns()["server"] == f.server
+    unnamed = LlmFacts.of(_spec(), 2)
+    assert unnamed is not None and unnamed.server is None

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 from farm.errors import RequestError
 from scheduler.expand import ModelRef, expand, job_count
 from schemas import ProfileRequest
-from schemas.llm_engines import KNOBS, check_knobs, parse_knob
+from schemas.knobs import parse_knob
+from schemas.llm_engines import KNOBS, check_knobs
 from tests.helpers import farm
 
 GGUF = ModelRef(sha256="0" * 64, format="gguf", filename="m.gguf", inputs=())
@@ -18,7 +19,7 @@ HF = ModelRef(sha256="1" * 64, format="hf", filename="m.tar", inputs=())
 
 
 def test_each_engine_names_the_issues_knobs() -> None:
-    assert set(KNOBS["llama.cpp"]) == {"n_parallel", "n_ctx", "n_threads", "n_batch"}
+    assert set(KNOBS["llama.cpp"]) == {"n_parallel", "n_ctx", "n_threads", "n_batch", "n_ubatch", "cont_batching"}
     assert {"dtype", "attn_implementation", "max_batch_tokens"} <= set(KNOBS["transformers"])
     assert set(KNOBS["vllm"]) == {"max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
                                   "enable_prefix_caching"}

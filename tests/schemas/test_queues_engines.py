@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from schemas import ENGINES, MODEL_FORMATS
-from schemas.engines import FORMAT_ENGINE, RULES, incompatibility
+from schemas.engines import CARDS, FORMAT_ENGINE, incompatibility
 from schemas.queues import CPU_QUEUE, EDGE_QUEUE, gpu_queue, queue_for
 
 
@@ -20,7 +20,7 @@ def test_each_format_engine_can_load_its_format_on_every_device_class() -> None:
     assert MODEL_FORMATS == ("onnx", "torchscript")
     assert ENGINES == ("onnxruntime", "torchscript", "triton", "openvino", "llama.cpp", "transformers", "vllm")
     for fmt, engine in FORMAT_ENGINE.items():
-        assert fmt in RULES[engine].formats
+        assert fmt in CARDS[engine].formats
         assert incompatibility(engine, fmt, "cpu") is None and incompatibility(engine, fmt, "gpu:t4") is None
     assert "cannot load onnx" in (incompatibility("torchscript", "onnx", "cpu") or "")
     assert "unknown engine" in (incompatibility("tvm", "onnx", "cpu") or "")

@@ -1,6 +1,7 @@
 """The job watch: time limit, cancellation and shutdown stop the job in the main thread, once."""
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
+from workers.cancel import CANCELLED, INTERRUPT_SIGNAL, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,13 +66,16 @@ def test_jobs_outside_the_main_thread_are_not_interrupted_but_the_reason_is_kept
     assert seen == [CANCELLED]
 
 
-#: a watch that has exited, then a SIGUSR2 on its way (an interrupt sent as the job ended): the process lives on
+#: a watch that has exited, then an interrupt signal on its way (an interrupt sent as the job ended), and one sent
+#: before any watch: the process lives on, and each watch gives back exactly the handler it found
 LATE_SIGNAL = """
 import os, signal, time
 from workers.cancel import INTERRUPT_SIGNAL, JobWatch
+assert signal.getsignal(INTERRUPT_SIGNAL) is signal.SIG_DFL
+os.kill(os.getpid(), INTERRUPT_SIGNAL)  # no watch yet: the default action ignores it
 with JobWatch(lambda job: "running", poll_s=0.05):
     pass
-assert signal.getsignal(INTERRUPT_SIGNAL) is signal.SIG_IGN
+assert signal.getsignal(INTERRUPT_SIGNAL) is signal.SIG_DFL
 os.kill(os.getpid(), INTERRUPT_SIGNAL)
 time.sleep(0.1)
 mine = lambda *a: None
@@ -88,9 +92,58 @@ def test_a_late_interrupt_signal_after_the_watch_exits_never_ends_the_process() 
     assert proc.returncode == 0 and proc.stdout.strip() == "alive", (proc.returncode, proc.stderr[-2000:])
 
 
+def test_the_interrupt_signal_is_one_whose_default_action_ignores_it() -> None:
+    """The root cause of issue 36: a signal whose default action ends the process (SIGUSR2) killed a test process
+    when it arrived while no watch's handler was installed. The interrupt signal's default action must be ignore."""
+    assert INTERRUPT_SIGNAL in (signal.SIGURG, signal.SIGWINCH, signal.SIGCHLD)
+    proc = subprocess.run([sys.executable, "-c", f"import os, time; os.kill(os.getpid(), {int(INTERRUPT_SIGNAL)}); "
+                           "time.sleep(0.1); print('alive')"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "alive"
+
+
 def test_no_signal_is_sent_once_the_watch_has_stopped() -> None:
     watch = JobWatch(lambda job: "running", poll_s=0.05)
     with watch, watch.job("j", timeout_s=None):
         watch._stop.set()  # as __exit__ does first, under the lock
         assert watch.interrupt(SHUTDOWN) is False  # nothing sent: the handler may be gone by the time it lands
         assert watch.reason == SHUTDOWN  # the reason is kept, as for a job outside the main thread
+
+
+class _Server:
+    """A resource with a cleanup that takes a while (stopping a server): an interrupt must never cut it short."""
+
+    entered = exited = 0
+
+    def __enter__(self) -> _Server:
+        _Server.entered += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(0.01)  # the interrupt is sent again and again meanwhile; it must not land here
+        _Server.exited += 1
+
+
+def test_an_interrupt_never_lands_in_a_cleanup_and_is_deferred_to_the_body() -> None:
+    with JobWatch(lambda job: "running", poll_s=0.05) as watch:
+        with pytest.raises(JobInterrupt), watch.job("j", timeout_s=None):
+            with _Server():
+                threading.Timer(0.005, lambda: watch.interrupt(CANCELLED)).start()
+            # the interrupt was asked for during the cleanup above: it lands here, in the body, after it
+            time.sleep(30)
+    assert _Server.entered == _Server.exited
+
+
+def test_an_interrupt_asked_for_during_the_last_cleanup_dies_with_its_job() -> None:
+    class StopsDuringCleanup(_Server):
+        def __exit__(self, *exc: object) -> None:
+            watch.interrupt(CANCELLED)  # the signal reaches this thread at once, inside this cleanup
+            super().__exit__(*exc)
+
+    with JobWatch(lambda job: "running", poll_s=0.05) as watch:
+        with watch.job("j", timeout_s=None), StopsDuringCleanup():
+            pass
+        assert watch.reason is None  # the job ended: its stop went with it
+        time.sleep(0.2)  # nothing is sent again once the job is over
+        with watch.job("next", timeout_s=None):
+            time.sleep(0.1)  # the next job runs undisturbed
+    assert _Server.entered == _Server.exited

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from farm.cli.views import host_lines
-from farm.results import result_rows
+from farm.readers.results import result_rows
 from farm.settings import reset_settings
 from scheduler.enqueue import submit
 from schemas import EdgeProfile, JobSpec, MeasurementSettings, ProfileRequest, TensorSpec

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from farm.errors import SamplerError
@@ -79,10 +80,21 @@ def test_an_edge_job_never_opens_nvml() -> None:
         assert m.gpu is None
 
 
+def _until(check: Any, timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
 def test_a_watched_edge_run_is_stored_with_its_series() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
-    with Measurement(_spec(EDGE)) as m, m.watch(Served(pid=proc.pid)):
-        proc.wait(timeout=30)
+    with Measurement(_spec(EDGE)) as m:  # entering may wait for cores and calibrates: start the run after it
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        with m.watch(Served(pid=proc.pid)):
+            _until(lambda: len(m.samplers[0].samples) >= 2)  # the run lives until it has been sampled
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(timeout=30)
     assert _kinds(m.samplers) == [ProcessTreeSampler, ForeignLoadSampler]
     assert "mem_peak_bytes" in m.metrics() and None not in m.metrics().values()
     res = m.details()["resources"]
@@ -98,6 +110,13 @@ def test_an_edge_sampler_that_cannot_start_is_a_note_and_a_serving_one_fails() -
     assert m.samplers == [] and m.details()["resources"] == {} and set(m.details()) == {"resources", "calibration"}
     # Other notes may come first (a job in another test process held the cores): look among them all.
     assert any(n.startswith("no resource samples: SamplerError") for n in m.notes), m.notes
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exited, not yet reaped: nothing to sample
+    _until(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE)
+    with Measurement(_spec(EDGE)) as m, m.watch(Served(pid=zombie.pid)):
+        pass
+    zombie.wait(timeout=30)
+    assert "mem_peak_bytes" not in m.metrics() and m.details()["resources"]["samples"] == 0
+    assert "no resource samples: the run ended before the process sampler's first sample" in m.notes, m.notes
     with pytest.raises(SamplerError), Measurement(_spec()) as m, m.watch(Served(pid=proc.pid)):
         pass
 

@@ -1,5 +1,5 @@
 """OpenVINO backend: one compiled model (CPU plugin) and infer request per instance; loads ONNX files
-(``schemas.engines.RULES`` says which formats). Needs the ``openvino`` package (``pip install
+(its card, ``schemas.engines.CARDS``, says which formats). Needs the ``openvino`` package (``pip install
 'farm[openvino]'``)."""
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 import numpy as np
 
 from farm.errors import ModelError, ServerError
+from schemas.engines import CARDS
 from workers.engines.base import V2_TO_NP, Backend, InputError, IOSpec, Package, lease_threads, parse_device
+from workers.signal_stack import keep_alternate_stack
 
 #: OpenVINO element type name -> KServe v2 datatype
 OV_TO_V2: dict[str, str] = {
@@ -31,7 +33,7 @@ class OpenVinoBackend(Backend):
 
     engine = "openvino"
     platform = "openvino"
-    package = Package("openvino", ("openvino", "openvino-telemetry"), extra="openvino")
+    package = Package("openvino", ("openvino", "openvino-telemetry"), extra=CARDS[engine].extra)
 
     def __init__(self) -> None:
         super().__init__()
@@ -63,6 +65,10 @@ class OpenVinoBackend(Backend):
         except Exception as exc:  # OpenVINO raises RuntimeError/GeneralFailure with multi-line texts
             raise ModelError(f"OpenVINO cannot load {path.name}: {str(exc).strip().splitlines()[0]}; "
                              "check the file is a valid ONNX model (onnx.checker.check_model)") from exc
+        finally:
+            # the CPU plugin just gave this thread an alternate signal stack that it unmaps when freed, wherever
+            # that happens: the thread gets farm's own back, or its next signal would be a SIGSEGV (issue 36)
+            keep_alternate_stack()
         self._request = compiled.create_infer_request()
         self._inputs = [_spec(p) for p in compiled.inputs]
         self._outputs = [_spec(p) for p in compiled.outputs]

@@ -14,12 +14,11 @@ import grpc
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
+from schemas.engines import CARDS
 from workers.engines.base import InputError, IOSpec
 from workers.engines.holder import ModelHolder, config_overrides
 from workers.engines.triton import DEFAULT_MAX_BATCH, model_config
 
-#: Triton's backend name of each in-process engine (ModelConfig ``backend``)
-ENGINE_BACKEND: dict[str, str] = {"onnxruntime": "onnxruntime", "torchscript": "pytorch", "openvino": "openvino"}
 READY = "READY"
 MODEL_VERSION = "1"
 
@@ -57,7 +56,8 @@ def served_config(
     cfg = model_config(name, model_format, ins, outs, max_batch_size=max_batch,
                        instances=instances, device=device, threads=threads, max_queue_delay_us=batching,
                        preferred_batch_size=preferred_batch_size if batching is not None else None)
-    cfg.backend = ENGINE_BACKEND.get(engine, engine)
+    card = CARDS.get(engine)  # Triton's backend name of the engine (ModelConfig ``backend``)
+    cfg.backend = card.triton_backend if card is not None and card.triton_backend else engine
     return cfg
 
 

@@ -33,7 +33,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from farm.errors import FarmError, NotFoundError, ServerError
 from schemas.dtypes import parse_input_spec
 from schemas.engines import FORMAT_ENGINE, IN_PROCESS, MODEL_FORMATS, SERVED_MODEL_NAME, incompatibility
-from workers import grpc_env
+from workers import grpc_env, signal_stack
 from workers.engines.backends import make_backend
 from workers.engines.base import (
     COMPUTE_PARAM,
@@ -453,6 +453,7 @@ def _block(cfg: ServerConfig, model: _Model) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.add_signal_handler(sig, stop.set)
+                signal_stack.deliver_on_thread_stack(sig)  # an OpenVINO model may leave the alternate stack unmapped
             except (RuntimeError, ValueError):  # not the main thread: serve until cancelled
                 pass
         await serve(cfg, model, stop, _print_bound)

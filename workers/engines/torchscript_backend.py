@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from farm.errors import ModelError, ServerError
+from schemas.engines import CARDS
 from workers.engines.base import (
     V2_TO_NP,
     Backend,
@@ -44,7 +45,7 @@ class TorchScriptBackend(Backend):
 
     engine = "torchscript"
     platform = "pytorch_libtorch"
-    package = Package("torch", ("torch",), extra="torch")
+    package = Package("torch", ("torch",), extra=CARDS[engine].extra)
 
     def __init__(self) -> None:
         super().__init__()

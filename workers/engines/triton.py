@@ -21,18 +21,17 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from farm.errors import ModelError, ServerError
 from schemas.dtypes import ONNX_TO_V2
-from schemas.engines import SERVED_MODEL_NAME
+from schemas.engines import CARDS, FORMAT_ENGINE, SERVED_MODEL_NAME
 from workers.engines.base import IOSpec, parse_device
 from workers.engines.ready import wait_ready
 from workers.engines.torchscript_backend import TorchScriptBackend
 
-TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"  # default image; pass image= to pin another
+TRITON_IMAGE = CARDS["triton"].image or ""  # default image (its card's); pass image= to pin another
 TRITON_GRPC_PORT = 8001  # inside the container
 REPO_MOUNT = "/models"
 DEFAULT_MAX_BATCH = 64
 
 _FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
-_BACKENDS = {"onnx": ("onnxruntime", "onnxruntime_onnx"), "torchscript": ("pytorch", "pytorch_libtorch")}
 _THREAD_PARAM = {"onnx": "intra_op_thread_count", "torchscript": "INTRA_OP_THREAD_COUNT"}
 
 
@@ -112,7 +111,7 @@ def model_config(
             f"max_batch_size {max_batch_size} needs a dynamic first dimension on every input and output; "
             "export the model with a dynamic batch axis or use max_batch_size=0"
         )
-    backend, _platform = _BACKENDS[model_format]
+    backend = CARDS[FORMAT_ENGINE[model_format]].triton_backend  # Triton loads a format as its engine's card says
     cfg = mc.ModelConfig(name=model_name, backend=backend, max_batch_size=max_batch_size,
                          default_model_filename=_FILES[model_format])
     for specs, target, kind in ((inputs, cfg.input, "input"), (outputs, cfg.output, "output")):

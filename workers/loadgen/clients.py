@@ -7,15 +7,12 @@ Adding a client: its module (a ``contract.LoadClient`` returning a ``contract.Lo
 from __future__ import annotations
 
 from farm.errors import LoadGenError
-from schemas import MeasurementSettings, TensorSpec
-from schemas.input_data import InputData
-from workers.loadgen.contract import LoadClient, LoadJob, LoadResult
-from workers.loadgen.openai_client import OpenAIClient
-from workers.loadgen.patterns import pattern_for
-from workers.loadgen.perf_analyzer_client import PerfAnalyzerClient
+from workers.loadgen.contract import LoadClient, LoadJob, LoadResult, LoadSpec, LoadTarget
+from workers.loadgen.kserve.client import FarmClient
+from workers.loadgen.openai.client import OpenAIClient
+from workers.loadgen.perf_analyzer.client import PerfAnalyzerClient
 from workers.loadgen.plan import WindowPlan
 from workers.loadgen.result import to_result
-from workers.loadgen.run import FarmClient
 
 CLIENTS: dict[str, type[LoadClient]] = {c.name: c for c in (FarmClient, PerfAnalyzerClient, OpenAIClient)}
 #: ``auto``: the first of these that can measure the job; the last one always measures it
@@ -50,27 +47,25 @@ def measure(job: LoadJob) -> LoadResult:
     raise LoadGenError("no load client can measure this job: " + "; ".join(f"{s}: {w}" for s, w in skipped))
 
 
-def run_load(url: str, model_name: str, inputs: list[TensorSpec], batch_size: int, concurrency: int,
-             settings: MeasurementSettings, *, processes: int | None = None,
-             connect_timeout_s: float = 10.0, seed: int = 0, in_process: bool = False,
-             data: InputData | None = None) -> LoadResult:
-    """Drive the KServe v2 gRPC server at ``url`` (``host:port``) with inference requests for
-    ``model_name`` and measure latency and throughput; ``settings.rpc`` picks unary ModelInfer calls or
-    ModelStreamInfer streams; ``settings.client`` NVIDIA perf_analyzer (``perf_analyzer_client``), farm's own
-    generator (``run``), or ``auto``: perf_analyzer where it can run the job, else farm's generator (the
-    reason in the notes).
+def run_load(target: LoadTarget, spec: LoadSpec, *, processes: int | None = None, connect_timeout_s: float = 10.0,
+             seed: int = 0, in_process: bool = False) -> LoadResult:
+    """Drive the KServe v2 gRPC server of ``target`` (``host:port``, model name) with ``spec``'s inference requests
+    and measure latency and throughput; ``settings.rpc`` picks unary ModelInfer calls or ModelStreamInfer streams;
+    ``settings.client`` NVIDIA perf_analyzer (``perf_analyzer.client``), farm's own generator (``kserve.client``),
+    or ``auto``: perf_analyzer where it can run the job, else farm's generator (the reason in the notes).
 
-    Closed loop (``settings.mode == "closed"``): ``concurrency`` requests always outstanding, each a
-    batch of ``batch_size``. Open loop (``constant``/``poisson``): ``settings.rate`` requests/s, latency
-    counted from each request's scheduled send time (``patterns``). ``processes``, ``in_process``: farm's
-    generator's client processes (``run.FarmClient``); ``details["client_process"]`` says where the client ran.
-    ``data``: which values the tensors hold (None: random; see ``request.input_tensor``); the result's
-    details record it (``input_data``).
+    ``spec.load`` (``schemas.load_levels``) says how requests are offered, each a batch of ``batch_size``: a closed loop
+    keeps its concurrency outstanding; an open loop (constant/Poisson) sends its rate requests/s, latency counted
+    from each request's scheduled send time. ``processes``, ``in_process``: farm's generator's client processes
+    (``run.FarmClient``); ``details["client_process"]`` says where the client ran. ``spec.data``: which values the
+    tensors hold (None: random; see ``request.input_tensor``); the result's details record it (``input_data``).
+    ``target.authority``, ``target.in_flight_cap``: an endpoint job's name (where the url is the address it was
+    pinned to) and cap on requests in flight (``farm.egress``).
     Raises LoadGenError when the server is unreachable or no request succeeded.
     """
-    if batch_size < 1 or concurrency < 1:
-        raise LoadGenError(f"batch_size and concurrency must be >= 1, got {batch_size} and {concurrency}")
-    return measure(LoadJob(url=url, model_name=model_name, inputs=tuple(inputs), batch_size=batch_size,
-                           concurrency=concurrency, settings=settings, pattern=pattern_for(settings, concurrency),
-                           data=data, seed=seed, connect_timeout_s=connect_timeout_s, processes=processes,
-                           in_process=in_process))
+    if spec.batch_size < 1:
+        raise LoadGenError(f"batch_size must be >= 1, got {spec.batch_size}")
+    return measure(LoadJob(url=target.url, model_name=target.model_name, inputs=tuple(spec.inputs),
+                           batch_size=spec.batch_size, load=spec.load, settings=spec.settings, data=spec.data,
+                           seed=seed, connect_timeout_s=connect_timeout_s, processes=processes, in_process=in_process,
+                           authority=target.authority, in_flight_cap=target.in_flight_cap))

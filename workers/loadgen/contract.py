@@ -6,38 +6,85 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
-from schemas import MeasurementSettings, TensorSpec
+from schemas import JobSpec, MeasurementSettings, TensorSpec
 from schemas.input_data import InputData
+from schemas.load import LoadDetails
+from schemas.load_levels import LoadLevel, load_level
 from workers.loadgen import stats
-from workers.loadgen.patterns import LoadPattern
+from workers.loadgen.patterns import LoadPattern, pattern_of
 from workers.loadgen.plan import WindowPlan
+
+
+@dataclass(frozen=True)
+class LoadTarget:
+    """Where the load goes: the server at ``url`` (``host:port``) serving ``model_name``. An endpoint job
+    (``farm.egress``): ``url`` holds the address its name was pinned to, ``authority`` the name (HTTP Host header,
+    TLS), ``in_flight_cap`` the most requests it may keep in flight."""
+
+    url: str
+    model_name: str
+    authority: str | None = None
+    in_flight_cap: int | None = None
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What to send: requests of ``batch_size`` built from ``inputs`` (``data``: which values; None: random),
+    offered at ``load`` and measured as ``settings`` say (their ``mode``/``rate`` unread: ``load`` holds them)."""
+
+    inputs: tuple[TensorSpec, ...]
+    batch_size: int
+    load: LoadLevel
+    settings: MeasurementSettings
+    data: InputData | None = None
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> LoadSpec:
+        """A job's load."""
+        return cls(tuple(spec.inputs), spec.batch_size, spec.load, spec.measurement, spec.input_data)
+
+    @classmethod
+    def from_settings(cls, inputs: Sequence[TensorSpec], batch_size: int, concurrency: int,
+                      settings: MeasurementSettings, data: InputData | None = None) -> LoadSpec:
+        """The load of request-style ``settings`` at ``concurrency`` (their ``mode``/``rate`` as the expansion
+        reads them, ``schemas.load_levels.load_level``): for callers without a job (benchmarks, tests)."""
+        return cls(tuple(inputs), batch_size, load_level(settings.mode, concurrency, settings.rate), settings, data)
 
 
 @dataclass(frozen=True)
 class LoadJob:
     """One measurement to run: the KServe v2 gRPC server at ``url`` (``host:port``) serving ``model_name``,
     requests of ``batch_size`` built from ``inputs`` (``data``: which values; None: random, ``seed``),
-    issued by ``pattern`` (``concurrency``: what the job asked for, recorded as given). ``processes`` and
-    ``in_process`` steer farm's generator only (its client processes; None: one, more when it cannot keep
-    up; a single one as a thread of this process)."""
+    offered at ``load`` (each client translates it into its own terms; farm's generators: :attr:`pattern`).
+    ``processes`` and ``in_process`` steer farm's generator only (its client processes; None: one, more when it
+    cannot keep up; a single one as a thread of this process). An endpoint job (``farm.egress``): ``url`` holds
+    the address its name was pinned to, ``authority`` the name (HTTP Host header, TLS), ``in_flight_cap`` the most
+    requests it may keep in flight."""
 
     url: str
     model_name: str
     inputs: tuple[TensorSpec, ...]
     batch_size: int
-    concurrency: int
+    load: LoadLevel
     settings: MeasurementSettings
-    pattern: LoadPattern
     data: InputData | None = None
     seed: int = 0
     connect_timeout_s: float = 10.0
     processes: int | None = None
     in_process: bool = False
+    authority: str | None = None
+    in_flight_cap: int | None = None
+
+    @property
+    def pattern(self) -> LoadPattern:
+        """The send pattern of farm's generators (kserve and OpenAI) for ``load``."""
+        return pattern_of(self.load)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +174,11 @@ class LoadResult:
 
     metrics: dict[str, float | int | bool | None]
     details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def typed(self) -> LoadDetails:
+        """``details`` as its readers see them (``schemas.load``); ``details`` stay what the result stores."""
+        return LoadDetails.model_validate(self.details)
 
 
 class LoadClient(ABC):

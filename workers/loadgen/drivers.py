@@ -13,8 +13,8 @@ from abc import ABC, abstractmethod
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from workers.loadgen.messages import ControlMessage, Go, Stop, WorkerDone, WorkerError, WorkerMessage
-from workers.loadgen.worker import Control, WorkerConfig, run_worker
+from workers.loadgen.kserve.messages import ControlMessage, Go, Stop, WorkerDone, WorkerError, WorkerMessage
+from workers.loadgen.kserve.worker import Control, WorkerConfig, run_worker
 
 JOIN_TIMEOUT_S = 10.0  # how long a stopped worker may take to close its channel and exit
 _FINAL = (WorkerDone, WorkerError)  # a worker sends nothing after these

@@ -1,10 +1,12 @@
-"""Load patterns: how requests are issued, as strategy objects every client shares. A closed loop keeps
+"""Load patterns: how farm's generators (kserve and OpenAI) issue requests, as strategy objects. A closed loop keeps
 ``concurrency`` requests outstanding; an open loop sends ``rate`` requests/s on a schedule, evenly spaced
-(constant) or with exponential gaps (Poisson), and counts latency from each request's scheduled time.
+(constant), with exponential gaps (Poisson) or on a request trace's own schedule, and counts latency from each
+request's scheduled time.
 
-Each pattern says how it splits over client processes, what perf_analyzer's options for it are, the send
-schedule farm's generator follows, and whether its sends can be late. Picked by the job's
-``settings.mode`` (:func:`pattern_for`): a new pattern is one class here and one entry in ``OPEN_PATTERNS``.
+Each pattern says how it splits over client processes, the send schedule farm's generator follows, and whether
+its sends can be late: farm's generators' terms for a job's load level (``schemas.load_levels``, :func:`pattern_of`;
+perf_analyzer's are ``perf_analyzer.tool.load_args``). A new pattern is one class here and one entry in
+``OPEN_PATTERNS``.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
-from schemas import MeasurementSettings
+from schemas import load_levels as levels
 
 
 class Traffic(Protocol):
@@ -45,11 +47,6 @@ class LoadPattern(ABC):
     def start(self, traffic: Traffic, t_start: float, seed: int) -> None:
         """Start farm's generator's traffic for this pattern, its schedule beginning at ``t_start``."""
 
-    @abstractmethod
-    def perf_analyzer_args(self, async_api: bool | None = None) -> list[str]:
-        """perf_analyzer's options for this pattern (``async_api``: force its async or sync API; None: the
-        one that runs this pattern faithfully)."""
-
     def late_pct(self, sent: int, late: int) -> float | None:
         """The share (%) of sends that left late; None where sends have no schedule (closed loop)."""
         return None
@@ -78,10 +75,6 @@ class ClosedLoop(LoadPattern):
 
     def start(self, traffic: Traffic, t_start: float, seed: int) -> None:
         traffic.closed_loop(self.concurrency)
-
-    def perf_analyzer_args(self, async_api: bool | None = None) -> list[str]:
-        # its sync API by default: one thread per outstanding request, as a closed loop is
-        return [*(["--async"] if async_api else []), "--concurrency-range", str(self.concurrency)]
 
     def max_processes(self, cap: int) -> int:
         return min(cap, self.concurrency)
@@ -118,14 +111,6 @@ class ConstantRate(LoadPattern):
             yield t
             t += interval
 
-    def perf_analyzer_args(self, async_api: bool | None = None) -> list[str]:
-        # its async API by default, so a send never waits for an answer. Its sync API holds one thread per
-        # outstanding request; in a burst the sends wait for a free thread and the queueing drops out of the
-        # latency (measured at Poisson 70 % of capacity: 24-35 % of sends late, p99 1.9-2.5 ms; async: no
-        # late send, p99 5.5-10.6 ms, the server's real tail)
-        return [*(["--async"] if async_api is not False else []), "--request-rate-range", f"{self.rate_per_s:g}",
-                "--request-distribution", self.mode]
-
     def late_pct(self, sent: int, late: int) -> float | None:
         return 100.0 * late / sent if sent else 0.0
 
@@ -144,12 +129,35 @@ class PoissonRate(ConstantRate):
             yield t
 
 
-OPEN_PATTERNS: dict[str, type[ConstantRate]] = {p.mode: p for p in (ConstantRate, PoissonRate)}
+@dataclass(frozen=True, slots=True)
+class TraceReplay(ConstantRate):
+    """A request trace's own schedule: one send at each of ``offsets_s`` (s from the start), then none; ``rate``: its
+    mean rate (recorded). The offsets come from the trace file the job's workload reads (the OpenAI client's
+    :meth:`with_offsets`); one process sends them all, in the trace's order (its prompts' order)."""
+
+    mode: ClassVar[str] = "trace"
+    offsets_s: tuple[float, ...] = ()
+
+    def with_offsets(self, offsets_s: tuple[float, ...]) -> TraceReplay:
+        return replace(self, offsets_s=offsets_s)
+
+    def split(self, processes: int) -> list[LoadPattern]:
+        return [self]
+
+    def max_processes(self, cap: int) -> int:
+        return 1
+
+    def send_times(self, t_start: float, seed: int) -> Iterator[float]:
+        if not self.offsets_s:
+            raise ValueError("a trace replay was started without its schedule (TraceReplay.with_offsets)")
+        return (t_start + o for o in self.offsets_s)
 
 
-def pattern_for(settings: MeasurementSettings, concurrency: int) -> LoadPattern:
-    """The pattern a job's settings ask for: closed loop at ``concurrency``, else an open loop at ``settings.rate``."""
-    if settings.mode == ClosedLoop.mode:
-        return ClosedLoop(concurrency)
-    assert settings.rate is not None  # the settings' own validation requires one in open loop
-    return OPEN_PATTERNS[settings.mode](settings.rate)
+OPEN_PATTERNS: dict[str, type[ConstantRate]] = {p.mode: p for p in (ConstantRate, PoissonRate, TraceReplay)}
+
+
+def pattern_of(level: levels.ClosedLoop | levels.OpenLevel) -> LoadPattern:
+    """The pattern of a job's load ``level``: a closed loop at its concurrency, else an open loop at its rate."""
+    if isinstance(level, levels.ClosedLoop):
+        return ClosedLoop(level.concurrency)
+    return OPEN_PATTERNS[level.type](level.rate)

@@ -8,11 +8,10 @@ from typing import Any
 
 from schemas import MeasurementSettings
 from schemas.input_data import InputData
+from schemas.metrics import MetricValues
 from schemas.result import client_limited, client_limited_note
 from workers.loadgen import stats
 from workers.loadgen.contract import LoadJob, LoadRecord, LoadResult, WindowFigures
-
-Metrics = dict[str, float | int | bool | None]
 
 
 def judge_stable(windows: Sequence[WindowFigures], settings: MeasurementSettings) -> bool:
@@ -22,7 +21,7 @@ def judge_stable(windows: Sequence[WindowFigures], settings: MeasurementSettings
                            stats.stability_keys(settings.stability_latency))
 
 
-def _metrics(job: LoadJob, record: LoadRecord) -> Metrics:
+def _metrics(job: LoadJob, record: LoadRecord) -> MetricValues:
     """The run's metrics. A client-limited run reports no latency (its end-to-end latencies stay in the
     details, ``client_limited_latency``)."""
     t = record.totals
@@ -74,7 +73,7 @@ def _details(job: LoadJob, record: LoadRecord, notes: list[str]) -> dict[str, An
         "client": record.client, "client_limited": limited, "mode": job.pattern.mode, "rpc": record.rpc,
         "rate": job.pattern.rate,
         "client_limited_latency": stats.latency_metrics(t.lat_ms, job.batch_size, t.duration_s) if limited else None,
-        "concurrency": job.concurrency, "batch_size": job.batch_size, "processes": record.processes,
+        "concurrency": job.load.concurrency, "batch_size": job.batch_size, "processes": record.processes,
         "warmup_s": settings.warmup_s, "window_s": settings.window_s,
         "metrics_windows": [used[0].k, used[-1].k],
         "stopped_when_stable": record.stopped_when_stable,

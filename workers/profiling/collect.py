@@ -27,6 +27,7 @@ import numpy as np
 
 from farm.errors import ServerError
 from farm.models.torch_nodes import TORCH_MARK, torch_nodes
+from schemas.engines import CARDS
 from workers.engines.base import Backend
 
 Feed = dict[str, np.ndarray]
@@ -79,8 +80,8 @@ class Profiler(ABC):
 
     engine: str
 
-    def __init__(self, workdir: Path, warmup: int, max_events: int) -> None:
-        self.workdir, self.warmup, self.max_events = workdir, warmup, max_events
+    def __init__(self, workdir: Path, warmup: int, max_events: int, model: Path) -> None:
+        self.workdir, self.warmup, self.max_events, self.model = workdir, warmup, max_events, model
         self.accs: dict[str, NodeAcc] = {}
         self.walls: list[float] = []  # profiled inferences after the warm-up, ms
         self.kept = 0  # iterations read
@@ -140,10 +141,6 @@ def _shapes(args: dict[str, Any]) -> str:
 
 class OrtProfiler(Profiler):
     engine = "onnxruntime"
-
-    def __init__(self, workdir: Path, warmup: int, max_events: int, model: Path) -> None:
-        super().__init__(workdir, warmup, max_events)
-        self.model = model
 
     def finish(self, backend: Backend) -> Collected:
         trace = Path(backend.end_profiling())  # type: ignore[attr-defined]
@@ -228,8 +225,8 @@ class TorchProfiler(Profiler):
 
     engine = "torchscript"
 
-    def __init__(self, workdir: Path, warmup: int, max_events: int) -> None:
-        super().__init__(workdir, warmup, max_events)
+    def __init__(self, workdir: Path, warmup: int, max_events: int, model: Path) -> None:
+        super().__init__(workdir, warmup, max_events, model)
         self.events = 0
         self.trace: Path | None = None
 
@@ -269,8 +266,8 @@ _OV_STATUS = {"EXECUTED": "executed", "NOT_RUN": "not_run", "OPTIMIZED_OUT": "op
 class OpenVinoProfiler(Profiler):
     engine = "openvino"
 
-    def __init__(self, workdir: Path, warmup: int, max_events: int) -> None:
-        super().__init__(workdir, warmup, max_events)
+    def __init__(self, workdir: Path, warmup: int, max_events: int, model: Path) -> None:
+        super().__init__(workdir, warmup, max_events, model)
         self.trace_events: list[dict[str, Any]] = []
         self.clock = 0.0
 
@@ -310,12 +307,13 @@ def _ov_fused(compiled: Any, accs: dict[str, NodeAcc]) -> None:
             accs[name].fused = orig
 
 
+#: the op profilers by class name, as engine cards name them (``schemas.engines.EngineCard.profiler``)
+PROFILERS: dict[str, type[Profiler]] = {p.__name__: p for p in (OrtProfiler, TorchProfiler, OpenVinoProfiler)}
+
+
 def profiler_for(engine: str, model: Path, workdir: Path, warmup: int, max_events: int) -> Profiler | None:
-    """The op profiler of ``engine`` (None: farm has none for it)."""
-    if engine == "onnxruntime":
-        return OrtProfiler(workdir, warmup, max_events, model)
-    if engine == "torchscript":
-        return TorchProfiler(workdir, warmup, max_events)
-    if engine == "openvino":
-        return OpenVinoProfiler(workdir, warmup, max_events)
-    return None
+    """The op profiler of ``engine``, the one its card names (None: farm has none for it)."""
+    card = CARDS.get(engine)
+    if card is None or card.profiler is None:
+        return None
+    return PROFILERS[card.profiler](workdir, warmup, max_events, model)

@@ -21,13 +21,12 @@ from schemas.input_data import InputData
 from schemas.op_profile import OpNode, OpProfile, missing
 from workers.engines.backends import make_backend
 from workers.engines.base import parse_device
+from workers.engines.inputs import make_inputs
 from workers.profiling.collect import Collected, profiler_for, timed
 
 
 def _feed(backend: Any, inputs: list[dict[str, Any]] | None, batch_size: int,
           data: InputData | None) -> dict[str, np.ndarray]:
-    from workers.edge_bench import make_inputs  # noqa: PLC0415 - edge_bench imports this module for --op-profile
-
     return make_inputs(backend.inputs(), inputs, batch_size, data=data)
 
 

@@ -37,9 +37,14 @@ class Runner(ABC):
                 yield target
             return
         announce(f"starting the {spec.engine} server, loading the model")
-        with self.place(spec, engine.launch(spec, model_path, self.site), cpus) as target:
+        launch = engine.launch(spec, model_path, self.site)
+        with self.place(spec, launch, cpus) as target:
             if cpus:
                 check_threads(target, cpus)
+            if launch.server is not None and target.server is None:  # which program the engine ran, and its version
+                target.server = dict(launch.server)
+                if "why" in launch.server:
+                    target.notes.append(launch.server["why"])
             yield target
 
     @abstractmethod

@@ -17,6 +17,14 @@ MODEL_PLACEHOLDER = "{model}"  # in a user's command: replaced by the model's pa
 DATA_INSIDE = "/data/input_data.json"  # where a container's edge bench reads the request's input data file
 
 
+def server_memory(spec: JobSpec) -> int:
+    """The memory limit of the server of serving job ``spec`` (its process's cgroup, its container): the request's
+    ``server_memory``, at most this worker's ``FARM_SERVER_MEMORY`` (also the default), bytes."""
+    cap = get_settings().server_memory
+    asked = spec.measurement.server_memory
+    return cap if asked is None else min(asked, cap)
+
+
 def edge_threads(spec: JobSpec) -> int:
     """Intra-op threads for an edge run: the job's setting, else ceil(cpus) capped by the cpuset size
     and this host's cores (a 0.5-core box gets one thread, not one per host core)."""

@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 import docker
 from farm.errors import ContainerError, ServerError
 from farm.hooks import announce
@@ -41,7 +39,7 @@ from workers.hardware import gpu_uuids_for
 from workers.images import DEFAULT_TAG, build_local_image, image_exists, requirement_closure
 from workers.runners import hardening as hd
 from workers.runners.base import Runner
-from workers.runners.common import MODEL_PLACEHOLDER
+from workers.runners.common import MODEL_PLACEHOLDER, server_memory
 from workers.runners.docker_edge import run_edge
 from workers.runners.docker_profile import profile_in_container
 from workers.serving.base import Launch, ReadyCheck, ServingTarget, Site
@@ -54,34 +52,12 @@ DEFAULT_IDLE_TIMEOUT_S = 120.0
 SITE = Site(container=True, python="python", host="0.0.0.0", port=SERVER_PORT, model_dir=hd.MODEL_DIR)
 
 
-#: labels naming the process that started a serving container (``farm submit`` in an embedded run, or a
-#: worker), its start time (a reused pid is told apart) and host: a container whose process is gone (SIGKILL
-#: leaves no time to remove it) is removed by the next farm process that runs jobs on the host
-OWNER_PID_LABEL, OWNER_STARTED_LABEL, OWNER_HOST_LABEL = "farm.owner_pid", "farm.owner_started", "farm.owner_host"
-
-
-def owner_labels() -> dict[str, str]:
-    """This process's owner labels (``OWNER_PID_LABEL`` and the rest)."""
-    me = psutil.Process()
-    return {OWNER_PID_LABEL: str(me.pid), OWNER_STARTED_LABEL: f"{me.create_time():.2f}",
-            OWNER_HOST_LABEL: socket.gethostname()}
-
-
-def _owner_alive(labels: dict[str, str]) -> bool:
-    try:
-        return f"{psutil.Process(int(labels[OWNER_PID_LABEL])).create_time():.2f}" == labels.get(OWNER_STARTED_LABEL)
-    except (KeyError, ValueError, psutil.NoSuchProcess, psutil.ZombieProcess):
-        return False
-    except psutil.AccessDenied:  # someone else's live process: not ours to judge
-        return True
-
-
 def sweep_dead_owners(docker_client: Any) -> list[str]:
     """Remove farm's containers on this host whose starting process is gone (a SIGKILLed embedded run);
     returns their ids. Containers of live processes, of other hosts and without owner labels stay."""
     found = docker_client.containers.list(all=True, ignore_removed=True, filters={"label": [
-        f"{hd.OWNER_LABEL}={hd.OWNER}", f"{OWNER_HOST_LABEL}={socket.gethostname()}"]})
-    dead = [c for c in found if not _owner_alive(c.labels or {})]
+        f"{hd.OWNER_LABEL}={hd.OWNER}", f"{hd.OWNER_HOST_LABEL}={socket.gethostname()}"]})
+    dead = [c for c in found if not hd.owner_alive(c.labels or {})]
     for c in dead:
         hd.remove(c, stop_timeout_s=1)
     return [c.id for c in dead]
@@ -178,9 +154,10 @@ class DockerRunner(Runner):
 
     @staticmethod
     def reuse_key(spec: JobSpec, launch: Launch, image: str, cpus: set[int] | None = None) -> str:
-        """What must match for a job to reuse a serving container: its image, launch, model, device and
-        cores (``cpus``)."""
+        """What must match for a job to reuse a serving container: its image, launch, model, device, cores
+        (``cpus``) and memory limit."""
         parts = [image, spec.model_sha256, spec.device, cpu_list(cpus or ()), str(launch.shm_size),
+                 str(server_memory(spec)),
                  json.dumps([launch.argv, launch.mounts, launch.env], sort_keys=True)]
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
@@ -241,7 +218,7 @@ class DockerRunner(Runner):
             image=image,
             command=command,
             name=hd.container_name("serve", self.worker_id, spec.job_id),
-            labels=hd.labels(self.worker_id, spec.job_id, "serve", **{hd.KEY_LABEL: key}, **owner_labels()),
+            labels=hd.labels(self.worker_id, spec.job_id, "serve", **{hd.KEY_LABEL: key}),
             volumes=volumes,
             network=hd.serving_network(self.client),
             **hd.hardening(self.pids_limit),
@@ -249,6 +226,7 @@ class DockerRunner(Runner):
         )
         if cpus:
             kwargs["cpuset_cpus"] = cpu_list(cpus)
+        kwargs["mem_limit"] = kwargs["memswap_limit"] = server_memory(spec)  # no swap beyond it
         if uuids:
             kwargs["device_requests"] = [docker.types.DeviceRequest(device_ids=uuids, capabilities=[["gpu"]])]
         try:

@@ -22,7 +22,7 @@ from schemas import JobSpec
 from schemas.op_profile import PROFILED_ENGINES, OpProfile, missing, no_profiler
 from workers.cores import cpu_list
 from workers.profiling.job import pass_options
-from workers.profiling.process import PASS_TIMEOUT_S, pass_argv, read_pass
+from workers.profiling.process import PASS_TIMEOUT_S, pass_argv, read_pass, read_report, result_file_name
 from workers.runners import hardening as hd
 from workers.runners.common import DATA_INSIDE, edge_input_file, job_inputs
 
@@ -43,9 +43,11 @@ def profile_in_container(client: Any, spec: JobSpec, model_path: Path, cpus: set
         if data is not None:
             volumes.update(hd.mount(data, DATA_INSIDE))
         volumes[tmp] = {"bind": OUT_INSIDE, "mode": "rw"}
+        result = result_file_name()  # the pass's own channel: its stdout is the model's as much as its own
         argv = ["python", *pass_argv(Path(inside), spec.engine, spec.batch_size, spec.measurement.threads,
                                      spec.device, job_inputs(spec), Path(OUT_INSIDE),
-                                     Path(DATA_INSIDE) if data is not None else None, pass_options())[1:]]
+                                     Path(DATA_INSIDE) if data is not None else None, pass_options())[1:],
+                "--result-file", f"{OUT_INSIDE}/{result}"]
         kwargs: dict[str, Any] = dict(image=image, command=argv, volumes=volumes, network_mode="none",
                                       name=hd.container_name("profile", worker_id, spec.job_id),
                                       labels=hd.labels(worker_id, spec.job_id, "profile"),
@@ -61,28 +63,29 @@ def profile_in_container(client: Any, spec: JobSpec, model_path: Path, cpus: set
             return missing(spec.engine, "failed", f"the profiling container could not be created from {image}: "
                                                   f"{exc}"[:500]), None
         try:
-            code, stdout, stderr = _run(container, timeout)
+            code, stderr = _run(container, timeout)
         finally:
             hd.remove(container, stop_timeout_s=1)
         if code is None:
             return missing(spec.engine, "failed", f"the profiling pass took over {timeout:g} s and was stopped"), None
-        prof, trace = read_pass(spec.engine, code, stdout, stderr, moved=(OUT_INSIDE, Path(tmp)))
+        prof, trace = read_pass(spec.engine, code, read_report(Path(tmp), result), stderr, Path(tmp),
+                                inside=OUT_INSIDE)
     where = f"container {container.short_id} of {image}" + (f", cpuset {cpu_list(cpus)}" if cpus else "")
     return prof.model_copy(update={"site": f"{where}: {prof.site}" if prof.site else where}), trace
 
 
-def _run(container: Any, timeout: float) -> tuple[int | None, str, str]:
-    """Start ``container`` and wait for it: its exit status (None: killed at ``timeout`` s), stdout, stderr."""
+def _run(container: Any, timeout: float) -> tuple[int | None, str]:
+    """Start ``container`` and wait for it: its exit status (None: killed at ``timeout`` s) and its stderr's last
+    lines (its stdout, the model's as much as the pass's, is not read)."""
     try:
         container.start()
     except Exception as exc:
-        return 125, "", f"the profiling container did not start: {exc}"
+        return 125, f"the profiling container did not start: {exc}"
     try:
         code = int(container.wait(timeout=timeout).get("StatusCode", 1))
     except Exception:  # requests' ReadTimeout / ConnectionError: it overran
         container.kill()
-        return None, "", ""
+        return None, ""
     # a pass killed by a signal: the init reports 128 + signal; read_pass reads negatives as signals
     code = -(code - 128) if 128 < code < 160 else code
-    return (code, container.logs(stdout=True, stderr=False).decode("utf-8", "replace"),
-            container.logs(stdout=False, stderr=True).decode("utf-8", "replace"))
+    return code, container.logs(stdout=False, stderr=True, tail=20).decode("utf-8", "replace")

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 import docker
 from farm.errors import ContainerError
@@ -50,9 +53,32 @@ def hardening(pids_limit: int = PIDS_LIMIT) -> dict[str, Any]:
     }
 
 
+#: labels naming the process that started a container (``farm submit`` in an embedded run, or a worker), its
+#: start time (a reused pid is told apart) and host: a container whose process is gone (SIGKILL leaves no time to
+#: remove it) is removed by the next farm process that runs jobs on the host (``docker.sweep_dead_owners``)
+OWNER_PID_LABEL, OWNER_STARTED_LABEL, OWNER_HOST_LABEL = "farm.owner_pid", "farm.owner_started", "farm.owner_host"
+
+
+def owner_labels() -> dict[str, str]:
+    """This process's owner labels (``OWNER_PID_LABEL`` and the rest)."""
+    me = psutil.Process()
+    return {OWNER_PID_LABEL: str(me.pid), OWNER_STARTED_LABEL: f"{me.create_time():.2f}",
+            OWNER_HOST_LABEL: socket.gethostname()}
+
+
+def owner_alive(labels: dict[str, str]) -> bool:
+    """Whether the process that started a container (its owner labels) still runs."""
+    try:
+        return f"{psutil.Process(int(labels[OWNER_PID_LABEL])).create_time():.2f}" == labels.get(OWNER_STARTED_LABEL)
+    except (KeyError, ValueError, psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:  # someone else's live process: not ours to judge
+        return True
+
+
 def labels(worker_id: str, job_id: str, role: str, **extra: str) -> dict[str, str]:
-    """The labels that mark a container as farm's, owned by ``worker_id``, for ``job_id``."""
-    out = {OWNER_LABEL: OWNER, WORKER_LABEL: worker_id, JOB_LABEL: job_id, ROLE_LABEL: role}
+    """The labels that mark a container as farm's, owned by ``worker_id`` and this process, for ``job_id``."""
+    out = {OWNER_LABEL: OWNER, WORKER_LABEL: worker_id, JOB_LABEL: job_id, ROLE_LABEL: role, **owner_labels()}
     out.update(extra)
     return out
 

@@ -6,7 +6,7 @@ cgroup from start to end, so the memory peak includes loading the model.
 
 The result is an LLM row with the limits (``mem_limit_bytes``, ``cpu_limit``, ``limits_enforced``) and
 ``oom_killed``: a server killed for memory while loading or serving gives an OOM result (``details.error`` says
-so), not a crash. ``farm.report`` judges it against the request's SLO (``LLM_FIT_PCT`` of requests inside).
+so), not a crash. ``farm.readers.report`` judges it against the request's SLO (``LLM_FIT_PCT`` of requests inside).
 The process runner only: the Docker runner refuses with the reason."""
 from __future__ import annotations
 
@@ -20,12 +20,13 @@ from schemas import JobResult, JobSpec
 from schemas.llm_facts import LlmFacts
 from workers.cores import host_cores, pinned
 from workers.loadgen.clients import run_load
-from workers.loadgen.contract import LoadResult
+from workers.loadgen.contract import LoadResult, LoadSpec, LoadTarget
 from workers.measure import Measurement, Served
 from workers.runners.edge_result import RESOURCE_METRICS
-from workers.runners.process import SITE, ServerProcess, jailed, server_env
+from workers.runners.process import SITE, ServerProcess, server_env
 from workers.runners.process_edge import limits_state
 from workers.serving.base import Launch
+from workers.serving.jail import confined
 from workers.serving.registry import serving_engine
 
 CLIENT_NOTE = "the OpenAI client ran outside the edge limits (as a remote client), on cores {cores}"
@@ -46,14 +47,15 @@ def run_llm_edge(spec: JobSpec, model_path: Path, runner: str) -> JobResult:
     started = time.monotonic()
     m = Measurement(spec)
     assert m.limits is not None
-    with m, m.limits.cgroup(name=f"farm-edge-{spec.job_id[:12]}") as cg:
+    with m, m.limits.cgroup(name=f"farm-edge-{spec.job_id[:12]}") as cg, confined(launch, env) as jail:
         enforced, notes = limits_state(cg, m.limits)
         cores = m.server_cpus
-        with ServerProcess(cg.command(jailed(launch, env)), env=env, listen_prefix=launch.listen_prefix,
-                           cpu_set=cores, cwd=launch.cwd) as server:
+        with ServerProcess(cg.command(jail.argv), env=env, listen_prefix=launch.listen_prefix,
+                           cpu_set=cores, cwd=launch.cwd, pass_fds=jail.pass_fds) as server:
             with m.watch(Served(pid=server.pid, cgroup=cg.cgroups if cg.created else None)):
-                load, failure, client = _drive(spec, launch, server, cores)
+                load, failure, client = _drive(spec, launch, server, cores, jail.port)
             tail = server.tail()
+        notes += jail.notes
         summary, limits = m.metrics(), m.limits.metrics(enforced)
     oom = bool(summary.get("oom_killed"))
     if failure is not None and not oom:
@@ -70,23 +72,25 @@ def run_llm_edge(spec: JobSpec, model_path: Path, runner: str) -> JobResult:
                             f"server needs more memory than edge profile {prof.name!r} allows; give a smaller "
                             "(quantized) model, a smaller n_ctx, or raise the profile's memory")
         details["log_tail"] = tail
-    facts = LlmFacts.of(spec, len(cores), (load.details if load is not None else {}).get("token_sources"))
+    if launch.server is not None:
+        details["server"] = dict(launch.server)
+        details["notes"] += [launch.server["why"]] if "why" in launch.server else []
+    facts = LlmFacts.of(spec, len(cores), load.typed.token_sources if load is not None else None, launch.server)
     return JobResult(job_id=spec.job_id, metrics=metrics, details=details, placement=m.placement, llm=facts)
 
 
-def _drive(spec: JobSpec, launch: Launch, server: ServerProcess, server_cores: set[int]
+def _drive(spec: JobSpec, launch: Launch, server: ServerProcess, server_cores: set[int], jail_port: int | None
            ) -> tuple[LoadResult | None, str | None, list[str]]:
     """Wait for the server, then measure it with the job's load: (load, None, notes), or (None, why it failed,
     notes) when the server never answered or the load failed (an OOM kill shows here first)."""
     timeout = get_settings().server_ready_timeout_s
     others = sorted(set(host_cores()) - server_cores)
     try:
-        port = server.wait_port(timeout) if launch.listen_prefix is not None else launch.port
+        port = server.wait_port(timeout) if launch.listen_prefix is not None else (jail_port or launch.port)
         url = f"{SITE.host}:{port}"
         launch.ready(url, launch.model_name, timeout, alive=server.alive)
         with pinned(others or host_cores()):
-            load = run_load(url, launch.model_name, spec.inputs, spec.batch_size, spec.concurrency,
-                            spec.measurement, data=spec.input_data)
+            load = run_load(LoadTarget(url, launch.model_name), LoadSpec.of(spec))
     except FarmError as exc:
         return None, str(exc), []
     where = ",".join(map(str, others)) if others else "shared with the server (the host has no other core)"

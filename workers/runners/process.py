@@ -7,13 +7,15 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import psutil
+
 from farm.errors import ServerError
-from farm.sandbox import code_jail, jail_argv
 from farm.secrets import clean_env
 from farm.settings import get_settings
 from schemas import GpuInfo, JobResult, JobSpec
@@ -21,8 +23,10 @@ from schemas.cpus import cpu_list
 from workers.hardware import gpu_uuids_for
 from workers.limits import LimitedCgroup
 from workers.runners.base import Runner
+from workers.runners.common import server_memory
 from workers.runners.process_edge import run_edge_process
 from workers.serving.base import Launch, ServingTarget, Site
+from workers.serving.jail import confined
 
 #: a local process on the loopback interface: it picks a free port and prints it
 SITE = Site(container=False, python=sys.executable, host="127.0.0.1", port=0)
@@ -56,8 +60,9 @@ class ServerProcess:
     """
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None, listen_prefix: str | None = None,
-                 cpu_set: set[int] | None = None, cwd: str | None = None) -> None:
+                 cpu_set: set[int] | None = None, cwd: str | None = None, pass_fds: tuple[int, ...] = ()) -> None:
         self.argv = argv
+        self.pass_fds = pass_fds
         self.cwd = cwd
         self.env = env
         self.listen_prefix = listen_prefix
@@ -92,7 +97,7 @@ class ServerProcess:
     def __enter__(self) -> ServerProcess:
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=self.env, cwd=self.cwd,
-                                     start_new_session=True,
+                                     start_new_session=True, pass_fds=self.pass_fds,
                                      preexec_fn=_child_setup(self.cpu_set))
         threading.Thread(target=self._read_stdout, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
@@ -117,9 +122,13 @@ class ServerProcess:
         self.stop()
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM the server's process group, then SIGKILL after ``grace_s``."""
+        """SIGTERM the server's process group, then SIGKILL after ``grace_s``; returns once every process of its
+        tree has ended (a jailed server's root, bubblewrap, ends before the jail's processes do: the next job must
+        not start beside a server still dying)."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        tree = _tree(self.proc.pid)
+        deadline = time.monotonic() + grace_s
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=grace_s)
@@ -129,6 +138,39 @@ class ServerProcess:
             except ProcessLookupError:
                 pass
             self.proc.wait(timeout=5)
+        _wait_gone(tree, deadline)
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    """The process ``pid`` and its descendants (those readable now)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _wait_gone(procs: list[psutil.Process], deadline: float) -> None:
+    """Wait until each of ``procs`` has ended (a zombie counts as ended), SIGKILLing those left at ``deadline``."""
+    killed = False
+    while True:
+        alive = []
+        for p in procs:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.Error:
+                continue
+        if not alive or (killed and time.monotonic() > deadline + 5):
+            return
+        if time.monotonic() > deadline and not killed:
+            for p in alive:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    continue
+            killed = True
+        time.sleep(0.02)
 
 
 def server_env(spec: JobSpec, gpus: Sequence[GpuInfo] | None, launch_env: dict[str, str] | None = None
@@ -146,27 +188,24 @@ def server_env(spec: JobSpec, gpus: Sequence[GpuInfo] | None, launch_env: dict[s
     return {**env, "CUDA_VISIBLE_DEVICES": ",".join(uuids)}
 
 
-def jailed(launch: Launch, env: dict[str, str]) -> list[str]:
-    """The launch's argv, in a bubblewrap jail (``farm.sandbox``: host network kept for its port, the model
-    read-only, nothing else of the host writable, no secrets) when loading its model runs code and the
-    operator does not trust this host's models; SandboxError when it must be jailed but cannot."""
-    if not launch.runs_model_code or not code_jail(f"the model {Path(launch.model).name}"):
-        return launch.argv
-    return jail_argv(launch.argv, network=True, read_only=[launch.model], env=env)
-
-
-def confine(stack: ExitStack, argv: list[str], cpus: set[int] | None) -> tuple[list[str], list[str]]:
-    """``argv`` wrapped to start in a cgroup whose cpuset is ``cpus`` (entered on ``stack``): no thread of the
-    server can then run elsewhere, whatever affinity it sets itself. Where the cgroup cannot be made (not root,
-    no delegated cpuset controller), ``argv`` as it is and a note saying the server is pinned by
-    sched_setaffinity only (``ServerProcess`` pins it either way)."""
-    if not cpus:
+def confine(stack: ExitStack, argv: list[str], cpus: set[int] | None, memory_bytes: int | None = None
+            ) -> tuple[list[str], list[str]]:
+    """``argv`` wrapped to start in a cgroup whose cpuset is ``cpus`` and whose memory is at most ``memory_bytes``
+    (entered on ``stack``): no thread of the server can then run elsewhere, whatever affinity it sets itself, and
+    it is killed for memory past its limit. Where the cgroup cannot be made (not root, no delegated controllers),
+    ``argv`` as it is and notes saying the server is pinned by sched_setaffinity only (``ServerProcess`` pins it
+    either way) and its memory is not limited."""
+    if not cpus and memory_bytes is None:
         return argv, []
-    cg = stack.enter_context(LimitedCgroup(cpuset_cpus=cpu_list(cpus)))
+    cg = stack.enter_context(LimitedCgroup(cpuset_cpus=cpu_list(cpus) if cpus else None, memory_bytes=memory_bytes))
     if cg.enforced:
         return cg.command(argv), []
-    return argv, [f"server confined to cpus {cpu_list(cpus)} by sched_setaffinity only, not by a cgroup cpuset "
-                  f"({cg.reason}): its threads could set their own affinity, so farm checks each one's"]
+    notes = [] if not cpus else [
+        f"server confined to cpus {cpu_list(cpus)} by sched_setaffinity only, not by a cgroup cpuset "
+        f"({cg.reason}): its threads could set their own affinity, so farm checks each one's"]
+    if memory_bytes is not None:
+        notes.append(f"server memory not limited to {memory_bytes / 2**20:.0f} MiB: no cgroup ({cg.reason})")
+    return argv, notes
 
 
 class ProcessRunner(Runner):
@@ -186,14 +225,15 @@ class ProcessRunner(Runner):
     def place(self, spec: JobSpec, launch: Launch, cpus: set[int] | None) -> Iterator[ServingTarget]:
         timeout = get_settings().server_ready_timeout_s
         env = server_env(spec, self.gpus, launch.env)
-        command = jailed(launch, env)
         if launch.prepare is not None:
             launch.prepare()
         with ExitStack() as stack:
-            argv, notes = confine(stack, command, cpus)
+            jail = stack.enter_context(confined(launch, env))  # every launch: jailed unless it runs no code
+            argv, notes = confine(stack, jail.argv, cpus, server_memory(spec))
             server = stack.enter_context(ServerProcess(argv, env=env, listen_prefix=launch.listen_prefix,
-                                                       cpu_set=cpus, cwd=launch.cwd))
-            port = server.wait_port(timeout) if launch.listen_prefix is not None else launch.port
+                                                       cpu_set=cpus, cwd=launch.cwd, pass_fds=jail.pass_fds))
+            notes += jail.notes
+            port = server.wait_port(timeout) if launch.listen_prefix is not None else (jail.port or launch.port)
             url = f"{SITE.host}:{port}"
             try:
                 launch.ready(url, launch.model_name, timeout, alive=server.alive)

@@ -6,6 +6,8 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any
 
+from schemas.metrics import MetricValues
+
 
 class Sampler(ABC):
     """Samples one resource in a background thread while used as a context manager.
@@ -31,7 +33,7 @@ class Sampler(ABC):
         """Take one sample; keys are sampler-specific, ``t`` is added (monotonic seconds)."""
 
     @abstractmethod
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> MetricValues:
         """Metric values from the samples taken."""
 
     def series(self) -> list[dict[str, float]]:

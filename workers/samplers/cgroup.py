@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import SamplerError
+from schemas.metrics import MetricValues
 from workers.samplers.base import Sampler
 from workers.samplers.cgroupfs import (
     CgroupMount,
@@ -218,10 +219,10 @@ class CgroupSampler(Sampler):
                 os.close(self._peak_fd)
                 self._peak_fd = None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> MetricValues:
         """``cpu_pct_avg``, ``cpu_pct_peak`` (% of one core), ``mem_avg_bytes``, ``mem_peak_bytes`` (the
         kernel's own peak when provided, else the sampled peak), ``oom_killed``; absent when unknown."""
-        out: dict[str, Any] = {}
+        out: MetricValues = {}
         cpu = [s for s in self.samples if "cpu_s" in s]
         if len(cpu) >= 2:
             ts = [s["t"] for s in cpu]

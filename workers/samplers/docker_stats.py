@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from schemas.metrics import MetricValues
 from workers.samplers.base import Sampler
 
 
@@ -64,14 +65,14 @@ class DockerStatsSampler(Sampler):
         if self._thread is not None:
             self._thread.join(timeout=3)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> MetricValues:
         s = self.samples
         if len(s) < 2:
             return {}
         pcts = [100.0 * (b["cpu_ns"] - a["cpu_ns"]) / 1e9 / (b["t"] - a["t"])
                 for a, b in itertools.pairwise(s) if b["t"] > a["t"]]
         total_s = s[-1]["t"] - s[0]["t"]
-        out: dict[str, Any] = {
+        out: MetricValues = {
             "cpu_pct_avg": 100.0 * (s[-1]["cpu_ns"] - s[0]["cpu_ns"]) / 1e9 / total_s if total_s > 0 else None,
             "cpu_pct_peak": max(pcts) if pcts else None,
             "mem_avg_bytes": int(sum(x["mem_bytes"] for x in s) / len(s)),

@@ -26,6 +26,7 @@ from typing import Any
 
 from farm.steal import PROC_STAT
 from schemas.cpus import cpu_list
+from schemas.metrics import MetricValues
 from workers.samplers.base import Sampler
 from workers.samplers.process import monotonic_cumulative
 
@@ -181,7 +182,7 @@ class ForeignLoadSampler(Sampler):
         return {"busy_cpu_s": busy, "own_cpu_s": own, "server_cpu_s": server_s, "capacity_cpu_s": capacity,
                 "foreign_cpu_pct": foreign_pct(busy, own, capacity)}
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> MetricValues:
         pct = self.figures().get("foreign_cpu_pct")
         return {} if pct is None else {"foreign_cpu_pct": round(pct, 2)}
 

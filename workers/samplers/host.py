@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.steal import PROC_STAT, STEAL_NOTE_PCT, read_steal, steal_note, steal_pct
+from schemas.metrics import MetricValues
 from workers.samplers.base import Sampler
 
 __all__ = ["PROC_STAT", "STEAL_NOTE_PCT", "HostSampler", "read_steal", "steal_note", "steal_pct"]
@@ -30,7 +31,7 @@ class HostSampler(Sampler):
             return None
         return {"steal_ticks": float(got[0]), "total_ticks": float(got[1])}
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> MetricValues:
         if len(self.samples) < 2:
             return {}
         first, last = self.samples[0], self.samples[-1]

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from farm.errors import SamplerError
+from schemas.metrics import MetricValues
 from workers.samplers.base import Sampler
 
 try:
@@ -170,12 +171,12 @@ class NvmlSampler(Sampler):
         finally:
             self._close()
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> MetricValues:
         """``gpu_mem_peak_bytes`` (peak of the pids' memory when the driver reports it, else peak device
         used minus the idle baseline), ``gpu_util_avg_pct``, ``gpu_power_avg_w``; absent when no samples."""
         if not self.samples:
             return {}
-        out: dict[str, Any] = {}
+        out: MetricValues = {}
         proc = [s["proc_mem"] for s in self.samples if "proc_mem" in s]
         if proc:
             out["gpu_mem_peak_bytes"] = int(max(proc))

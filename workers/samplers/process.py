@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from farm.errors import SamplerError
+from schemas.metrics import MetricValues
 from workers.samplers.base import Sampler
 
 PEAK_WINDOW_S = 0.5
@@ -98,7 +99,9 @@ def _tree_pids(root: int) -> list[int] | None:
 class ProcessTreeSampler(Sampler):
     """Samples process ``pid`` and its descendants at ``interval_s`` (default 0.05 s = 20 Hz).
 
-    Sample keys: ``cpu_s`` (cumulative CPU seconds of the tree), ``rss`` (B, summed), ``nprocs``.
+    Sample keys: ``cpu_s`` (cumulative CPU seconds of the tree), ``rss`` (B, summed; absent from the last sample
+    of a run that exited unreaped: its CPU times are final, its RSS reads 0), ``nprocs``. A run never seen
+    running is not sampled at all.
     ``mem_peak_bytes`` is the larger of the sampled peak and the highest per-process ``VmHWM`` seen (the
     kernel's own peak RSS of any single process), so a short spike in the main process is not missed.
     """
@@ -137,25 +140,11 @@ class ProcessTreeSampler(Sampler):
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             self.gone = True
             return None
-        by_pid = {p.pid: p for p in procs}
-        rss = 0
-        read: list[psutil.Process] = []
-        # Parents before their children (psutil walks down from the root): a child reaped between the
-        # two readings is then missing from this sample, never counted twice in it.
-        for p in procs:
-            try:
-                with p.oneshot():
-                    t = p.cpu_times()
-                    m = p.memory_info()
-                    if p not in self._parent:
-                        self._parent[p] = by_pid.get(p.ppid()) if p != root else None
-            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-                continue
-            self._own[p] = t.user + t.system
-            self._kids[p] = t.children_user + t.children_system
-            rss += m.rss
-            read.append(p)
-            self._hwm = max(self._hwm, _vm_hwm(p.pid))
+        taken = self._read_all(procs, root)
+        if taken is None:  # never seen running: nothing of the run to sample
+            self.gone = True
+            return None
+        read, rss, exited = taken
         if not read:
             self.gone = True
             return None
@@ -169,7 +158,49 @@ class ProcessTreeSampler(Sampler):
             self._unseen[p] = max(self._unseen.get(p, 0.0), unseen)
         cpu_s = sum(self._own.values()) + sum(self._unseen.values())
         n = len(read)
+        if exited:
+            return {"cpu_s": cpu_s, "nprocs": float(n)}
         return {"cpu_s": cpu_s, "rss": float(rss), "nprocs": float(n)}
+
+    def _read_all(self, procs: list[psutil.Process], root: psutil.Process
+                  ) -> tuple[list[psutil.Process], int, bool] | None:
+        """Read every process of the tree: those read, their summed RSS (B) and whether the root has exited
+        unreaped (its CPU times final, its RSS not read); None when the root has exited before any sample.
+        Parents before their children (psutil walks down from the root): a child reaped between the two
+        readings is then missing from this sample, never counted twice in it."""
+        by_pid = {p.pid: p for p in procs}
+        rss, exited = 0, False
+        read: list[psutil.Process] = []
+        for p in procs:
+            try:
+                rss += self._read(p, root, by_pid)
+            except psutil.ZombieProcess:
+                if p != root:
+                    continue
+                if not self.samples:
+                    return None
+                exited = self.gone = True
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            read.append(p)
+        return read, rss, exited
+
+    def _read(self, p: psutil.Process, root: psutil.Process, by_pid: dict[int, psutil.Process]) -> int:
+        """Record process ``p``'s CPU times and peak RSS; its RSS (B). A zombie root raises ZombieProcess."""
+        with p.oneshot():
+            zombie = p == root and p.status() == psutil.STATUS_ZOMBIE
+            if zombie and not self.samples:
+                raise psutil.ZombieProcess(p.pid)
+            t = p.cpu_times()
+            m = None if zombie else p.memory_info()
+            if p not in self._parent:
+                self._parent[p] = by_pid.get(p.ppid()) if p != root else None
+        self._own[p] = t.user + t.system
+        self._kids[p] = t.children_user + t.children_system
+        if m is None:
+            raise psutil.ZombieProcess(p.pid)  # its CPU times recorded: the caller takes a CPU-only last sample
+        self._hwm = max(self._hwm, _vm_hwm(p.pid))
+        return int(m.rss)
 
     def _list(self, root: psutil.Process) -> list[psutil.Process]:
         """The tree, parents before their children: from the kernel's per-thread ``children`` lists where it
@@ -194,21 +225,22 @@ class ProcessTreeSampler(Sampler):
         self._tree = tree
         return tree
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> MetricValues:
         """``cpu_pct_avg``, ``cpu_pct_peak`` (% of one core, peak over >= ``peak_window_s`` windows),
         ``mem_avg_bytes``, ``mem_peak_bytes``; absent when there are too few samples."""
         if not self.samples:
             return {}
         ts = [s["t"] for s in self.samples]
         cum = monotonic_cumulative([s["cpu_s"] for s in self.samples])
-        out: dict[str, Any] = {}
+        out: MetricValues = {}
         avg = rate_avg(ts, cum)
         if avg is not None:
             out["cpu_pct_avg"] = 100.0 * avg
             out["cpu_pct_peak"] = 100.0 * (rate_peak(ts, cum, self.peak_window_s) or avg)
-        rss = [s["rss"] for s in self.samples]
-        out["mem_avg_bytes"] = int(statistics.fmean(rss))
-        out["mem_peak_bytes"] = int(max(max(rss), self._hwm))
+        rss = [s["rss"] for s in self.samples if "rss" in s]
+        if rss:
+            out["mem_avg_bytes"] = int(statistics.fmean(rss))
+            out["mem_peak_bytes"] = int(max(max(rss), self._hwm))
         return out
 
     def details(self) -> dict[str, Any]:
@@ -219,7 +251,7 @@ class ProcessTreeSampler(Sampler):
             "pid": self.pid,
             "samples": n,
             "rate_hz": (n - 1) / span if span > 0 else None,
-            "mem_peak_sampled_bytes": int(max(s["rss"] for s in self.samples)) if n else None,
+            "mem_peak_sampled_bytes": int(max((s["rss"] for s in self.samples if "rss" in s), default=0)) or None,
             "vm_hwm_max_bytes": self._hwm,
             "nprocs_max": int(max(s["nprocs"] for s in self.samples)) if n else None,
             "exited": self.gone,

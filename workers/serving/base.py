@@ -9,12 +9,15 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from schemas import JobSpec
 from schemas.engines import SERVED_MODEL_NAME
 from workers.engines.base import Package
 from workers.engines.ready import wait_ready
 
+#: how a process runner confines a launched server (``workers.serving.jail``)
+Sandbox = Literal["server", "host-network", "none"]
 #: ``check(url, model_name, timeout_s, alive=callable)``: returns once the server serves the model, else
 #: raises ServerError (``workers.engines.ready.wait_ready``: KServe v2 ServerReady and ModelReady)
 ReadyCheck = Callable[..., None]
@@ -39,10 +42,13 @@ class ServingTarget:
     notes: list[str] = field(default_factory=list)
     reused: bool = False  # a kept container: its cgroup's peak counters cover earlier jobs
     server: dict[str, str] | None = None  # a server farm did not start: its name, version, url (endpoint)
+    authority: str | None = None  # an endpoint's name (Host header, TLS) where ``host`` is its pinned address
+    in_flight_cap: int | None = None  # an endpoint job's cap on requests in flight (FARM_ENDPOINT_MAX_IN_FLIGHT)
 
     @property
     def url(self) -> str:
-        return f"{self.host}:{self.port}"
+        """``HOST:PORT`` (``[V6]:PORT``)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -81,9 +87,12 @@ class Launch:
     engine's ``package``), ``image_help`` how to get it onto a host (farm never pulls); ``mounts``: host path
     -> path inside, read-only; ``prepare``: what to write before a new server starts (a model repository);
     ``ready``: the readiness check; ``cwd``: the directory the server starts in (None: the runner's);
-    ``runs_model_code``: the model's format runs code from the file when loaded (``farm.sandbox.CODE_FORMATS``),
-    so a runner without containers starts the server in a jail; ``entrypoint``: the entrypoint of the launch's
-    own ``image`` (None: the image's; ``[""]``: none, ``argv`` is the whole command).
+    ``sandbox``: how a runner without containers confines it (``workers.serving.jail``): ``server``, the default
+    every launch gets unless it says otherwise, is the jail with a network of its own reached only through farm's
+    relay; ``host-network`` the jail keeping the host's network; ``none`` no jail (farm's own server on a format that
+    runs no code); ``entrypoint``: the entrypoint of the launch's own ``image`` (None: the image's; ``[""]``: none,
+    ``argv`` is the whole command); ``server``: which server program runs and its version (``name``,
+    ``version``; ``why``: the reason for a fallback), the result's ``server`` (None: the engine's own, unnamed).
     """
 
     argv: list[str]
@@ -96,11 +105,12 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     shm_size: str | None = None
     listen_prefix: str | None = None
-    runs_model_code: bool = False  # loading the model runs code from it: a process runner jails the server
+    sandbox: Sandbox = "server"  # jailed with a private network unless the engine says less (workers.serving.jail)
     prepare: Callable[[], object] | None = None
     ready: ReadyCheck = wait_ready
     cwd: str | None = None
     entrypoint: list[str] | None = None
+    server: dict[str, str] | None = None
 
 
 class ServingEngine(ABC):

@@ -67,4 +67,7 @@ class BuiltinServer(ServingEngine):
     def launch(self, spec: JobSpec, model_path: Path, site: Site) -> Launch:
         model = site.path(model_path)
         return Launch(argv=job_argv(spec, model, site), port=site.port, model=model, mounts=site.mounts(model_path),
-                      listen_prefix=LISTEN_LINE, runs_model_code=runs_code(spec.model_format))
+                      listen_prefix=LISTEN_LINE,
+                      # a model that runs code is jailed keeping the host's network: no relay inside gRPC's
+                      # sub-millisecond latencies; a format that runs no code is parsed by farm's own server, unjailed
+                      sandbox="host-network" if runs_code(spec.model_format) else "none")

@@ -1,7 +1,7 @@
-"""What the LLM engines (``schemas.engines.OPENAI_ENGINES``) share: the command line wrapper that gives a server
-its leased core count and a free port (``workers.serving.lease_exec``), the readiness check (a one-token chat
-completion over HTTP: llama-cpp-python's server has no ``/health``, and a server that answers ``/health``
-may still be loading its model), and the check that the engine's package is there."""
+"""What the LLM engines (protocol ``openai`` on their ``schemas.engines`` card) share: the command line wrapper
+that gives a server its leased core count and a free port (``workers.serving.lease_exec``), the readiness check
+(a one-token chat completion over HTTP: llama-cpp-python's server has no ``/health``, and a server that
+answers ``/health`` may still be loading its model), and the check that the engine's package is there."""
 from __future__ import annotations
 
 import importlib.util

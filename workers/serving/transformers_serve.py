@@ -4,7 +4,7 @@ on the CPU only. The server is pinned to its model and answers only requests nam
 started, so it is started as ``transformers serve model`` in a directory where ``model`` is the job's folder:
 requests name ``schemas.engines.SERVED_MODEL_NAME`` like every other engine's. torch's threads follow the
 job's core lease (``OMP_NUM_THREADS``) unless the ``n_threads`` knob sets them; the other knobs
-(``schemas.llm_engines.KNOBS["transformers"]``) map to its flags."""
+(its card's, ``schemas.engines.CARDS["transformers"].knobs``) map to its flags."""
 from __future__ import annotations
 
 import hashlib
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from farm.settings import get_settings
 from schemas import JobSpec
-from schemas.engines import SERVED_MODEL_NAME
+from schemas.engines import CARDS, SERVED_MODEL_NAME
 from workers.engines.base import Package
 from workers.serving.base import Launch, ServingEngine, Site
 from workers.serving.llm import LLM_DISTRIBUTIONS, listen_prefix, port_arg, require_module, wait_openai_ready, wrap
@@ -64,7 +64,7 @@ class TransformersServe(ServingEngine):
     """``transformers serve`` pinned to the job's Hugging Face folder."""
 
     name = "transformers"
-    package = Package("transformers", LLM_DISTRIBUTIONS, extra="llm")
+    package = Package("transformers", LLM_DISTRIBUTIONS, extra=CARDS[name].extra)
 
     def launch(self, spec: JobSpec, model_path: Path, site: Site) -> Launch:
         require_module(spec, site, "transformers", INSTALL)

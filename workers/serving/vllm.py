@@ -1,7 +1,7 @@
 """The ``vllm`` engine: a Hugging Face model folder served over the OpenAI API by vLLM's server
 (``python -m vllm.entrypoints.openai.api_server``) on one GPU of a GPU worker. Declared for GPU workers only
-(``schemas.engines.RULES``: a CPU job is excluded at submit with its reason); a worker without the ``vllm``
-package refuses the job with what to install. Its knobs (``schemas.llm_engines.KNOBS["vllm"]``) map to vLLM's
+(``schemas.engines.CARDS``: a CPU job is excluded at submit with its reason); a worker without the ``vllm``
+package refuses the job with what to install. Its knobs (``CARDS["vllm"].knobs``) map to vLLM's
 flags (``FLAGS``); the model is served as ``model`` like every LLM engine; readiness is a one-token completion.
 
 Images: on the Docker runner, the image named by ``FARM_VLLM_IMAGE`` (``docker/Dockerfile``'s ``vllm`` target,
@@ -21,7 +21,7 @@ from pathlib import Path
 from farm.errors import UnsupportedError
 from farm.settings import get_settings
 from schemas import JobSpec
-from schemas.engines import SERVED_MODEL_NAME
+from schemas.engines import CARDS, SERVED_MODEL_NAME
 from workers.engines.base import Package
 from workers.serving.base import Launch, ServingEngine, Site
 from workers.serving.llm import listen_prefix, port_arg, require_module, wait_openai_ready, wrap
@@ -69,7 +69,7 @@ class Vllm(ServingEngine):
     """vLLM on a GPU job's folder."""
 
     name = "vllm"
-    package = Package("vllm", VLLM_DISTRIBUTIONS, extra="gpu", closure=True,
+    package = Package("vllm", VLLM_DISTRIBUTIONS, extra=CARDS[name].extra, closure=True,
                       install=f"{INSTALL}: build docker/Dockerfile's vllm target and name it in FARM_VLLM_IMAGE")
 
     def launch(self, spec: JobSpec, model_path: Path, site: Site) -> Launch:

@@ -36,6 +36,49 @@ KEDA_POSTGRES_CONNECTION: {{ include "farm.databaseUrl" . | replace "postgresql+
 {{- if or .Values.bundled.enabled (not .Values.broker.existingSecret) }}
 FARM_BROKER_URL: {{ include "farm.brokerUrl" . | quote }}
 {{- end }}
+{{- include "farm.storeSecretData" . }}
+{{- end -}}
+{{/* The model store (docs/operators.md "The model store"): its S3 keys when given inline (else existingSecret) */}}
+{{- define "farm.storeSecretData" -}}
+{{- if and .Values.modelStore.accessKeyId (not .Values.modelStore.existingSecret) }}
+FARM_S3_ACCESS_KEY_ID: {{ .Values.modelStore.accessKeyId | quote }}
+FARM_S3_SECRET_ACCESS_KEY: {{ .Values.modelStore.secretAccessKey | quote }}
+{{- end }}
+{{- end -}}
+{{- define "farm.storeUrl" -}}
+{{- if .Values.modelStore.url }}{{ .Values.modelStore.url }}{{ else if .Values.modelStore.volumeClaim }}/store{{ else }}s3://farm-models{{ end -}}
+{{- end -}}
+{{/* The store's settings; .secret: the Secret that holds inline S3 keys */}}
+{{- define "farm.storeEnv" -}}
+- name: FARM_STORE_URL
+  value: {{ include "farm.storeUrl" .root | quote }}
+{{- with .root.Values.modelStore.endpoint }}
+- name: FARM_S3_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- with .root.Values.modelStore.region }}
+- name: FARM_S3_REGION
+  value: {{ . | quote }}
+{{- end }}
+{{- if or .root.Values.modelStore.existingSecret .root.Values.modelStore.accessKeyId }}
+{{- $name := .root.Values.modelStore.existingSecret | default .secret }}
+- name: FARM_S3_ACCESS_KEY_ID
+  valueFrom: {secretKeyRef: {name: {{ $name }}, key: FARM_S3_ACCESS_KEY_ID}}
+- name: FARM_S3_SECRET_ACCESS_KEY
+  valueFrom: {secretKeyRef: {name: {{ $name }}, key: FARM_S3_SECRET_ACCESS_KEY}}
+{{- end }}
+{{- end -}}
+{{/* A ReadWriteMany volume as the model store (modelStore.volumeClaim), mounted at /store in every farm pod */}}
+{{- define "farm.storeMount" -}}
+{{- if .Values.modelStore.volumeClaim }}
+- {name: model-store, mountPath: /store}
+{{- end }}
+{{- end -}}
+{{- define "farm.storeVolume" -}}
+{{- if .Values.modelStore.volumeClaim }}
+- name: model-store
+  persistentVolumeClaim: {claimName: {{ .Values.modelStore.volumeClaim | quote }}}
+{{- end }}
 {{- end -}}
 {{- define "farm.image" -}}
 {{- $img := ternary .root.Values.gpuImage .root.Values.image (eq .kind "gpu") -}}
@@ -54,6 +97,7 @@ imagePullPolicy: {{ $img.pullPolicy }}
   value: {{ .Values.metricsPort | quote }}
 - name: FARM_METRICS_ADDR
   value: {{ .Values.metricsAddr | quote }}
+{{ include "farm.storeEnv" (dict "root" . "secret" (include "farm.fullname" .)) }}
 {{- range $k, $v := .Values.settings }}
 - name: {{ $k }}
   value: {{ $v | quote }}

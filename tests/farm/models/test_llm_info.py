@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from farm.artifacts import artifact_filename, model_bytes
+from farm.artifacts import artifact_filename
 from farm.errors import ModelError
 from farm.models.info import inspect_model
-from farm.models.llm_info import check_fits, folder_tar, unpack_folder
+from farm.models.llm_info import check_fits, folder_manifest
 from tests.helpers import farm
 
 
@@ -46,19 +46,19 @@ def test_a_folder_that_is_not_a_model_is_refused(tmp_path: Path, tiny_llama: Any
     _one_line_error(folder, "names no model_type")
 
 
-def test_a_folder_is_stored_as_one_deterministic_tar_and_unpacked_the_same(tmp_path: Path, tiny_llama: Any) -> None:
+def test_a_folder_is_named_by_its_manifest_whatever_its_mtimes(tmp_path: Path, tiny_llama: Any) -> None:
+    """A folder's sha256 is its manifest's (each file's path, sha256 and size): a copy with new mtimes has the same,
+    a changed file another."""
     copy = tmp_path / "copy"
     shutil.copytree(tiny_llama.hf, copy)
-    (copy / "config.json").touch()  # a new mtime: the tar does not change
-    assert folder_tar(copy) == folder_tar(tiny_llama.hf) == model_bytes(tiny_llama.hf)
-    assert inspect_model(copy).sha256 == inspect_model(tiny_llama.hf).sha256
-    assert artifact_filename(tiny_llama.hf) == "tiny-llama-hf.tar"
-    tar = tmp_path / "store" / "m.tar"
-    tar.parent.mkdir()
-    tar.write_bytes(folder_tar(tiny_llama.hf))
-    out = unpack_folder(tar)
-    assert unpack_folder(tar) == out
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in tiny_llama.hf.iterdir()}
+    (copy / "config.json").touch()  # a new mtime: the manifest does not change
+    manifest = folder_manifest(copy)
+    assert manifest == folder_manifest(tiny_llama.hf)
+    assert inspect_model(copy).sha256 == inspect_model(tiny_llama.hf).sha256 == manifest.digest()
+    assert {e.path: e.size for e in manifest.files} == {p.name: p.stat().st_size for p in tiny_llama.hf.iterdir()}
+    assert artifact_filename(tiny_llama.hf) == "tiny-llama-hf"
+    (copy / "config.json").write_text((copy / "config.json").read_text() + " ")
+    assert inspect_model(copy).sha256 != manifest.digest()
 
 
 def test_a_model_larger_than_the_memory_limit_is_refused(tiny_llama: Any) -> None:

@@ -11,13 +11,10 @@ from typing import Any
 import pytest
 
 from schemas import EdgeProfile, JobSpec, MeasurementSettings, TensorSpec
+from tests.leaks import farm_containers
 
 REPO = Path(__file__).resolve().parents[3]
 SESSION = uuid.uuid4().hex[:8]
-
-
-def _farm_containers(client: Any) -> set[str]:
-    return {c.id for c in client.containers.list(all=True, ignore_removed=True, filters={"label": "farm.owner=farm"})}
 
 
 @pytest.fixture(scope="session")
@@ -30,10 +27,11 @@ def docker_client() -> Iterator[Any]:
         client.ping()
     except Exception as exc:
         pytest.skip(f"no Docker daemon answers: {exc}")
-    before = _farm_containers(client)
+    before = farm_containers(client)
     yield client
-    # session-end check: every farm container this session created is gone
-    left = _farm_containers(client) - before
+    # session-end check: every farm container this test process created is gone (each test is checked too:
+    # tests/leaks.py names the one that left it)
+    left = farm_containers(client) - before
     assert not left, f"farm containers left after the docker tests: {sorted(c[:12] for c in left)}"
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from farm.errors import ContainerError
+from farm.settings import get_settings
 
 pytestmark = pytest.mark.docker
 
@@ -51,6 +52,7 @@ def test_serving_container_is_hardened_on_the_internal_network(
         assert hc["ReadonlyRootfs"] is True
         assert "/tmp" in hc["Tmpfs"]
         assert hc["PidsLimit"] and hc["PidsLimit"] > 0
+        assert hc["Memory"] == hc["MemorySwap"] == get_settings().server_memory  # the job's memory limit, no swap
         assert c.attrs["Config"]["User"] == "65534:65534"
         assert not hc["PortBindings"]  # nothing published on the host
         assert list(c.attrs["NetworkSettings"]["Networks"]) == ["farm-serving"]

@@ -11,7 +11,8 @@ import psutil
 import pytest
 
 from workers.runners import hardening as hd
-from workers.runners.docker import OWNER_PID_LABEL, OWNER_STARTED_LABEL, owner_labels, sweep_dead_owners
+from workers.runners.docker import sweep_dead_owners
+from workers.runners.hardening import OWNER_PID_LABEL, OWNER_STARTED_LABEL, owner_labels
 
 pytestmark = pytest.mark.docker
 

@@ -81,7 +81,7 @@ def test_static_model_config_has_zero_max_batch_and_full_dims(tmp_path: Path) ->
 def test_perf_analyzer_batches_against_farm_serve(mlp_serve: str) -> None:
     """NVIDIA's perf_analyzer (installed by scripts/test: ``python3 -m workers.loadgen.perf_analyzer
     --install``) reads the ModelConfig and sends batches of 4 to farm's server."""
-    from workers.loadgen import perf_analyzer as pa
+    from workers.loadgen.perf_analyzer import tool as pa
 
     why = pa.missing()
     if why is not None:

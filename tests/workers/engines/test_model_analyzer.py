@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.workers.engines.test_engine_repository import _free_port, farm_serve
-from workers.loadgen import perf_analyzer as pa
+from workers.loadgen.perf_analyzer import tool as pa
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import pytest
 
 from farm.errors import UnsupportedError
 from schemas import JobSpec, MeasurementSettings, TensorSpec
-from schemas.engines import IN_PROCESS, RULES, SERVED_MODEL_NAME
+from schemas.engines import CARDS, IN_PROCESS, SERVED_MODEL_NAME
 from workers.engines.backends import BACKENDS
 from workers.runners import docker as docker_runner
 from workers.runners import process as process_runner
@@ -26,15 +26,15 @@ def _spec(engine: str = "onnxruntime", model_format: str = "onnx") -> JobSpec:
 
 
 def test_every_engine_has_one_serving_entry_and_each_in_process_one_a_backend() -> None:
-    assert set(SERVING) == set(RULES)
+    assert set(SERVING) == set(CARDS)
     assert set(BACKENDS) == set(IN_PROCESS)
-    assert all(serving_engine(e).name == e for e in RULES)
+    assert all(serving_engine(e).name == e for e in CARDS)
     with pytest.raises(UnsupportedError, match="unknown"):
         serving_engine("tensorrt")
 
 
 def test_runners_name_no_engine() -> None:
-    names = re.compile("|".join(sorted(RULES.keys() - {"endpoint"})), re.IGNORECASE)
+    names = re.compile("|".join(sorted(CARDS.keys() - {"endpoint"})), re.IGNORECASE)
     found = [f"{p.name}:{n}" for p in sorted(RUNNERS.glob("*.py"))
              for n, line in enumerate(p.read_text().splitlines(), 1) if names.search(line)]
     assert found == []

@@ -29,10 +29,13 @@ if sys.argv[2] == "grpc-first":
     import grpc  # loaded before farm can configure it
 from schemas import MeasurementSettings, TensorSpec
 from workers import grpc_env
-from workers.loadgen import run_load
+from schemas.load_levels import ClosedLoop
+from workers.loadgen.clients import run_load
+from workers.loadgen.contract import LoadSpec, LoadTarget
 
 s = MeasurementSettings(client="farm", warmup_s=0.2, window_s=0.3, min_windows=3, max_windows=3)
-r = run_load(sys.argv[1], "model", [TensorSpec(name="x", shape=(16,))], 1, 2, s, processes=1, in_process=True)
+spec = LoadSpec((TensorSpec(name="x", shape=(16,)),), 1, ClosedLoop(concurrency=2), s)
+r = run_load(LoadTarget(sys.argv[1], "model"), spec, processes=1, in_process=True)
 print(json.dumps({"effective": grpc_env.EFFECTIVE, "notes": r.details["notes"],
                   "requests": r.metrics["requests_per_s"]}))
 """

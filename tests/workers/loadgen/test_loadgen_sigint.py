@@ -8,10 +8,10 @@ import signal
 import time
 
 from workers.loadgen.drivers import ProcessDriver
-from workers.loadgen.messages import Ready
+from workers.loadgen.kserve.messages import Ready
+from workers.loadgen.kserve.worker import WorkerConfig
 from workers.loadgen.patterns import ClosedLoop
 from workers.loadgen.plan import WindowPlan
-from workers.loadgen.worker import WorkerConfig
 
 
 def test_load_processes_ignore_sigint_and_end_cleanly_when_stopped() -> None:

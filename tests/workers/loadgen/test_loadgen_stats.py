@@ -11,14 +11,15 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 from schemas import MeasurementSettings, TensorSpec
+from schemas import load_levels as levels
 from schemas.metrics import BY_NAME
 from workers.loadgen import stats
-from workers.loadgen.messages import WarmupReport
-from workers.loadgen.patterns import ClosedLoop, ConstantRate, PoissonRate, pattern_for
+from workers.loadgen.kserve.client import auto_process_cap, escalation
+from workers.loadgen.kserve.messages import WarmupReport
+from workers.loadgen.kserve.request import V2_NUMPY, build_request, random_tensor, serialized_request
+from workers.loadgen.kserve.worker import _stream_error_name, with_id
+from workers.loadgen.patterns import ClosedLoop, ConstantRate, PoissonRate, pattern_of
 from workers.loadgen.plan import WindowPlan
-from workers.loadgen.request import V2_NUMPY, build_request, random_tensor, serialized_request
-from workers.loadgen.run import auto_process_cap, escalation
-from workers.loadgen.worker import _stream_error_name, with_id
 
 QS = (0, 1, 25, 50, 90, 95, 99, 99.9, 100)
 
@@ -200,17 +201,13 @@ def test_split_work() -> None:
     assert all(type(p) is PoissonRate for p in PoissonRate(300.0).split(2))
 
 
-def test_patterns_from_settings_and_for_perf_analyzer() -> None:
-    """One pattern per mode, each with its perf_analyzer options and its send schedule."""
-    closed = pattern_for(MeasurementSettings(), 4)
+def test_patterns_from_load_levels() -> None:
+    """One pattern per load level, each with its send schedule."""
+    closed = pattern_of(levels.ClosedLoop(concurrency=4))
     assert closed == ClosedLoop(4) and closed.rate is None and closed.late_pct(10, 1) is None
     assert closed.outstanding(3) == 1 and closed.max_processes(8) == 4
-    assert closed.perf_analyzer_args() == ["--concurrency-range", "4"]
-    poisson = pattern_for(MeasurementSettings(mode="poisson", rate=200), 1)
+    poisson = pattern_of(levels.PoissonRate(rate=200))
     assert poisson == PoissonRate(200) and poisson.late_pct(10, 1) == 10.0 and poisson.outstanding(1) is None
-    assert poisson.perf_analyzer_args() == ["--async", "--request-rate-range", "200", "--request-distribution",
-                                            "poisson"]
-    assert "--async" not in poisson.perf_analyzer_args(async_api=False)
     times = ConstantRate(100.0, phase_s=0.005).send_times(10.0, seed=0)
     assert [next(times) for _ in range(3)] == pytest.approx([10.005, 10.015, 10.025])
     arrivals = PoissonRate(1000.0).send_times(0.0, seed=1)
@@ -291,7 +288,7 @@ def test_messages_survive_the_process_pipe() -> None:
     """Worker processes send these pickled; a window's arrays and counts must come back equal."""
     import pickle
 
-    from workers.loadgen.messages import Go, Ready, Samples, Stop, WindowReport, WorkerDone, WorkerError
+    from workers.loadgen.kserve.messages import Go, Ready, Samples, Stop, WindowReport, WorkerDone, WorkerError
 
     samples = Samples(lat_ms=np.array([1.0, 2.5]), queue_ms=np.array([0.1]), compute_ms=np.array([]),
                       errors={"UNAVAILABLE": 2}, sent=4, late=1)

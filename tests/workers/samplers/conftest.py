@@ -43,9 +43,10 @@ def write_state(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def run_py(code: str, lib_dir: Path | None, state: Path | None = None, timeout: float = 60) -> Any:
+def run_py(code: str, lib_dir: Path | None, state: Path | None = None, timeout: float = 300) -> Any:
     """Run ``code`` in a fresh Python whose dynamic loader looks in ``lib_dir`` first; the code prints
-    one JSON document on its last stdout line, returned parsed."""
+    one JSON document on its last stdout line, returned parsed. ``timeout`` (s) only guards against a hang: a
+    loaded host (each Measurement runs the host yardstick) can take minutes."""
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "FAKE_NVML_STATE")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     if lib_dir is not None:

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from workers.limits import LimitedCgroup
@@ -221,14 +222,19 @@ def test_real_v2_cgroup_cpu_and_unknown_memory(v2_cgroup: Path) -> None:
         (v2_cgroup / "cgroup.procs").write_text(str(p.pid))
         cg = CgroupSet.from_path(v2_cgroup)
         assert cg.version == 2 and cg.pids() == [p.pid]
+        child = psutil.Process(p.pid)
+        t0, c0 = time.monotonic(), sum(child.cpu_times()[:2])
         with CgroupSampler(cg, net=False, interval_s=0.05) as s:
             time.sleep(0.8)
+        own_pct = (sum(child.cpu_times()[:2]) - c0) / (time.monotonic() - t0) * 100
         summary, details = s.summary(), s.details()
     finally:
         p.kill()
         p.wait()
     assert details["cgroup_version"] == 2 and details["error"] is None and details["samples"] >= 10
-    assert 50 < summary["cpu_pct_avg"] < 115, summary  # one busy core, measured by the kernel
+    # one busy loop, measured by the kernel: what the process itself was given (a busy host gives it less than a
+    # core, so the figure is checked against the process's own CPU time, not against one whole core)
+    assert own_pct > 1 and abs(summary["cpu_pct_avg"] - own_pct) <= max(5.0, 0.25 * own_pct), (summary, own_pct)
     if (v2_cgroup / "memory.current").exists():
         assert summary["mem_peak_bytes"] > 0 and summary["oom_killed"] is False
     else:

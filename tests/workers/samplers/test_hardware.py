@@ -103,3 +103,30 @@ def test_detect_gpus_is_empty_without_the_library(tmp_path: Path) -> None:
         empty,
     )
     assert got == {"gpus": [], "err": "NVMLError_LibraryNotFound"}
+
+
+def test_an_embedded_submit_runs_gpu_jobs_on_this_hosts_gpus(fake_nvml_dir: Path, tmp_path: Path) -> None:
+    """``--device gpu`` in the embedded default means this host's GPUs, as its dry run says (it was refused with
+    "no worker with a GPU is online" on a GPU host: no worker is registered before an embedded run starts)."""
+    import json
+    import subprocess
+    import sys
+
+    state = tmp_path / "nvml.state"
+    write_state(state, TWO_PRODUCTS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_") or k.startswith("FARM_TEST_")}
+    env.update(LD_LIBRARY_PATH=str(fake_nvml_dir), FAKE_NVML_STATE=str(state), FARM_HOME=str(tmp_path / "home"),
+               FARM_NOOP_JOBS="1")  # the dispatch harness: the jobs complete without serving (no CUDA here)
+
+    def farm(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "farm", *args], env=env, capture_output=True, text=True,
+                              timeout=300, cwd=Path(__file__).resolve().parents[3])
+
+    assert farm("example-model", str(tmp_path / "m.onnx"), "--kind", "identity").returncode == 0
+    dry = farm("submit", str(tmp_path / "m.onnx"), "--device", "gpu", "--dry-run", "--json")
+    run = farm("submit", str(tmp_path / "m.onnx"), "--device", "gpu", "--json")
+    assert run.returncode == 0, run.stderr[-2000:]
+    planned = sorted(j["device"] for j in json.loads(dry.stdout)["jobs"])
+    rows = json.loads(farm("results", json.loads(run.stdout)["request_id"], "--format", "json").stdout)
+    assert planned == sorted(r["device"] for r in rows) == ["gpu:a100-sxm4-40gb", "gpu:t4"]
+    assert {r["status"] for r in rows} == {"succeeded"}

@@ -5,7 +5,9 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
+import psutil
 import pytest
 
 from farm.errors import SamplerError
@@ -122,3 +124,37 @@ def test_rate_helpers() -> None:
     assert rate_peak(ts, cum, window_s=0.5) == pytest.approx(1.0)
     assert rate_peak(ts[:2], cum[:2], window_s=0.5) == rate_avg(ts[:2], cum[:2])
     assert rate_avg([1.0], [0.0]) is None
+
+
+def _until(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_run_that_exited_unreaped_gives_its_final_cpu_but_no_memory_reading() -> None:
+    # Burns 0.3 CPU-s once told to (stdin closed), then exits; the test reaps it only after the sampler saw it.
+    burn = "import sys, time\nsys.stdin.read()\nwhile time.process_time() < 0.3: pass"
+    proc = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
+    with ProcessTreeSampler(proc.pid) as s:
+        _until(lambda: len(s.samples) >= 2)
+        assert proc.stdin is not None
+        proc.stdin.close()
+        _until(lambda: s.gone)  # it saw the zombie
+    proc.wait(timeout=30)
+    last = s.samples[-1]
+    assert "rss" not in last and last["cpu_s"] >= 0.3 - 0.02  # the exited run's CPU time is final
+    assert all(x["rss"] > 0 for x in s.samples[:-1])  # a zombie's RSS (0) is never a memory sample
+    summary = s.summary()
+    assert summary["mem_peak_bytes"] > 0 and summary["mem_avg_bytes"] > 0
+    assert s.details()["exited"] is True
+
+
+def test_a_run_never_seen_running_is_not_sampled() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    _until(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE)
+    with ProcessTreeSampler(proc.pid) as s:
+        pass
+    proc.wait(timeout=30)
+    assert s.samples == [] and s.summary() == {} and s.gone

@@ -24,6 +24,16 @@ from workers.serving.confine import thread_cpus
 FORMATS = {"llama.cpp": "gguf", "transformers": "hf", "vllm": "hf"}
 
 
+@pytest.fixture
+def python_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp served by llama-cpp-python's server (FARM_LLAMA_SERVER=off), whatever llama-server this host has:
+    llama-server's own tests are tests/workers/serving/test_llama_server.py."""
+    from farm.settings import reset_settings
+
+    monkeypatch.setenv("FARM_LLAMA_SERVER", "off")
+    reset_settings()
+
+
 def spec_for(engine: str, device: str = "cpu", **knobs: Any) -> JobSpec:
     return JobSpec(job_id="j" * 32, request_id="r", model_sha256="0" * 64, model_format=FORMATS[engine], inputs=[],
                    device=device, engine=engine, batch_size=1, concurrency=1, queue="farm.cpu",
@@ -51,13 +61,20 @@ def stream_chat(url: str, max_tokens: int = 24) -> tuple[list[str], dict[str, An
     return deltas, last
 
 
+def jailed_server(pids: set[int]) -> psutil.Process:
+    """The server itself among a jailed launch's processes (not bubblewrap, not farm's relay)."""
+    found = [psutil.Process(p) for p in sorted(pids)]
+    return next(p for p in reversed(found) if p.name() != "bwrap" and "workers.serving.relay" not in p.cmdline())
+
+
 def _gone(pids: set[int]) -> bool:
     return all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)
 
 
 @pytest.mark.llm
 @pytest.mark.parametrize("engine", ["llama.cpp", "transformers"])
-def test_an_engine_serves_a_stream_inside_its_lease_and_leaves_nothing(engine: str, tiny_llama: Any) -> None:
+def test_an_engine_serves_a_stream_inside_its_lease_and_leaves_nothing(engine: str, tiny_llama: Any,
+                                                                      python_llama_cpp: None) -> None:
     skip_without(engine)
     model = tiny_llama.gguf if engine == "llama.cpp" else tiny_llama.hf
     core = min(os.sched_getaffinity(0))
@@ -65,7 +82,8 @@ def test_an_engine_serves_a_stream_inside_its_lease_and_leaves_nothing(engine: s
         pids = tree_pids(target.pid or 0)
         threads = thread_cpus(pids)
         assert threads and all(t.cpus == {core} for t in threads)
-        cmdline, env = psutil.Process(target.pid).cmdline(), psutil.Process(target.pid).environ()
+        server = jailed_server(pids)  # the process runner jails every LLM server: bwrap, farm's relay, the server
+        cmdline, env = server.cmdline(), server.environ()
         if engine == "llama.cpp":  # threads follow the 1-core lease (the wrapper filled in {cores})
             assert cmdline[cmdline.index("--n_threads") + 1] == "1"
         else:
@@ -77,7 +95,7 @@ def test_an_engine_serves_a_stream_inside_its_lease_and_leaves_nothing(engine: s
 
 
 @pytest.mark.llm
-def test_llama_cpp_threads_follow_the_lease_unless_a_knob_sets_them(tiny_llama: Any) -> None:
+def test_llama_cpp_threads_follow_the_lease_unless_a_knob_sets_them(tiny_llama: Any, python_llama_cpp: None) -> None:
     skip_without("llama.cpp")
     from workers.serving.registry import serving_engine
 
@@ -90,7 +108,8 @@ def test_llama_cpp_threads_follow_the_lease_unless_a_knob_sets_them(tiny_llama: 
 
 
 @pytest.mark.llm
-def test_a_failed_launch_fails_with_the_engines_log_and_leaves_no_process(tmp_path: Path) -> None:
+def test_a_failed_launch_fails_with_the_engines_log_and_leaves_no_process(tmp_path: Path, python_llama_cpp: None
+                                                                         ) -> None:
     skip_without("llama.cpp")
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + b"\xff" * 200)  # the magic, then garbage
@@ -116,10 +135,9 @@ def test_a_knob_the_engine_does_not_have_is_refused() -> None:
                 measurement=MeasurementSettings(), knobs={"n_ctx": 512})
 
 
-def test_slots_need_llama_server_and_vllm_needs_a_gpu(tiny_llama: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_slots_need_llama_server_and_vllm_needs_a_gpu(tiny_llama: Any, python_llama_cpp: None) -> None:
     from workers.serving.registry import serving_engine
 
-    monkeypatch.setenv("PATH", "/nonexistent")  # no llama-server: llama-cpp-python's server has no slots
     site = ProcessRunner.site
     if serving_engine("llama.cpp").package and not _has("llama_cpp"):
         pytest.skip("llama-cpp-python is not installed: pip install 'farm[llm]'")
@@ -140,7 +158,8 @@ def _has(module: str) -> bool:
     ("llama.cpp", {"n_ctx": 512, "n_batch": 64, "n_threads": 1, "n_parallel": 1}),
     ("transformers", {"dtype": "float32", "attn_implementation": "eager", "n_threads": 1}),
 ])
-def test_knobs_reach_a_real_server(engine: str, knobs: dict[str, Any], tiny_llama: Any) -> None:
+def test_knobs_reach_a_real_server(engine: str, knobs: dict[str, Any], tiny_llama: Any, python_llama_cpp: None
+                                   ) -> None:
     """The flags each knob maps to are ones the real server takes: it starts and streams."""
     skip_without(engine)
     model = tiny_llama.gguf if engine == "llama.cpp" else tiny_llama.hf

@@ -1,0 +1,198 @@
+"""``farm compare --interleaved OLD NEW``: two models measured alternately in short blocks on the same cores
+(``workers.interleave``), judged on their per-pair ratios (``farm.verdict``), stopped as soon as the verdict is
+conclusive or the time budget is spent."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from farm.cli import submit_options
+from farm.cli.views import err_console, say
+from farm.errors import ModelError, RequestError
+from farm.models.info import inspect_model
+from farm.sandbox import model_jail
+from farm.settings import get_settings
+from farm.verdict import FASTER, SLOWER, Verdict, cost_ratios, judge, looks
+from schemas import ProfileRequest, TensorSpec
+from schemas.cpus import cpu_list
+from schemas.engines import CARDS
+from schemas.load_levels import TraceReplay, load_level
+from workers.cores import MIN_SERVING_CORES, CoreLease, host_cores
+from workers.interleave import Block, Cell, Interleaver, primary
+
+#: ``farm submit``'s options that set the one cell an interleaved compare measures (declared once there)
+CELL_OPTIONS = ("engine", "device", "batch_sizes", "concurrency", "input_spec", "model_format", "threads", "mode",
+                "rate", "warmup", "input_data")
+#: fewer pairs than this never give a verdict (the bootstrap of a median needs some)
+MIN_PAIRS = 6
+#: what a pair costs besides its two blocks (the untimed calls, the bookkeeping), s: for the budget's estimate
+PAIR_OVERHEAD_S = 0.02
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the comparison runs and is judged: time budget (s), block length (s), alpha, the smallest change
+    called slower or faster (%), the alternate-start mode forced, the order's seed."""
+
+    budget_s: float
+    block_s: float
+    alpha: float
+    min_effect_pct: float
+    alternate: bool = False
+    seed: int = 0
+
+
+def cell_of(old: str, opts: dict[str, Any]) -> tuple[Cell, str]:
+    """The one cell the options give (a one-line RequestError when they give several), and the model format."""
+    values = {o.name: opts.get(o.name, o.default) for o in submit_options.SUBMIT_OPTIONS}
+    values["model"] = old
+    request = ProfileRequest.model_validate(submit_options.request_data(values))  # invalid: one line (cli.errors)
+    counts = {"--engine": len(request.engines), "--device": len(request.devices),
+              "--batch-sizes": len(request.batch_sizes), "--concurrency": len(request.concurrency),
+              "--threads": len(request.threads or [0]), "--rate": len(request.rates or [0.0])}
+    several = [name for name, n in counts.items() if n != 1]
+    if several:
+        raise RequestError(f"compare --interleaved measures one cell: give one value of {', '.join(several)}")
+    m = request.measurement
+    try:
+        level = load_level(m.mode, request.concurrency[0], request.rates[0] if request.rates else m.rate)
+    except ValueError as exc:
+        raise RequestError(f"compare --interleaved: {exc}; give --rate") from None
+    if isinstance(level, TraceReplay):
+        raise RequestError("compare --interleaved sends at a concurrency or a rate, not a trace's schedule; "
+                           "give --mode closed, constant or poisson")
+    inputs = [s.model_dump() for s in request.inputs] if request.inputs else None
+    cell = Cell(engine=request.engines[0], device=request.devices[0], batch_size=request.batch_sizes[0],
+                threads=(request.threads or [m.threads])[0], level=level, inputs=inputs, data=request.input_data)
+    return cell, request.format or ""
+
+
+def check_models(old: Path, new: Path, cell: Cell, model_format: str) -> str:
+    """Both files exist, have one format, run in farm's process and take the same inputs; their format."""
+    for path in (old, new):
+        if not path.is_file():
+            raise RequestError(f"{path} is not a file; give two model files: farm compare --interleaved OLD NEW")
+    given = [TensorSpec.model_validate(i) for i in cell.inputs] if cell.inputs else None
+    info = [inspect_model(p, model_format or None, given) for p in (old, new)]
+    if info[0].format != info[1].format:
+        raise RequestError(f"{old.name} is {info[0].format} and {new.name} {info[1].format}: compare two models of "
+                           "one format")
+    card = CARDS.get(cell.engine)
+    if card is None or not card.in_process:
+        raise RequestError(f"engine {cell.engine!r} runs its own server; compare --interleaved runs engines that load "
+                           f"in farm's process ({', '.join(c for c, k in CARDS.items() if k.in_process)}): compare "
+                           "two requests instead (farm compare REQUEST_A REQUEST_B)")
+    if model_jail(info[0].format, f"{old.name} and {new.name}"):
+        raise ModelError(f"{old.name} ({info[0].format}) runs code from its file and compare --interleaved loads "
+                         "models in farm's own process, outside the jail: set FARM_TRUSTED_MODELS=1 if you trust "
+                         "both, or compare two requests")
+    shapes = [sorted((s.name, s.dtype, tuple(s.shape)) for s in i.inputs) for i in info]
+    if shapes[0] != shapes[1]:
+        def shown(s: Sequence[tuple[str, str, tuple[int, ...]]]) -> str:
+            return ", ".join(f"{n}:{d}:{'x'.join(map(str, sh))}" for n, d, sh in s)
+        raise ModelError(f"{old.name} takes {shown(shapes[0])} and {new.name} {shown(shapes[1])}: an interleaved "
+                         "compare needs models with the same inputs")
+    return info[0].format
+
+
+def both_fit(old: Path, new: Path) -> bool:
+    """Whether both models can be held at once: three times their files' size within the memory available now
+    (an engine session takes about its weights once more, and the arena some besides)."""
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return True
+    return 3 * (old.stat().st_size + new.stat().st_size) < avail
+
+
+def lease() -> CoreLease:
+    """The cores the comparison runs on: ``FARM_JOB_CORES`` (default 2, a serving job's least), leased like a
+    job's so that no farm job measures on them meanwhile."""
+    settings = get_settings()
+    allowed = host_cores()
+    want = min(len(allowed), settings.job_cores or MIN_SERVING_CORES)
+    return CoreLease(job_id=f"compare-{uuid.uuid4().hex[:12]}", want=want, directory=settings.host_lock_dir,
+                     allowed=allowed, isolation=settings.isolation)
+
+
+def run(old: Path, new: Path, cell: Cell, warmup_s: float, s: Settings) -> tuple[Verdict, list[Block], dict[str, Any]]:
+    """Measure pairs until a look is conclusive or the budget is spent; the verdict, every block, and facts about
+    the run (mode, cores, seconds, the primary figure)."""
+    metric, read = primary(cell)
+    higher = metric.startswith("throughput")
+    both = not s.alternate and both_fit(old, new)
+    max_pairs = max(MIN_PAIRS, int(s.budget_s / (2 * s.block_s + PAIR_OVERHEAD_S)))
+    checks = [n for n in looks(max_pairs) if n >= MIN_PAIRS]
+    started = time.monotonic()
+    a: list[float | None] = []
+    b: list[float | None] = []
+    verdict = judge([], s.alpha, s.min_effect_pct, len(checks), s.seed)
+    with lease() as held, Interleaver((old, new), cell, held.cores, block_s=s.block_s, warmup_s=warmup_s,
+                                      both_at_once=both, seed=s.seed) as il:
+        t0 = time.monotonic()  # the budget is measuring time: a wait for cores or a slow load never eats it
+        for block_a, block_b in il.pairs():
+            a.append(read(block_a))
+            b.append(read(block_b))
+            n = len(a)
+            out_of_time = time.monotonic() - t0 + 2 * s.block_s > s.budget_s
+            if n in checks or out_of_time:
+                verdict = judge(cost_ratios(a, b, higher), s.alpha, s.min_effect_pct, len(checks), s.seed)
+                if verdict.conclusive or out_of_time or n >= checks[-1]:
+                    break
+        blocks, cores = list(il.blocks), held.cores
+    facts = {"mode": "both at once" if both else "alternate start", "cores": cpu_list(cores), "metric": metric,
+             "seconds": time.monotonic() - t0, "setup_s": t0 - started, "block_s": s.block_s, "looks": checks}
+    return verdict, blocks, facts
+
+
+def report(old: Path, new: Path, cell: Cell, verdict: Verdict, blocks: list[Block], facts: dict[str, Any],
+           as_json: bool) -> None:
+    """The verdict line, with its interval, the detectable difference, the sign test, the mode and the time."""
+    busy = sum(1 for b in blocks if (b.foreign_cpu_pct or 0) > get_settings().host_busy_pct)
+    if as_json:
+        print(json.dumps({"old": str(old), "new": str(new), "cell": _cell_text(cell), **verdict.as_dict(), **facts,
+                          "busy_blocks": busy, "blocks": [b.as_dict() for b in blocks]}, indent=2, default=str))
+        return
+    colour = "red" if verdict.verdict == SLOWER else "green" if verdict.verdict == FASTER else None
+    lo, hi = verdict.ci_pct
+    say(f"{new.name} against {old.name}, {_cell_text(cell)}, interleaved ({facts['mode']} on cores "
+        f"{facts['cores']}; {'inferences/s' if facts['metric'].startswith('throughput') else 'p50 latency'}):")
+    say(f"  {verdict.verdict}: {verdict.change_pct:+.1f} % (median of {verdict.pairs} pair ratios; "
+        f"{verdict.level * 100:.1f} % CI {lo:+.1f} to {hi:+.1f} %); detectable difference "
+        f"{verdict.detectable_pct:.1f} %; {facts['seconds']:.1f} s measuring, {facts['setup_s']:.1f} s to "
+        "lease cores and load", style=colour)
+    say(f"  sign test: NEW slower in {verdict.slower_pairs} of {verdict.pairs} pairs (p={verdict.p_sign:.2g}); "
+        f"{len(blocks)} blocks of {facts['block_s'] * 1000:.0f} ms (--json lists each); host busy on {busy} "
+        f"block(s); same within +-{verdict.min_effect_pct:g} %")
+    if facts["mode"] == "alternate start":
+        say("  alternate-start mode: both models could not be held at once; each block loaded, warmed and closed "
+            "its model", style="yellow")
+
+
+def _cell_text(cell: Cell) -> str:
+    level = cell.level
+    load = f"c{level.concurrency} closed" if level.type == "closed" else f"{level.type} {getattr(level, 'rate', 0):g}/s"
+    return f"{cell.engine} {cell.device} b{cell.batch_size} {load}"
+
+
+def interleaved(old: str, new: str, opts: dict[str, Any], fail_on_regression: float | None, s: Settings,
+                as_json: bool) -> None:
+    """``farm compare --interleaved OLD NEW``: measure, print, and exit 1 on a conclusive regression beyond
+    ``fail_on_regression`` %."""
+    cell, model_format = cell_of(old, opts)
+    check_models(Path(old), Path(new), cell, model_format)
+    warmup = opts.get("warmup")
+    verdict, blocks, facts = run(Path(old), Path(new), cell, 0.5 if warmup is None else warmup, s)
+    report(Path(old), Path(new), cell, verdict, blocks, facts, as_json)
+    if fail_on_regression is not None and verdict.regression(fail_on_regression):
+        say(f"NEW is conclusively slower by {verdict.change_pct:.1f} %, beyond {fail_on_regression:g} %",
+            style="red", to=err_console)
+        raise typer.Exit(1)

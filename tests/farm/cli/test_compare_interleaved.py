@@ -1,0 +1,72 @@
+"""``farm compare --interleaved OLD NEW`` through the real CLI on two tiny ONNX models: the verdict line with its
+interval and detectable difference, every block in --json, the CI gate's exit codes, bad input in one line."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from farm.models.examples import build_example
+from tests.helpers import farm
+
+#: a short, quiet cell: one thread, blocks of 100 ms, a budget that a tiny model's verdict fits in
+QUICK = ["--threads", "1", "--block-ms", "100", "--warmup", "0.1"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("compare")
+    return {"a": build_example("compute", out / "a.onnx", ms=0.5),
+            "slow": build_example("compute", out / "slow.onnx", ms=1.5),  # three times the layers
+            "other": build_example("identity", out / "identity.onnx")}
+
+
+@pytest.mark.slow
+def test_a_clear_slowdown_fails_the_gate_and_names_its_verdict(models: dict[str, Path]) -> None:
+    out = farm("compare", "--interleaved", str(models["a"]), str(models["slow"]), *QUICK, "--budget-s", "30",
+               "--fail-on-regression", "20", check=False)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "slower" in out.stdout and "% CI" in out.stdout and "detectable difference" in out.stdout
+    assert "both at once" in out.stdout and "conclusively slower" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_against_a_passes_the_gate_and_keeps_every_block(models: dict[str, Path]) -> None:
+    out = farm("compare", "--interleaved", str(models["a"]), str(models["a"]), *QUICK, "--budget-s", "8",
+               "--fail-on-regression", "5", "--json")
+    got = json.loads(out.stdout)
+    assert got["verdict"] in ("same", "inconclusive") and got["pairs"] >= 2  # how many fit in 8 s: the host's
+    assert len(got["blocks"]) == 2 * got["pairs"]
+    assert {b["side"] for b in got["blocks"]} == {"A", "B"}
+    assert all(b["requests"] > 0 and b["duration_s"] > 0 for b in got["blocks"])
+    lo, hi = got["ci_pct"]
+    assert lo <= got["change_pct"] <= hi and got["detectable_pct"] > 0 and got["mode"] == "both at once"
+    assert got["setup_s"] >= 0 and got["seconds"] > 0  # the budget is measuring time; leasing and loading apart
+
+
+@pytest.mark.slow
+def test_the_alternate_start_mode_says_so(models: dict[str, Path]) -> None:
+    out = farm("compare", "--interleaved", str(models["a"]), str(models["slow"]), *QUICK, "--budget-s", "3",
+               "--alternate-start", "--mode", "constant", "--rate", "50")
+    assert "alternate start" in out.stdout and "alternate-start mode" in out.stdout and "p50 latency" in out.stdout
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("{a}", "{other}"), "same inputs"),
+    (("{a}", "{a}", "--batch-sizes", "1,2"), "one cell"),
+    (("{a}", "{a}", "--mode", "poisson"), "needs a rate"),
+    (("{a}", "{missing}"), "is not a file"),
+    (("{a}", "{a}", "--engine", "triton"), "runs its own server"),
+])
+def test_bad_input_is_one_line(models: dict[str, Path], tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+    paths = {k: str(v) for k, v in models.items()} | {"missing": str(tmp_path / "nope.onnx")}
+    out = farm("compare", "--interleaved", *(a.format(**paths) for a in args), check=False)
+    assert out.returncode not in (0, 1), out.stdout  # not a verdict: an error
+    assert says in out.stderr and "Traceback" not in out.stderr
+    assert len([line for line in out.stderr.splitlines() if line.strip()]) == 1, out.stderr
+
+
+def test_cell_options_need_interleaved() -> None:
+    out = farm("compare", "abc", "def", "--batch-sizes", "4", check=False)
+    assert out.returncode != 0 and "--interleaved" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,87 @@
+"""The server's own view of an LLM run, from its Prometheus ``/metrics`` (vLLM, SGLang, TGI): its TTFT and
+per-token latency histograms read before and after the measured span, and the p50 of the difference (the
+requests of that span only), interpolated within the histogram's buckets. Parsing is prometheus_client's."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from workers.loadgen.openai.http_once import exchange
+
+#: what farm reads, by figure: the histogram names each server uses (seconds)
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "ttft": ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
+    "tpot": ("vllm:time_per_output_token_seconds", "vllm:inter_token_latency_seconds",
+             "sglang:time_per_output_token_seconds", "sglang:inter_token_latency_seconds",
+             "tgi_request_mean_time_per_token_duration"),
+}
+
+Buckets = dict[float, float]  # upper bound (s) -> cumulative count
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """The cumulative buckets of each histogram farm reads, summed over label sets, by family name."""
+
+    histograms: dict[str, Buckets]
+
+
+def scrape(url: str, timeout_s: float = 2.0, authority: str | None = None) -> Scrape | None:
+    """The server's histograms at ``url`` (``http://HOST:PORT/metrics``; ``authority``: the endpoint's name where
+    the URL holds its pinned address); None when it has none or does not answer (most servers do not expose it:
+    nothing to report)."""
+    wanted = {name for names in FAMILIES.values() for name in names}
+    try:
+        status, raw = exchange(url, timeout_s=timeout_s, limit=8 << 20, authority=authority)
+        if status != 200:
+            return None
+        text = raw.decode("utf-8", errors="replace")
+        out: dict[str, Buckets] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name not in wanted or family.type != "histogram":
+                continue
+            buckets = out.setdefault(family.name, {})
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    le = float(sample.labels.get("le", "inf"))
+                    buckets[le] = buckets.get(le, 0.0) + float(sample.value)
+    except (OSError, ValueError):
+        return None
+    return Scrape(out) if out else None
+
+
+def bucket_quantile(buckets: Buckets, q: float) -> float | None:
+    """The ``q`` quantile (0..1) of a cumulative histogram, interpolated within its bucket (Prometheus'
+    histogram_quantile); None when empty."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    rank = q * buckets[bounds[-1]]
+    lower, below = 0.0, 0.0
+    for le in bounds:
+        count = buckets[le]
+        if count >= rank:
+            if le == float("inf"):
+                return lower
+            return lower + (le - lower) * ((rank - below) / (count - below) if count > below else 1.0)
+        lower, below = le, count
+    return lower
+
+
+def server_p50s(before: Scrape | None, after: Scrape | None) -> dict[str, float]:
+    """``{"ttft": ms, "tpot": ms}`` p50s of what the server recorded between the two scrapes (figures it does
+    not expose are left out)."""
+    if after is None:
+        return {}
+    out: dict[str, float] = {}
+    for figure, names in FAMILIES.items():
+        name = next((n for n in names if n in after.histograms), None)
+        if name is None:
+            continue
+        was = before.histograms.get(name, {}) if before is not None else {}
+        delta = {le: n - was.get(le, 0.0) for le, n in after.histograms[name].items()}
+        p50 = bucket_quantile(delta, 0.5)
+        if p50 is not None:
+            out[figure] = p50 * 1e3
+    return out
