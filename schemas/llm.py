@@ -127,12 +127,16 @@ def parse_slo(text: str) -> dict[str, float]:
     return out
 
 
+#: the kinds of file an LLM workload brings (:meth:`LlmSettings.files`)
+WorkloadKind = Literal["prompts", "trace", "tokenizer"]
+
+
 class FileRef(StrictModel):
     """A file uploaded with the request (``kind``: prompts, a trace or a tokenizer), stored content-addressed like a
     model: its sha256, the name it is cached under (a folder: ``NAME.tar``), its size in bytes and what the
     submitter called it (``label``, shown in results; never opened)."""
 
-    kind: Literal["prompts", "trace", "tokenizer"]
+    kind: WorkloadKind
     sha256: str = Field(pattern=_SHA_RE)
     filename: str = Field(pattern=_FILENAME_RE)
     size_bytes: int = Field(ge=0)
