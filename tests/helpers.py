@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
+
 T = TypeVar("T")
 
 FAST = ["--windows", "3", "--window", "0.3", "--warmup", "0.2"]
@@ -141,3 +143,15 @@ def stop_group(proc: subprocess.Popen[Any], timeout_s: float = 15.0) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=timeout_s)
+
+
+def servers_of(model: Path, since: float) -> list[str]:
+    """The command lines of live processes serving ``model`` started at or after ``since`` (epoch s; a session
+    fixture's server of the same model, e.g. ``llama_cpp_url``, is older); zombies count as gone."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "status", "create_time"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        young = (p.info["create_time"] or 0.0) >= since - 1.0  # create_time's resolution: a clock tick
+        if str(model) in cmd and young and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(cmd)
+    return out

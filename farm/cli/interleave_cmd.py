@@ -1,13 +1,14 @@
 """``farm compare --interleaved OLD NEW``: two models measured alternately in short blocks on the same cores
 (``workers.interleave``), judged on their per-pair ratios (``farm.verdict``), stopped as soon as the verdict is
-conclusive or the time budget is spent."""
+conclusive or the time budget is spent. An in-process engine's models load in this process; an LLM engine's are
+each served by the engine's own server on the lease (``workers.interleave_llm``), jailed as a job's."""
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,24 +17,29 @@ import typer
 from farm.cli import submit_options
 from farm.cli.views import err_console, say
 from farm.errors import ModelError, RequestError
-from farm.models.info import inspect_model
+from farm.models.info import detect_format, inspect_model
+from farm.models.spec import ModelInfo
 from farm.sandbox import model_jail
 from farm.settings import get_settings
 from farm.verdict import FASTER, SLOWER, Verdict, cost_ratios, judge, looks
-from schemas import ProfileRequest, TensorSpec
+from schemas import JobSpec, ProfileRequest, TensorSpec
 from schemas.cpus import cpu_list
-from schemas.engines import CARDS
+from schemas.engines import CARDS, default_engine, incompatibility
 from schemas.load_levels import TraceReplay, load_level
 from workers.cores import MIN_SERVING_CORES, CoreLease, host_cores
-from workers.interleave import Block, Cell, Interleaver, primary
+from workers.interleave import Block, Cell, Interleaver, SideLike, primary
 
 #: ``farm submit``'s options that set the one cell an interleaved compare measures (declared once there)
 CELL_OPTIONS = ("engine", "device", "batch_sizes", "concurrency", "input_spec", "model_format", "threads", "mode",
-                "rate", "warmup", "input_data")
+                "rate", "warmup", "input_data", "knob", "api", "input_tokens", "output_tokens", "prefix_tokens", "seed")
 #: fewer pairs than this never give a verdict (the bootstrap of a median needs some)
 MIN_PAIRS = 6
 #: what a pair costs besides its two blocks (the untimed calls, the bookkeeping), s: for the budget's estimate
 PAIR_OVERHEAD_S = 0.02
+
+
+#: an LLM cell's shortest useful block, s: a streamed answer of a few dozen tokens lasts longer than 100 ms
+LLM_BLOCK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -49,14 +55,16 @@ class Settings:
     seed: int = 0
 
 
-def cell_of(old: str, opts: dict[str, Any]) -> tuple[Cell, str]:
-    """The one cell the options give (a one-line RequestError when they give several), and the model format."""
+def cell_of(old: str, opts: dict[str, Any]) -> tuple[Cell, str, ProfileRequest]:
+    """The one cell the options give (a one-line RequestError when they give several), the model format and the
+    request the options make (an LLM cell's workload and knobs)."""
     values = {o.name: opts.get(o.name, o.default) for o in submit_options.SUBMIT_OPTIONS}
     values["model"] = old
     request = ProfileRequest.model_validate(submit_options.request_data(values))  # invalid: one line (cli.errors)
     counts = {"--engine": len(request.engines), "--device": len(request.devices),
               "--batch-sizes": len(request.batch_sizes), "--concurrency": len(request.concurrency),
-              "--threads": len(request.threads or [0]), "--rate": len(request.rates or [0.0])}
+              "--threads": len(request.threads or [0]), "--rate": len(request.rates or [0.0]),
+              "--knob": len(request.knob_configs())}
     several = [name for name, n in counts.items() if n != 1]
     if several:
         raise RequestError(f"compare --interleaved measures one cell: give one value of {', '.join(several)}")
@@ -69,13 +77,17 @@ def cell_of(old: str, opts: dict[str, Any]) -> tuple[Cell, str]:
         raise RequestError("compare --interleaved sends at a concurrency or a rate, not a trace's schedule; "
                            "give --mode closed, constant or poisson")
     inputs = [s.model_dump() for s in request.inputs] if request.inputs else None
-    cell = Cell(engine=request.engines[0], device=request.devices[0], batch_size=request.batch_sizes[0],
+    engine = request.engines[0]
+    if "engines" not in request.model_fields_set and Path(old).is_file():  # the format's engine, as a submit's
+        engine = default_engine(request.format or detect_format(Path(old))) or engine
+    cell = Cell(engine=engine, device=request.devices[0], batch_size=request.batch_sizes[0],
                 threads=(request.threads or [m.threads])[0], level=level, inputs=inputs, data=request.input_data)
-    return cell, request.format or ""
+    return cell, request.format or "", request
 
 
-def check_models(old: Path, new: Path, cell: Cell, model_format: str) -> str:
-    """Both files exist, have one format, run in farm's process and take the same inputs; their format."""
+def check_models(old: Path, new: Path, cell: Cell, model_format: str) -> list[ModelInfo]:
+    """Both files exist, have one format, run in farm's process (or are LLM models an LLM engine serves) and take
+    the same inputs; what each is."""
     for path in (old, new):
         if not path.is_file():
             raise RequestError(f"{path} is not a file; give two model files: farm compare --interleaved OLD NEW")
@@ -85,10 +97,15 @@ def check_models(old: Path, new: Path, cell: Cell, model_format: str) -> str:
         raise RequestError(f"{old.name} is {info[0].format} and {new.name} {info[1].format}: compare two models of "
                            "one format")
     card = CARDS.get(cell.engine)
-    if card is None or not card.in_process:
+    if card is None or not (card.in_process or cell.llm):
         raise RequestError(f"engine {cell.engine!r} runs its own server; compare --interleaved runs engines that load "
-                           f"in farm's process ({', '.join(c for c, k in CARDS.items() if k.in_process)}): compare "
-                           "two requests instead (farm compare REQUEST_A REQUEST_B)")
+                           f"in farm's process ({', '.join(c for c, k in CARDS.items() if k.in_process)}) and LLM "
+                           "engines: compare two requests instead (farm compare REQUEST_A REQUEST_B)")
+    if cell.llm:  # each served by its own server, jailed as a job's: no code of theirs runs in this process
+        why = incompatibility(cell.engine, info[0].format, cell.device)
+        if why is not None:
+            raise RequestError(f"compare --interleaved: {why}")
+        return info
     if model_jail(info[0].format, f"{old.name} and {new.name}"):
         raise ModelError(f"{old.name} ({info[0].format}) runs code from its file and compare --interleaved loads "
                          "models in farm's own process, outside the jail: set FARM_TRUSTED_MODELS=1 if you trust "
@@ -99,7 +116,7 @@ def check_models(old: Path, new: Path, cell: Cell, model_format: str) -> str:
             return ", ".join(f"{n}:{d}:{'x'.join(map(str, sh))}" for n, d, sh in s)
         raise ModelError(f"{old.name} takes {shown(shapes[0])} and {new.name} {shown(shapes[1])}: an interleaved "
                          "compare needs models with the same inputs")
-    return info[0].format
+    return info
 
 
 def both_fit(old: Path, new: Path) -> bool:
@@ -123,7 +140,29 @@ def lease() -> CoreLease:
                      allowed=allowed, isolation=settings.isolation)
 
 
-def run(old: Path, new: Path, cell: Cell, warmup_s: float, s: Settings) -> tuple[Verdict, list[Block], dict[str, Any]]:
+def served_sides(request: ProfileRequest, cell: Cell, info: list[ModelInfo], old: Path
+                 ) -> Callable[[Path, list[int]], SideLike]:
+    """How an LLM cell's sides come to be: each model served by the engine's own server (the process runner, as the
+    embedded default runs a job's), sent the same prompts."""
+    from workers.interleave_llm import ServedSide, Workload  # noqa: PLC0415 - the serving stack: LLM cells only
+    from workers.runners.process import ProcessRunner  # noqa: PLC0415 - idem (farm.cli starts without it)
+
+    runner, shared, tag = ProcessRunner(), list[Workload](), uuid.uuid4().hex[:8]
+    knobs = request.knob_configs()[0]
+
+    def side(model: Path, cores: list[int]) -> SideLike:
+        i = 0 if model == old else 1
+        spec = JobSpec(job_id=f"compare-{tag}-{'ab'[i]}", request_id=f"compare-{tag}", model_sha256=info[i].sha256,
+                       model_format=info[i].format, model_filename=model.name, inputs=[], device=cell.device,
+                       engine=cell.engine, batch_size=1, load=cell.level, queue="compare",
+                       measurement=request.measurement, knobs=knobs)
+        return ServedSide(model, spec, runner, cores, shared)
+
+    return side
+
+
+def run(old: Path, new: Path, cell: Cell, warmup_s: float, s: Settings,
+        make_side: Callable[[Path, list[int]], SideLike] | None = None) -> tuple[Verdict, list[Block], dict[str, Any]]:
     """Measure pairs until a look is conclusive or the budget is spent; the verdict, every block, and facts about
     the run (mode, cores, seconds, the primary figure)."""
     metric, read = primary(cell)
@@ -136,7 +175,7 @@ def run(old: Path, new: Path, cell: Cell, warmup_s: float, s: Settings) -> tuple
     b: list[float | None] = []
     verdict = judge([], s.alpha, s.min_effect_pct, len(checks), s.seed)
     with lease() as held, Interleaver((old, new), cell, held.cores, block_s=s.block_s, warmup_s=warmup_s,
-                                      both_at_once=both, seed=s.seed) as il:
+                                      both_at_once=both, seed=s.seed, make_side=make_side) as il:
         t0 = time.monotonic()  # the budget is measuring time: a wait for cores or a slow load never eats it
         for block_a, block_b in il.pairs():
             a.append(read(block_a))
@@ -164,7 +203,7 @@ def report(old: Path, new: Path, cell: Cell, verdict: Verdict, blocks: list[Bloc
     colour = "red" if verdict.verdict == SLOWER else "green" if verdict.verdict == FASTER else None
     lo, hi = verdict.ci_pct
     say(f"{new.name} against {old.name}, {_cell_text(cell)}, interleaved ({facts['mode']} on cores "
-        f"{facts['cores']}; {'inferences/s' if facts['metric'].startswith('throughput') else 'p50 latency'}):")
+        f"{facts['cores']}; {FIGURES[facts['metric']]}):")
     say(f"  {verdict.verdict}: {verdict.change_pct:+.1f} % (median of {verdict.pairs} pair ratios; "
         f"{verdict.level * 100:.1f} % CI {lo:+.1f} to {hi:+.1f} %); detectable difference "
         f"{verdict.detectable_pct:.1f} %; {facts['seconds']:.1f} s measuring, {facts['setup_s']:.1f} s to "
@@ -177,6 +216,11 @@ def report(old: Path, new: Path, cell: Cell, verdict: Verdict, blocks: list[Bloc
             "its model", style="yellow")
 
 
+#: how the report names the figure a verdict is taken on (``workers.interleave.primary``)
+FIGURES = {"throughput_infer_per_s": "inferences/s", "latency_p50_ms": "p50 latency",
+           "output_tokens_per_s": "output tokens/s", "ttft_p50_ms": "TTFT p50"}
+
+
 def _cell_text(cell: Cell) -> str:
     level = cell.level
     load = f"c{level.concurrency} closed" if level.type == "closed" else f"{level.type} {getattr(level, 'rate', 0):g}/s"
@@ -187,10 +231,16 @@ def interleaved(old: str, new: str, opts: dict[str, Any], fail_on_regression: fl
                 as_json: bool) -> None:
     """``farm compare --interleaved OLD NEW``: measure, print, and exit 1 on a conclusive regression beyond
     ``fail_on_regression`` %."""
-    cell, model_format = cell_of(old, opts)
-    check_models(Path(old), Path(new), cell, model_format)
+    cell, model_format, request = cell_of(old, opts)
+    info = check_models(Path(old), Path(new), cell, model_format)
     warmup = opts.get("warmup")
-    verdict, blocks, facts = run(Path(old), Path(new), cell, 0.5 if warmup is None else warmup, s)
+    make_side = served_sides(request, cell, info, Path(old)) if cell.llm else None
+    if cell.llm and s.block_s < LLM_BLOCK_S:
+        say(f"an LLM cell's blocks last {LLM_BLOCK_S * 1000:.0f} ms at least (a streamed answer outlasts "
+            f"{s.block_s * 1000:.0f} ms); --block-ms raised to {LLM_BLOCK_S * 1000:.0f}", style="yellow",
+            to=err_console)
+        s = replace(s, block_s=LLM_BLOCK_S)
+    verdict, blocks, facts = run(Path(old), Path(new), cell, 0.5 if warmup is None else warmup, s, make_side)
     report(Path(old), Path(new), cell, verdict, blocks, facts, as_json)
     if fail_on_regression is not None and verdict.regression(fail_on_regression):
         say(f"NEW is conclusively slower by {verdict.change_pct:.1f} %, beyond {fail_on_regression:g} %",
