@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 
+from farm import host_figure
 from farm.cli import submit_options
 from farm.cli.views import err_console, say
 from farm.errors import ModelError, RequestError
@@ -21,12 +22,13 @@ from farm.models.info import detect_format, inspect_model
 from farm.models.spec import ModelInfo
 from farm.sandbox import model_jail
 from farm.settings import get_settings
-from farm.verdict import FASTER, SLOWER, Verdict, cost_ratios, judge, looks
+from farm.verdict import FASTER, SLOWER, Verdict, cost_ratios, judge, line_up, looks
 from schemas import JobSpec, ProfileRequest, TensorSpec
 from schemas.cpus import cpu_list
 from schemas.engines import CARDS, default_engine, incompatibility
 from schemas.load_levels import TraceReplay, load_level
 from workers.cores import MIN_SERVING_CORES, CoreLease, host_cores
+from workers.hardware import detect_cpu
 from workers.interleave import Block, Cell, Interleaver, SideLike, primary
 
 #: ``farm submit``'s options that set the one cell an interleaved compare measures (declared once there)
@@ -53,6 +55,7 @@ class Settings:
     min_effect_pct: float
     alternate: bool = False
     seed: int = 0
+    full_budget: bool = False  # a host figure: every pair the budget allows, no early stop
 
 
 def cell_of(old: str, opts: dict[str, Any]) -> tuple[Cell, str, ProfileRequest]:
@@ -166,9 +169,10 @@ def run(old: Path, new: Path, cell: Cell, warmup_s: float, s: Settings,
     """Measure pairs until a look is conclusive or the budget is spent; the verdict, every block, and facts about
     the run (mode, cores, seconds, the primary figure)."""
     metric, read = primary(cell)
-    higher = metric.startswith("throughput")
+    higher = metric in HIGHER_IS_BETTER
     both = not s.alternate and both_fit(old, new)
     max_pairs = max(MIN_PAIRS, int(s.budget_s / (2 * s.block_s + PAIR_OVERHEAD_S)))
+    max_pairs = 1_000_000 if s.full_budget else max_pairs
     checks = [n for n in looks(max_pairs) if n >= MIN_PAIRS]
     started = time.monotonic()
     a: list[float | None] = []
@@ -184,7 +188,7 @@ def run(old: Path, new: Path, cell: Cell, warmup_s: float, s: Settings,
             out_of_time = time.monotonic() - t0 + 2 * s.block_s > s.budget_s
             if n in checks or out_of_time:
                 verdict = judge(cost_ratios(a, b, higher), s.alpha, s.min_effect_pct, len(checks), s.seed)
-                if verdict.conclusive or out_of_time or n >= checks[-1]:
+                if out_of_time or (not s.full_budget and (verdict.conclusive or n >= checks[-1])):
                     break
         blocks, cores = list(il.blocks), held.cores
     facts = {"mode": "both at once" if both else "alternate start", "cores": cpu_list(cores), "metric": metric,
@@ -216,6 +220,8 @@ def report(old: Path, new: Path, cell: Cell, verdict: Verdict, blocks: list[Bloc
             "its model", style="yellow")
 
 
+#: the figures a verdict is taken on where more is better (a cost ratio inverts them)
+HIGHER_IS_BETTER = ("throughput_infer_per_s", "output_tokens_per_s")
 #: how the report names the figure a verdict is taken on (``workers.interleave.primary``)
 FIGURES = {"throughput_infer_per_s": "inferences/s", "latency_p50_ms": "p50 latency",
            "output_tokens_per_s": "output tokens/s", "ttft_p50_ms": "TTFT p50"}
@@ -228,9 +234,10 @@ def _cell_text(cell: Cell) -> str:
 
 
 def interleaved(old: str, new: str, opts: dict[str, Any], fail_on_regression: float | None, s: Settings,
-                as_json: bool) -> None:
+                as_json: bool, figure: Path | None = None) -> None:
     """``farm compare --interleaved OLD NEW``: measure, print, and exit 1 on a conclusive regression beyond
-    ``fail_on_regression`` %."""
+    ``fail_on_regression`` %; ``figure``: write NEW's host figure in units of OLD there (``farm.host_figure``),
+    measured over the whole budget."""
     cell, model_format, request = cell_of(old, opts)
     info = check_models(Path(old), Path(new), cell, model_format)
     warmup = opts.get("warmup")
@@ -240,9 +247,61 @@ def interleaved(old: str, new: str, opts: dict[str, Any], fail_on_regression: fl
             f"{s.block_s * 1000:.0f} ms); --block-ms raised to {LLM_BLOCK_S * 1000:.0f}", style="yellow",
             to=err_console)
         s = replace(s, block_s=LLM_BLOCK_S)
+    if figure is not None:
+        s = replace(s, full_budget=True)
     verdict, blocks, facts = run(Path(old), Path(new), cell, 0.5 if warmup is None else warmup, s, make_side)
     report(Path(old), Path(new), cell, verdict, blocks, facts, as_json)
+    if figure is not None:
+        save_figure(figure, (Path(old), Path(new)), info, cell, blocks, facts)
     if fail_on_regression is not None and verdict.regression(fail_on_regression):
         say(f"NEW is conclusively slower by {verdict.change_pct:.1f} %, beyond {fail_on_regression:g} %",
+            style="red", to=err_console)
+        raise typer.Exit(1)
+
+
+def save_figure(path: Path, models: tuple[Path, Path], info: list[ModelInfo], cell: Cell, blocks: list[Block],
+                facts: dict[str, Any]) -> None:
+    """Write the host figure of ``models[1]`` in units of the reference ``models[0]`` from the pairs' blocks."""
+    _, read = primary(cell)
+    by_pair: dict[int, dict[str, float | None]] = {}
+    for b in blocks:
+        by_pair.setdefault(b.pair, {})[b.side] = read(b)
+    pairs = [p for p in by_pair.values() if len(p) == 2]
+    ratios = cost_ratios([p["A"] for p in pairs], [p["B"] for p in pairs], facts["metric"] in HIGHER_IS_BETTER)
+    if not ratios:
+        raise RequestError("no pair was measured in the budget: give a longer --budget-s for a host figure")
+    cpu = detect_cpu()
+    host: dict[str, str | int] = {"cpu": cpu.model, "arch": cpu.arch, "logical_cores": cpu.logical_cores,
+                                  "lease_cores": str(facts["cores"])}
+    ids = [host_figure.ModelId(name=m.name, sha256=i.sha256) for m, i in zip(models, info, strict=True)]
+    fig = host_figure.make(ids[1], ids[0], _cell_text(cell), facts["metric"], ratios, host)
+    host_figure.write(fig, path)
+    say(f"host figure: {models[1].name} costs {fig.figure:.3f} x {models[0].name} on this host ({len(ratios)} pairs, "
+        f"{cpu.model}); written to {path}")
+
+
+def hosts(x_path: Path, y_path: Path, alpha: float, min_effect_pct: float, fail_on_regression: float | None,
+          as_json: bool) -> None:
+    """``farm compare --hosts X.json Y.json``: the model's cost in reference units on host Y against host X."""
+    x, y = host_figure.read(x_path), host_figure.read(y_path)
+    host_figure.comparable(x, y)
+    verdict = line_up(x.ratios, y.ratios, alpha, min_effect_pct)
+    if as_json:
+        print(json.dumps({"model": x.model.model_dump(), "reference": x.reference.model_dump(), "cell": x.cell,
+                          "x": {"host": x.host, "figure": x.figure, "pairs": len(x.ratios)},
+                          "y": {"host": y.host, "figure": y.figure, "pairs": len(y.ratios)}, **verdict.as_dict()},
+                         indent=2))
+    else:
+        lo, hi = verdict.ci_pct
+        say(f"{x.model.name} in units of {x.reference.name} ({x.cell}): host Y ({y.host.get('cpu')}) against host X "
+            f"({x.host.get('cpu')})")
+        say(f"  {verdict.verdict}: {verdict.change_pct:+.1f} % ({verdict.level * 100:.0f} % CI {lo:+.1f} to "
+            f"{hi:+.1f} %); detectable difference {verdict.detectable_pct:.1f} %; rank-sum p={verdict.p_sign:.2g}",
+            style="red" if verdict.verdict == SLOWER else "green" if verdict.verdict == FASTER else None)
+        say(f"  X: {x.figure:.3f} ({len(x.ratios)} pairs, {x.measured_at}); Y: {y.figure:.3f} ({len(y.ratios)} "
+            f"pairs, {y.measured_at}); a speed common to both models cancels, a difference in kind does not "
+            "(docs/trust.md)")
+    if fail_on_regression is not None and verdict.regression(fail_on_regression):
+        say(f"the model costs conclusively more of the reference on host Y, by {verdict.change_pct:.1f} %",
             style="red", to=err_console)
         raise typer.Exit(1)

@@ -90,3 +90,42 @@ def test_two_llm_models_interleave_on_their_own_servers(tiny_llama: Any, llama_s
     assert all(b["requests"] > 0 and b["ttft_p50_ms"] > 0 and b["output_tokens_per_s"] > 0 for b in got["blocks"])
     assert "--block-ms raised to 1000" in out.stderr  # an LLM block is never shorter than a streamed answer
     assert servers_of(tiny_llama.gguf, since) == []
+
+
+@pytest.mark.slow
+def test_host_figures_line_up_two_hosts(models: dict[str, Path], tmp_path: Path) -> None:
+    """A model's cost in units of a reference, measured interleaved on one host, written as a host figure; two
+    figures of one model lined up (here both from this host: the same or inconclusive, never a difference)."""
+    figures = []
+    for name in ("x", "y"):
+        path = tmp_path / f"{name}.json"
+        out = farm("compare", "--interleaved", str(models["a"]), str(models["slow"]), *QUICK, "--budget-s", "3",
+                   "--host-figure", str(path))
+        assert "host figure: slow.onnx costs" in out.stdout and path.is_file()
+        figures.append(json.loads(path.read_text()))
+    for fig in figures:
+        assert fig["model"]["name"] == "slow.onnx" and fig["reference"]["name"] == "a.onnx"
+        assert len(fig["ratios"]) >= 2 and fig["figure"] > 1.0  # three times the layers: costs more than the ref
+        assert fig["host"]["cpu"] and fig["metric"] == "throughput_infer_per_s"
+    out = farm("compare", "--hosts", str(tmp_path / "x.json"), str(tmp_path / "y.json"), "--json")
+    got = json.loads(out.stdout)
+    assert got["verdict"] in ("same", "inconclusive") and got["x"]["pairs"] == len(figures[0]["ratios"])
+    text = farm("compare", "--hosts", str(tmp_path / "x.json"), str(tmp_path / "y.json")).stdout
+    assert "in units of a.onnx" in text and "detectable difference" in text and "rank-sum" in text
+
+
+def test_host_figures_of_other_models_or_files_are_one_line(tmp_path: Path) -> None:
+    def fig(model: str) -> str:
+        path = tmp_path / f"{model}.json"
+        path.write_text(json.dumps({"model": {"name": model, "sha256": model * 8}, "reference": {"name": "r",
+                                    "sha256": "r" * 8}, "cell": "c", "metric": "m", "ratios": [1.0, 1.1],
+                                    "figure": 1.05, "host": {"cpu": "x"}, "measured_at": "now"}))
+        return str(path)
+
+    for args, says in [((fig("m1"), fig("m2")), "differ in their model"),
+                       ((fig("m1"), str(tmp_path)), "cannot read it"),
+                       ((fig("m1"), __file__), "is not a host figure")]:
+        out = farm("compare", "--hosts", *args, check=False)
+        assert out.returncode == 2 and says in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    out = farm("compare", "abc", "def", "--host-figure", str(tmp_path / "f.json"), check=False)
+    assert out.returncode == 2 and "--interleaved REF MODEL" in out.stderr
