@@ -68,7 +68,8 @@ class Counting(Protocol):
 class Prompt:
     """One request's prompt (its text without the salt), its token count with the salt's (``input_source``:
     ``tokenizer``, ``server`` (its /tokenize) or ``words``, an estimate) and the output tokens it asks for;
-    ``salt_at``: where in ``text`` the salt goes (None: not salted), ``salt_words``: its words."""
+    ``salt_at``: where in ``text`` the salt goes (None: not salted), ``salt_words``: its words; ``turn``: its turn in
+    a session (1, 2, ...: ``sessions``; 0: a prompt of its own)."""
 
     text: str
     input_tokens: int
@@ -76,6 +77,7 @@ class Prompt:
     max_tokens: int
     salt_at: int | None = None
     salt_words: int = 0
+    turn: int = 0
 
     def salted(self, salt: str) -> str:
         """The text with ``salt`` (``Salts.salt``, ``salt_words`` words) in place."""
