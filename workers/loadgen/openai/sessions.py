@@ -39,6 +39,7 @@ from workers.loadgen.openai.workload import (
     _fit,
     _synthetic,
     pool_size,
+    shared_prefix,
 )
 
 #: what separates a completion's answer from the next turn's prompt in a completions session's text
@@ -52,17 +53,19 @@ def _source(tok: Counting | None) -> str:
 def synthetic_sessions(llm: LlmSettings, tok: Counting | None, count: int = PROMPT_POOL,
                        salts: Salts | None = None) -> list[Prompt]:
     """Sessions of ``llm.sessions`` turns (their prompts in order, ``turn`` 1..N), as many as the prompt pool holds
-    (``workload.pool_size`` prompts in all, at least one session): the first turn of each salted, the others not
+    (``workload.pool_size`` prompts in all, at least one session): the first turn of each begins with the shared
+    prefix (``prefix_tokens``, the same in every session: a system prompt) and its salt, the others are not salted
     (their history is the session's own)."""
     turns = int(llm.sessions or 1)
     salts = salts or Salts.of(tok)
     rng = random.Random(llm.seed)
+    prefix = shared_prefix(llm, tok)
     out: list[Prompt] = []
     for _ in range(max(1, pool_size(llm, count) // turns)):
         for k in range(1, turns + 1):
             n_in, n_out = _draw(llm.input_tokens, rng), _draw(llm.output_tokens, rng)
             if k == 1:
-                p = _fit(tok, "", n_in, rng.random(), salts, n_out)
+                p = _fit(tok, prefix, n_in + llm.prefix_tokens, rng.random(), salts, n_out)
             else:
                 text, n, _ = _synthetic(random.Random(rng.random()), n_in, tok)
                 p = Prompt(text, n, _source(tok), n_out)

@@ -130,6 +130,10 @@ def test_synthetic_sessions_are_salted_once_each() -> None:
     assert len(sessions) == 8 and all([p.turn for p in s] == [1, 2, 3, 4] for s in sessions)
     assert all(s[0].salt_at is not None and all(p.salt_at is None for p in s[1:]) for s in sessions)
     assert all(p.input_tokens == 10 and p.max_tokens == 3 for s in sessions for p in s)
+    shared = synthetic_sessions(LlmSettings(sessions=2, input_tokens=10, prefix_tokens=6), None, 8)
+    firsts = [p for p in shared if p.turn == 1]
+    assert len({p.text[:p.salt_at] for p in firsts}) == 1 and all(len(p.text[:p.salt_at].split()) == 6 for p in firsts)
+    assert all(p.input_tokens == 16 for p in firsts)  # the prefix's tokens and the turn's own
 
 
 def test_bad_sessions_input_is_refused(tmp_path: Path) -> None:
