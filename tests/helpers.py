@@ -36,6 +36,22 @@ def farm(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
     return proc
 
 
+def assert_refused(cases: list[tuple[list[str], str]], base: list[str], env: dict[str, str]) -> None:
+    """Each of ``cases`` (``farm submit`` arguments after ``base``, a text its error must hold) is a one-line usage
+    error (exit 2, no traceback), and no job was stored."""
+    import sqlite3  # noqa: PLC0415 - the embedded database, these checks only
+
+    for args, text in cases:
+        proc = farm("submit", *base, *args, check=False, env=env)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert text in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    for db in Path(env["FARM_HOME"]).rglob("*.db"):  # refused before any job
+        with sqlite3.connect(db) as con:
+            tables = {t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            assert "jobs" not in tables or con.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+
+
 def start_worker(env: dict[str, str], *args: str, log: Path | None = None) -> subprocess.Popen[str]:
     """Start a real ``farm worker`` process."""
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115

@@ -84,7 +84,7 @@ def print_table(console: Console, rows: list[ResultRow], title: str, metrics: tu
             console = Console(file=console.file, width=width, force_terminal=console.is_terminal,
                               color_system=console.color_system, no_color=console.no_color)  # type: ignore[arg-type]
     console.print(table)
-    for line in views.measured_lines(rows) + views.repeat_lines(rows):
+    for line in views.measured_lines(rows) + views.repeat_lines(rows) + views.turn_lines(rows):
         views.say(line, to=console)
     for line in views.error_lines(rows):
         views.say(line, style="red", to=console)
