@@ -30,8 +30,8 @@ US = 1e-3  # ms per µs
 class EventLog:
     """The columnar log of one run's requests (``seq`` order): per request (every list ``len(seq)`` long) and per
     chunk (``chunk_us``/``chunk_tokens``/``chunk_kind``, grouped by request in order, ``kept[i]`` of request i's).
-    Times: µs from the run's start (monotonic); None: it did not happen. ``cut``: the cap ``max_chunks`` was reached
-    and later requests' chunk events were left out."""
+    Times: µs from the run's start (monotonic); None: it did not happen. ``cut``: a cap was reached: later requests'
+    chunk events (``max_chunks``), or later requests (past ``FARM_EVENT_LOG_MAX_REQUESTS``), were left out."""
 
     seq: list[int] = field(default_factory=list)
     warm: list[bool] = field(default_factory=list)
@@ -53,6 +53,7 @@ class EventLog:
     chunk_kind: str = ""  # one letter a chunk (:data:`KIND_LETTER`)
     max_chunks: int = 0
     cut: bool = False
+    requests_total: int = 0  # the run's requests (more than ``len(seq)`` where the log was cut at its request cap)
     version: int = 1
 
     @classmethod
@@ -70,18 +71,28 @@ class EventLog:
             yield slice(at, at + n)
             at += n
 
-    def capped(self, max_chunks: int) -> EventLog:
-        """This log with at most ``max_chunks`` chunk events: whole requests in order, the rest keeping none."""
+    def capped(self, max_chunks: int, max_requests: int | None = None) -> EventLog:
+        """This log with its first ``max_requests`` requests (None: all) and at most ``max_chunks`` chunk events:
+        whole requests' chunks in order, the rest keeping none."""
+        log = self._first(max_requests) if max_requests is not None and max_requests < len(self.seq) else self
         kept, total = [], 0
-        for n in self.chunks:
+        for n in log.chunks:
             take = n if total + n <= max_chunks else 0
             kept.append(take)
             total += take
-        keep = [i for s, n in zip(self.chunk_slices(), kept, strict=True) if n for i in range(s.start, s.stop)]
-        return replace(self, kept=kept, chunk_us=[self.chunk_us[i] for i in keep],
-                       chunk_tokens=[self.chunk_tokens[i] for i in keep],
-                       chunk_kind="".join(self.chunk_kind[i] for i in keep), max_chunks=max_chunks,
-                       cut=self.cut or sum(kept) < sum(self.chunks))
+        keep = [i for s, n in zip(log.chunk_slices(), kept, strict=True) if n for i in range(s.start, s.stop)]
+        return replace(log, kept=kept, chunk_us=[log.chunk_us[i] for i in keep],
+                       chunk_tokens=[log.chunk_tokens[i] for i in keep],
+                       chunk_kind="".join(log.chunk_kind[i] for i in keep), max_chunks=max_chunks,
+                       cut=log.cut or sum(kept) < sum(log.chunks))
+
+    def _first(self, n: int) -> EventLog:
+        """The log of its first ``n`` requests (flagged ``cut``; ``requests_total`` keeps the run's count)."""
+        chunks = sum(self.kept[:n])
+        per_request = {f.name: getattr(self, f.name)[:n] for f in fields(self)
+                       if isinstance(getattr(self, f.name), list) and not f.name.startswith("chunk_")}
+        return replace(self, **per_request, chunk_us=self.chunk_us[:chunks], chunk_tokens=self.chunk_tokens[:chunks],
+                       chunk_kind=self.chunk_kind[:chunks], cut=True)
 
 
 #: the tools whose definitions are computed, in the order shown
@@ -143,23 +154,23 @@ def measured(log: EventLog) -> list[int]:
             and log.first_chunk_us[i] is not None]
 
 
-def chunk_gaps(log: EventLog, requests: list[int]) -> tuple[list[float], list[float]]:
+def chunk_gaps(log: EventLog, requests: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """The logged chunks of ``requests``: every gap between consecutive chunks (ms; vLLM's ITL, AIPerf's ICL) and
-    farm's per-token ITL (a gap g before a chunk of k tokens gives k values g/k)."""
+    farm's per-token ITL (a gap g before a chunk of k tokens gives k values g/k; a chunk of no token adds its gap to
+    the next one's)."""
     wanted = set(requests)
-    gaps: list[float] = []
-    per_token: list[float] = []
+    t_all, k_all = np.asarray(log.chunk_us, dtype=float) * US, np.asarray(log.chunk_tokens, dtype=np.int64)
+    gaps: list[np.ndarray] = []
+    per_token: list[np.ndarray] = []
     for i, s in enumerate(log.chunk_slices()):
         if i not in wanted or s.stop - s.start < 2:
             continue
-        ts, ks = log.chunk_us[s], log.chunk_tokens[s]
-        prev = ts[0]
-        for j in range(1, len(ts)):
-            gaps.append((ts[j] - ts[j - 1]) * US)
-            if ks[j] > 0:
-                per_token += [(ts[j] - prev) * US / ks[j]] * ks[j]
-                prev = ts[j]
-    return gaps, per_token
+        ts, ks = t_all[s], k_all[s]
+        gaps.append(np.diff(ts))
+        at = np.concatenate(([0], 1 + np.flatnonzero(ks[1:] > 0)))  # the first chunk, then those with tokens
+        per_token.append(np.repeat(np.diff(ts[at]) / ks[at[1:]], ks[at[1:]]))
+    return (np.concatenate(gaps) if gaps else np.empty(0),
+            np.concatenate(per_token) if per_token else np.empty(0))
 
 
 #: (figure, tool, the tool's own name, the per-request column; None: pooled chunk gaps or tokens)
@@ -179,8 +190,8 @@ DEFINITIONS: tuple[tuple[str, str, str, str | None], ...] = (
 )
 
 
-def _stats(values: list[float]) -> tuple[float | None, float | None, float | None]:
-    if not values:
+def _stats(values: list[float] | np.ndarray) -> tuple[float | None, float | None, float | None]:
+    if not len(values):
         return None, None, None
     arr = np.asarray(values, dtype=float)
     return float(np.percentile(arr, 50)), float(np.percentile(arr, 99)), float(arr.mean())
@@ -194,10 +205,10 @@ def tool_summary(log: EventLog) -> list[ToolFigure]:
     gaps, per_token = chunk_gaps(log, reqs)
     out = []
     for figure, tool, name, column in DEFINITIONS:
+        values: list[float] | np.ndarray
         if column is None:
             values, over = (per_token, "tokens") if tool == "farm" else (gaps, "chunk gaps")
         else:
-            values = [v for f in per_request if (v := f[column]) is not None]
-            over = "requests"
+            values, over = [v for f in per_request if (v := f[column]) is not None], "requests"
         out.append(ToolFigure(figure, tool, name, over, *_stats(values), n=len(values)))
     return out

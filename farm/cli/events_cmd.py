@@ -53,6 +53,9 @@ def events_cmd(
 ) -> None:
     """An LLM job's event log: TTFT, ITL and TPOT by farm's, vllm bench's, AIPerf's and GuideLLM's definitions
     side by side (docs/llm.md), and the log itself as Parquet."""
+    if get_settings().remote:
+        raise RequestError("farm events reads the farm's database: run it on a farm host (FARM_DATABASE_URL), not "
+                           "through FARM_API_URL")
     prepare_db()
     job = job_events(job_id)
     for path in (parquet, requests_parquet):
@@ -64,7 +67,8 @@ def events_cmd(
             say(f"wrote {path}", to=err_console)
     log = job.log
     if as_json:
-        print(json.dumps({"job_id": job.job_id, "requests": len(log.seq), "measured": len(measured(log)),
+        print(json.dumps({"job_id": job.job_id, "requests": len(log.seq), "requests_total": log.requests_total,
+                          "measured": len(measured(log)),
                           "chunks": sum(log.chunks), "chunks_logged": len(log.chunk_us), "cut": log.cut,
                           "figures": [asdict(f) for f in job.figures]}, indent=2))
         return
@@ -73,8 +77,9 @@ def events_cmd(
     for line in figure_lines(job.figures):
         say(line)
     if log.cut:
-        say(f"the log keeps {len(log.chunk_us)} of {sum(log.chunks)} chunk events (FARM_EVENT_LOG_MAX_CHUNKS="
-            f"{log.max_chunks}): the pooled ITLs are over the requests it kept", style="yellow")
+        say(f"the log was cut: it keeps {len(log.seq)} of {log.requests_total} requests (FARM_EVENT_LOG_MAX_REQUESTS)"
+            f" and {len(log.chunk_us)} of their {sum(log.chunks)} chunk events (FARM_EVENT_LOG_MAX_CHUNKS="
+            f"{log.max_chunks}); the figures above are over every request", style="yellow")
 
 
 def register(app: typer.Typer) -> None:

@@ -44,7 +44,9 @@ def job_events(job_id: str) -> JobEvents:
     if log is None:
         raise RequestError(f"job {jid} has no event log: only LLM jobs (--api openai-chat|openai-completions) "
                            "measured by this farm version keep one")
-    return JobEvents(jid, log, tool_summary(log))
+    stored = load.get("tool_figures") if isinstance(load, dict) else None  # over every request, the log capped or not
+    figures = [ToolFigure(**f) for f in stored] if isinstance(stored, list) and stored else tool_summary(log)
+    return JobEvents(jid, log, figures)
 
 
 def stored_figures(job_ids: list[str]) -> dict[str, list[ToolFigure]]:
@@ -119,6 +121,7 @@ def figure_columns() -> tuple[tuple[str, str, str], ...]:
 
 def _metadata(job: JobEvents) -> dict[str, str]:
     return {"farm.job_id": job.job_id, "farm.event_log_cut": str(job.log.cut).lower(),
+            "farm.requests_total": str(job.log.requests_total),
             "farm.event_log_max_chunks": str(job.log.max_chunks), "farm.time_origin": "the run's start (monotonic)",
             "farm.tool_figures": json.dumps([asdict(f) for f in job.figures]),
             "farm.definitions": "docs/llm.md, 'TTFT, ITL and TPOT by tool'"}

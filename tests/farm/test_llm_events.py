@@ -86,3 +86,11 @@ def test_a_stored_log_reads_back_and_an_unknown_one_is_none() -> None:
     log = event_log(_run(), None)
     assert EventLog.of(asdict(log)) == log
     assert EventLog.of({"version": 99}) is None and EventLog.of(None) is None
+
+
+def test_the_request_cap_keeps_the_first_requests_and_the_figures_of_all() -> None:
+    log, tools = recorded(_run(), None, max_chunks=100, max_requests=2)
+    assert log.seq == [1, 2] and log.requests_total == 4 and log.cut
+    assert log.kept == [5, 5] and len(log.chunk_us) == 10 and log.chunk_kind == "rrcct" * 2
+    assert all(len(getattr(log, name)) == 2 for name in ("warm", "sent_us", "end_us", "error", "output_tokens"))
+    assert {(t.figure, t.tool): t.n for t in tools}[("ttft", "vllm")] == 1

@@ -379,7 +379,7 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
     if "chunks" in _sources(outcomes)["output"]:
         notes.append("output tokens counted one per chunk: the server sent no usage and no --tokenizer was given")
     notes += workload_notes(checks, llm.api, llm.prefix_tokens, ask.ignore_eos)
-    log, tools = recorded(run, count, get_settings().event_log_max_chunks)
+    log, tools = recorded(run, count, get_settings().event_log_max_chunks, get_settings().event_log_max_requests)
     own = OpenAIDetails(api=llm.api, base_url=llm.base_url(job.url), model=job.model_name,
                         token_sources=_sources(outcomes),
                         tokens_per_chunk_mean=stats.mean(per_chunk), tokens_per_chunk_max=max(per_chunk, default=None),

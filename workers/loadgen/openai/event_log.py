@@ -54,10 +54,13 @@ def event_log(run: HttpRun, count: Callable[[str], int] | None) -> EventLog:
     for rec in sorted((*run.records, *run.cut), key=lambda r: r.seq):
         _add(cols, rec, run.t_start, count, id(rec) in cut)
     return EventLog(**cols.per_request, chunk_us=cols.chunk_us, chunk_tokens=cols.chunk_tokens,  # type: ignore[arg-type]
-                    chunk_kind="".join(cols.chunk_kind), max_chunks=len(cols.chunk_us))
+                    chunk_kind="".join(cols.chunk_kind), max_chunks=len(cols.chunk_us),
+                    requests_total=len(cols.per_request.get("seq", [])))
 
 
-def recorded(run: HttpRun, count: Callable[[str], int] | None, max_chunks: int) -> tuple[EventLog, list[ToolFigure]]:
-    """The run's log capped at ``max_chunks`` chunk events, and the tools' figures over the whole (uncapped) log."""
+def recorded(run: HttpRun, count: Callable[[str], int] | None, max_chunks: int,
+             max_requests: int | None = None) -> tuple[EventLog, list[ToolFigure]]:
+    """The run's log capped at its first ``max_requests`` requests (None: all) and ``max_chunks`` chunk events, and
+    the tools' figures over the whole (uncapped) log."""
     log = event_log(run, count)
-    return log.capped(max_chunks), tool_summary(log)
+    return log.capped(max_chunks, max_requests), tool_summary(log)
