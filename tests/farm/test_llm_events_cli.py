@@ -66,6 +66,8 @@ def test_events_export_and_tools_side_by_side(tmp_path: Path) -> None:
         assert kinds == ["reasoning"] * 3 + ["content"] * 3 + ["tool"] * 2
         assert [e["event"] for e in evs][:3] == ["scheduled", "sent", "first_byte"] and evs[-1]["event"] == "end"
         assert len(evs) == 3 + OUT + 1
+        since = [float(e["since_sent_ms"]) for e in evs[1:]]  # type: ignore[arg-type]
+        assert since == sorted(since) and since[0] == 0.0  # sent, its head, its chunks and its end, in order
         for column, value in _hand(evs).items():
             assert figures[seq][column] == pytest.approx(value, abs=1e-6), column
 
