@@ -1,6 +1,7 @@
 """``farm events JOB`` end to end against the fake OpenAI server (known script: reasoning, content and tool-call
 tokens, a known count per chunk): the event counts, the Parquet schema and units, each tool's figures against a hand
-computation from the exported events, the server's own log of what it sent, and ``farm results --wide``."""
+computation from the exported events, the server's own log of what it sent, ``farm results --wide`` and the
+report's section."""
 from __future__ import annotations
 
 import json
@@ -87,6 +88,10 @@ def test_events_export_and_tools_side_by_side(tmp_path: Path) -> None:
 
     wide = farm("results", rid, "--wide", env=env).stdout
     assert f"job {row['job_id'][:8]} p50 ms by farm | vllm | aiperf | guidellm: TTFT" in " ".join(wide.split())
+    page = tmp_path / "report.html"
+    farm("report", rid, "-o", str(page), env=env)
+    html = page.read_text()
+    assert 'id="tools-table"' in html and f"<code>{row['job_id'][:8]}</code></td><td class=l>TPOT p50 ms" in html
 
 
 def test_events_of_a_job_without_a_log_is_a_one_line_error() -> None:
