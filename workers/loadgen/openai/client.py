@@ -11,12 +11,13 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from farm.errors import FarmError, LoadGenError
+from farm.llm_events import EventLog, ToolFigure
 from farm.secrets import credential_value
 from farm.settings import get_settings
 from schemas.llm import LlmSettings, Slo, file_label
@@ -24,6 +25,7 @@ from schemas.measured import LLM_RPC
 from schemas.metrics import MetricValues
 from workers.loadgen import stats
 from workers.loadgen.contract import ClientDetails, LoadClient, LoadJob, LoadRecord, RunTotals, WindowFigures
+from workers.loadgen.openai.event_log import recorded
 from workers.loadgen.openai.fidelity import workload_metrics, workload_notes
 from workers.loadgen.openai.jailed_workload import open_workload
 from workers.loadgen.openai.load_loop import HttpJob, HttpRun, load_process
@@ -133,6 +135,8 @@ class OpenAIDetails(ClientDetails):
     oversaturated: bool  # the run was stopped early: the server fell behind (``oversaturated_why``)
     oversaturated_why: str | None
     session_turns: list[TurnFigures]  # sessions: the figures of each turn index (``turns``; empty: not sessions)
+    event_log: EventLog | None = None  # one event log per request (``farm.llm_events``; ``farm events JOB``)
+    tool_figures: list[ToolFigure] = field(default_factory=list)  # TTFT/ITL/TPOT by farm's, vLLM's, AIPerf's, ...
 
 
 def _windows(run: HttpRun, plan: WindowPlan, requests_mode: bool) -> list[tuple[float, float]]:
@@ -379,6 +383,7 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
         notes.append("output tokens counted one per chunk: the server sent no usage and no --tokenizer was given")
     notes += workload_notes(checks, llm.api, llm.prefix_tokens, ask.ignore_eos, llm.sessions is not None)
     turns = turn_figures(outcomes)
+    log, tools = recorded(run, count, get_settings().event_log_max_chunks, get_settings().event_log_max_requests)
     own = OpenAIDetails(api=llm.api, base_url=llm.base_url(job.url), model=job.model_name,
                         token_sources=_sources(outcomes),
                         tokens_per_chunk_mean=stats.mean(per_chunk), tokens_per_chunk_max=max(per_chunk, default=None),
@@ -395,7 +400,7 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
                         loop_lag_ms=_p50_p99(run.loop_lag_ms),
                         slo_met_share=slo_share(outcomes, sum(errors.values()), run.unfinished, llm.slo),
                         oversaturated=run.oversaturated is not None, oversaturated_why=run.oversaturated,
-                        server_view=view, session_turns=turns)
+                        server_view=view, session_turns=turns, event_log=log, tool_figures=tools)
     metrics = llm_metrics(outcomes, duration, llm.slo, tokens_in(run, windows, count, outcomes),
                           tokens_in(run, windows, count, outcomes, "reasoning"))
     metrics.update(checks)

@@ -225,6 +225,7 @@ class _Loop:
         except ProtocolError as exc:
             rec.fail(BAD_HTTP, f"{BAD_HTTP}: {exc}", now())
         finally:
+            rec.first_byte = conn.first_byte
             self.pool.release(conn, reusable)
         return False
 

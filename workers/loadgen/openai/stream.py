@@ -60,6 +60,7 @@ class RawRequest:
     wrote: float = 0.0  # when the client wrote the request's headers (0: not known)
     seq: int = 0  # the request's number in its run (sent as X-Request-Id)
     turn: int = 0  # its turn in a session (1, 2, ...; 0: a request of its own)
+    first_byte: float = 0.0  # when the response's first byte (its HTTP head) arrived (0: none came)
     error: str | None = None
     error_text: str | None = None
 
