@@ -75,6 +75,14 @@ SERVER_INT_METRICS_0014 = ('server_scrapes',)
 METRICS_0014 = METRICS_0013 + SERVER_METRICS_0014
 #: the LLM job's facts at migration 0014: which server program ran and its version (``server``) added
 LLM_FACTS_0014 = LLM_FACTS_0010 + ('server',)
+#: the prefix-cache metrics migration 0015 added (issue 41 point 4: intended and measured hit rates), frozen
+PREFIX_METRICS_0015 = ('prefix_hit_intended_pct', 'prefix_hit_pct', 'prefix_hit_as_intended')
+#: the boolean ones among them
+PREFIX_BOOL_METRICS_0015 = ('prefix_hit_as_intended',)
+#: the metric columns of results at migration 0015, frozen
+METRICS_0015 = METRICS_0014 + PREFIX_METRICS_0015
+#: the LLM job's facts at migration 0015: its prefix-cache state and shared-prefix share added
+LLM_FACTS_0015 = LLM_FACTS_0014 + ('prefix_cache', 'shared_prefix_pct')
 
 
 def _json_text(dialect: str, column: str, *path: str) -> str:

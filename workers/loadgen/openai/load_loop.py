@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -87,6 +87,7 @@ class HttpJob:
     seed: int = 0
     salts: Salts = Salts(tuple(WORDS))  # each request's salt (``workload.Salts``), from a start of the run's own
     ignore_eos: bool = False  # ask the server to run to max_tokens (vLLM's and llama.cpp's ``ignore_eos``)
+    cold_warmup: bool = False  # warm-up requests salted in front of the shared prefix (a cold prefix cache's job)
 
 
 @dataclass
@@ -193,6 +194,10 @@ class _Loop:
         self.route = route(job.api)
         self.headers = list(headers(key).items())
         self.bodies = [body_parts(job.api, job.model, p, job.ignore_eos) for p in job.prompts]
+        # a cold prefix cache's warm-up: each prompt salted at its start, so the shared prefix stays out of the cache
+        self.warm_prompts = [replace(p, salt_at=0) if job.cold_warmup and p.salt_at else p for p in job.prompts]
+        self.warm_bodies = [body_parts(job.api, job.model, p, job.ignore_eos) for p in self.warm_prompts] \
+            if job.cold_warmup else self.bodies
         self.salts = job.salts.started()
         self.next = itertools.cycle(range(len(job.prompts))).__next__
         self.warm_end = t_start + job.plan.warmup_s
@@ -217,10 +222,10 @@ class _Loop:
         self.out.sent += 1
         seq = self.out.sent
         warm = self.out.sent <= self.job.warmup_requests or scheduled < self.warm_end
-        head, tail = self.bodies[i]
+        head, tail = (self.warm_bodies if warm else self.bodies)[i]
+        salt = salt_bytes(self.warm_prompts[i] if warm else p, self.salts.salt(seq))
         return RawRequest(scheduled=scheduled, sent=sent, warm=warm, prompt_tokens=p.input_tokens,
-                          prompt_source=p.input_source, max_tokens=p.max_tokens, seq=seq), \
-            head + salt_bytes(p, self.salts.salt(seq)) + tail
+                          prompt_source=p.input_source, max_tokens=p.max_tokens, seq=seq), head + salt + tail
 
     @staticmethod
     def _check(rec: RawRequest, reply: Reply) -> None:
