@@ -25,7 +25,7 @@ from scheduler.goodput_rules import round_rate, step_duration
 from scheduler.search_rules import first_level
 from schemas import JobSpec, ProfileRequest, TensorSpec
 from schemas.engines import FORMAT_ENGINE, IN_PROCESS, default_engine, incompatibility, is_openai, llm_format
-from schemas.llm import LlmSettings
+from schemas.llm import LlmSettings, cache_state_of
 from schemas.llm_engines import check_knobs
 from schemas.load_levels import load_level
 from schemas.queues import EDGE_QUEUE, queue_for
@@ -44,22 +44,9 @@ def job_id_for(request_id: str, device: str, engine: str, batch: int, concurrenc
         key += f"|rate={float(serving['rate'])!r}"
     if knobs:  # an LLM engine's knobs (none: the key of a job without them is unchanged)
         key += "|knobs=" + ",".join(f"{k}={knobs[k]!r}" for k in sorted(knobs))
-    if cache_state(serving) == "warm":  # a warm prefix cache (cold, the default, leaves the key unchanged)
+    if cache_state_of(serving) == "warm":  # a warm prefix cache (cold, the default, leaves the key unchanged)
         key += "|prefix_cache=warm"
     return hashlib.sha256(key.encode()).hexdigest()[:32]
-
-
-def cache_state(measurement: dict[str, Any] | None) -> str | None:
-    """The prefix-cache state of a job's coordinates: ``measurement``'s ``prefix_cache`` (as :func:`_serving_jobs`
-    passes it) or its LLM settings' one (a job's measurement as JSON); None: not an LLM job."""
-    if not measurement:
-        return None
-    state = measurement.get("prefix_cache")
-    llm = measurement.get("llm")
-    if state is None and isinstance(llm, dict):
-        states = llm.get("prefix_cache")
-        state = states[0] if isinstance(states, list) and states else None
-    return state if isinstance(state, str) else None
 
 
 def repeat_job_id(job_id: str, repeat: int) -> str:

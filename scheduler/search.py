@@ -25,11 +25,12 @@ from farm.readers.report import SERVING_GROUP
 from farm.readers.results import find_request
 from farm.settings import get_settings
 from scheduler.enqueue import enqueue_jobs, job_rows
-from scheduler.expand import cache_state, job_id_for
+from scheduler.expand import job_id_for
 from scheduler.goodput_rules import GoodputDecision, RateStep, decide_rate, step_duration
 from scheduler.search_rules import Decision, Step, decide, label
 from schemas import SERVING_KEYS, JobSpec, MeasurementSettings, ProfileRequest
 from schemas.job import FINAL, JobStatus
+from schemas.llm import cache_state_of
 from schemas.load import LoadDetails
 
 
@@ -37,7 +38,7 @@ def serving_key(spec: dict[str, Any]) -> tuple[Any, ...]:
     """A job spec's (JSON) serving configuration: its coordinates less its load (concurrency and rate), and
     an LLM engine's knobs (and a warm prefix cache, ``prefix_cache``, beside them)."""
     m = spec.get("measurement") or {}
-    warm = (("prefix_cache", "warm"),) if cache_state(m) == "warm" else ()  # a warm cache searches on its own
+    warm = (("prefix_cache", "warm"),) if cache_state_of(m) == "warm" else ()  # a warm cache searches on its own
     knobs = tuple(sorted((spec.get("knobs") or {}).items())) + warm
     return (*(m.get(k) if k in SERVING_KEYS else spec[k] for k in SERVING_GROUP), knobs)
 

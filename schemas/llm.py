@@ -274,6 +274,18 @@ class LlmSettings(StrictModel):
         return v
 
 
+def cache_state_of(measurement: object) -> str | None:
+    """The prefix-cache state of a job's ``measurement`` as JSON (its ``prefix_cache``, as the expansion passes it,
+    or its LLM settings' one); None: not an LLM job."""
+    if not isinstance(measurement, dict):
+        return None
+    state, llm = measurement.get("prefix_cache"), measurement.get("llm")
+    if state is None and isinstance(llm, dict):
+        states = llm.get("prefix_cache")
+        state = states[0] if isinstance(states, list) and states else None
+    return state if isinstance(state, str) else None
+
+
 def split_endpoint(url: str) -> tuple[str, str, bool]:
     """``http://HOST:PORT[/PATH]`` as (``HOST:PORT``, the API path (``/v1`` when none), https?);
     ValueError for anything else."""

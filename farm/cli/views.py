@@ -124,6 +124,8 @@ def _identity_columns(rows: list[ResultRow], wide: bool) -> dict[str, Any]:
         cols["edge"] = lambda r: r["edge_profile"] or "-"
     if any(r.get("knobs") for r in rows):  # an LLM engine's settings, as its server ran (n_threads included)
         cols["knobs"] = lambda r: knobs_text(r.get("knobs"))
+    if any(r.get("prefix_cache") == "warm" for r in rows):  # the prefix-cache dimension (cold alone: not shown)
+        cols["cache"] = lambda r: r.get("prefix_cache") or "-"
     if wide and llm_rows(rows):
         cols["workload"] = workload_label
         cols["tokens by"] = lambda r: r.get("token_source") or "-"

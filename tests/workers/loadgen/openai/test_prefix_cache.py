@@ -5,7 +5,10 @@ counted, flagged where they differ by more than 10 points. Against the fake serv
 blocks with vLLM's counters and reset route) and against llama-server on the tiny random GGUF."""
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +20,7 @@ from schemas.engines import SERVED_MODEL_NAME
 from schemas.llm import LlmSettings
 from schemas.load_levels import ClosedLoop, PoissonRate
 from tests.fake_openai import fake_server
+from tests.helpers import farm, farm_env
 from tests.workers.loadgen.openai.test_openai_client import _measure
 from workers.loadgen.clients import run_load
 from workers.loadgen.contract import LoadSpec, LoadTarget
@@ -137,3 +141,32 @@ def test_llama_server_counts_the_intended_hits_warm_and_none_cold(llama_server: 
     assert warm["prefix_hit_as_intended"] is True and warm["cached_prompt_tokens_pct"] > 40
     assert cold["prefix_hit_intended_pct"] == 0 and cold["prefix_hit_pct"] < 5 and cold["prefix_hit_as_intended"]
     assert got["warm"].details["server_view"]["names"]["cached_prompt_tokens"] == "llamacpp:prompt_tokens_cached_total"
+
+
+def test_submit_cold_and_warm_two_rows_with_their_columns() -> None:
+    """``farm submit --prefix-cache cold,warm --shared-prefix 50`` end to end (embedded) on the fake: two rows of
+    one cell, never merged as repeats, the table's cache column, the facts and metrics in the SQL view; a bad
+    state or share is a one-line usage error."""
+    env = farm_env()
+    args = ["--api", "openai-chat", "--model-name", "fake", "--duration", "1", "--window", "0.5", "--warmup", "0.3",
+            "--input-tokens", "32", "--output-tokens", "4"]
+    with fake_server(model="fake", tokenize=True, cache=True) as url:
+        out = farm("submit", "--endpoint", url, *args, "--prefix-cache", "cold,warm", "--shared-prefix", "50",
+                   "--json", env=env)
+        for bad, text in ((["--prefix-cache", "hot"], "cold"), (["--shared-prefix", "120"], "95"),
+                          (["--shared-prefix", "50", "--prefix-tokens", "8"], "give one of them")):
+            proc = farm("submit", "--endpoint", url, *args, *bad, check=False, env=env)
+            assert proc.returncode == 2 and text in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    rid = json.loads(out.stdout)["request_id"]
+    rows = json.loads(farm("results", rid, "--format", "json", env=env).stdout)
+    assert sorted(r["prefix_cache"] for r in rows) == ["cold", "warm"] and {r["status"] for r in rows} == {"succeeded"}
+    for r in rows:
+        assert r["shared_prefix_pct"] == 50 and r["prefix_hit_as_intended"] is True
+    warm = next(r for r in rows if r["prefix_cache"] == "warm")
+    assert warm["prefix_hit_intended_pct"] == 50 and warm["prefix_hit_pct"] == pytest.approx(100 * 16 / 31)
+    assert "cache" in farm("results", rid, env=env).stdout
+    path = next(Path(env["FARM_HOME"]).rglob("*.db"))
+    with sqlite3.connect(path) as con:
+        got = con.execute("SELECT prefix_cache, shared_prefix_pct, prefix_hit_intended_pct, prefix_hit_pct, "
+                          "prefix_hit_as_intended FROM job_results WHERE request_id = ?", (rid,)).fetchall()
+    assert sorted(g[0] for g in got) == ["cold", "warm"] and all(g[4] == 1 for g in got)
