@@ -245,6 +245,11 @@ class LlmSettings(StrictModel):
         """This job's prefix-cache state (a job holds one: ``scheduler.expand``)."""
         return self.prefix_cache[0]
 
+    def fresh_server(self) -> bool:
+        """Whether a job of these settings wants a server of its own (a cold cache and a prefix that a reused
+        server may hold from an earlier job: ``workers.runners.docker`` never reuses one for it)."""
+        return self.cache_state == "cold" and self.shared_tokens() > 0
+
     def shared_tokens(self) -> int:
         """The tokens of the prefix every prompt shares: ``prefix_tokens``, or ``shared_prefix_pct`` of the mean
         ``input_tokens`` (inside them)."""

@@ -170,3 +170,24 @@ def test_submit_cold_and_warm_two_rows_with_their_columns() -> None:
         got = con.execute("SELECT prefix_cache, shared_prefix_pct, prefix_hit_intended_pct, prefix_hit_pct, "
                           "prefix_hit_as_intended FROM job_results WHERE request_id = ?", (rid,)).fetchall()
     assert sorted(g[0] for g in got) == ["cold", "warm"] and all(g[4] == 1 for g in got)
+
+
+def test_docker_reuses_no_server_for_a_cold_job_with_a_shared_prefix(tmp_path: Path) -> None:
+    """The docker runner's reuse key: a cold job sharing a prefix matches no kept container (its server is
+    restarted, its cache empty); the warm job, and a cold one sharing nothing, match as before."""
+    from workers.runners.docker import SITE, DockerRunner  # noqa: PLC0415 - the docker SDK: this test only
+    from workers.serving.registry import serving_engine  # noqa: PLC0415 - idem
+
+    def keys(shared: float) -> dict[str, set[str]]:
+        req = ProfileRequest(model="m.gguf", concurrency=[1], repeats=2, measurement={
+            "llm": {"shared_prefix_pct": shared, "prefix_cache": ["cold", "warm"]}})
+        out: dict[str, set[str]] = {}
+        for j in expand(req, "r1", GGUF).jobs:
+            assert j.measurement.llm is not None
+            launch = serving_engine(j.engine).launch(j, tmp_path / "m.gguf", SITE)
+            out.setdefault(j.measurement.llm.cache_state, set()).add(DockerRunner.reuse_key(j, launch, "img"))
+        return out
+
+    shared, none = keys(50.0), keys(0.0)
+    assert len(shared["cold"]) == 2 and len(shared["warm"]) == 1  # two runs of the cold cell: two servers
+    assert len(none["cold"]) == 1 and none["cold"] == none["warm"]
