@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from rich.console import Console
 
+from farm.cli.views import jobs_table
 from scheduler.expand import ModelRef, expand, job_count
 from schemas import MeasurementSettings, ProfileRequest
 from schemas.engines import SERVED_MODEL_NAME
@@ -64,6 +66,13 @@ def test_cold_and_warm_are_two_jobs_of_one_cell_and_cold_keeps_its_id() -> None:
     assert len({j.job_id for j in two}) == 4
     assert {j.job_id for j in one} == {j.job_id for j in two if j.measurement.llm and
                                        j.measurement.llm.cache_state == "cold"}
+    console = Console(record=True, width=120)
+    console.print(jobs_table(two, "dry run"))  # farm submit --dry-run: a cache column, each job's state
+    lines = console.export_text().splitlines()
+    assert "cache" in lines[2] and [ln.split()[-2] for ln in lines[4:8]] == ["cold", "warm", "cold", "warm"]
+    console = Console(record=True, width=120)
+    console.print(jobs_table(one, "dry run"))
+    assert "cache" not in console.export_text()  # cold alone: as before
 
 
 def test_the_intended_rate_and_the_flag() -> None:
