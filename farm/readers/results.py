@@ -20,7 +20,7 @@ from farm.settings import get_settings
 from farm.store.backends import open_store
 from schemas import COORDINATE_KEYS, MEASUREMENT_KEYS, SERVING_KEYS
 from schemas.job import JobStatus
-from schemas.llm import Slo
+from schemas.llm import Slo, cache_state_of
 from schemas.llm_facts import LLM_FACT_COLUMNS
 from schemas.load import LoadDetails
 from schemas.measured import LLM_RPC, how_measured
@@ -40,8 +40,9 @@ COORDINATE_COLUMNS = COORDINATE_KEYS
 MEASUREMENT_COLUMNS = MEASUREMENT_KEYS
 #: what makes two jobs (of the same or of different requests) repeats of one measurement; ``knob_set``: the LLM
 #: engine knobs the job asked for (``JobSpec.knobs`` as ``farm.formatting.knobs_text``; None: none), so the
-#: cells of a knob sweep stay apart (the ``knobs`` column holds what the server ran with, n_threads included)
-CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "knob_set", "rpc", "client")
+#: cells of a knob sweep stay apart (the ``knobs`` column holds what the server ran with, n_threads included);
+#: ``prefix_cache``: an LLM job's prefix-cache state (cold and warm are two jobs of one cell, never repeats)
+CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "knob_set", "prefix_cache", "rpc", "client")
 
 
 def llm_rows(rows: list[ResultRow]) -> bool:
@@ -145,6 +146,7 @@ def result_rows(request_id: str) -> list[ResultRow]:
         r = ResultRow({**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **measurement_values(job_measurement, rate), **row,
                        **extra})
         r["knob_set"] = knobs_text(asked) if isinstance(asked, dict) and asked else None
+        r["prefix_cache"] = cache_state_of(job_measurement)  # from the spec: a failed job has no result row
         r["client"] = measured_by or client
         # under auto, why the client before it could not measure (the load notes' first, ``clients.measure``)
         r["client_note"] = first_note if first_note and first_note.startswith("measured by ") else None
