@@ -57,8 +57,11 @@ def test_chat_figures_and_token_truth() -> None:
     assert m["goodput_req_per_s"] == pytest.approx(m["requests_per_s"])  # every request within a loose SLO
     assert m["output_overrun_count"] == 0 and d["tokens_per_chunk_mean"] == 1.0
     assert d["client"] == "openai" and d["rpc"] == "sse" and d["api"] == "openai-chat"
-    # the server's own view, from its Prometheus histograms (vLLM's names): TTFT 15 ms falls in 10-20 ms
-    assert 10 <= m["server_ttft_p50_ms"] <= 20 and 1 <= m["server_tpot_p50_ms"] <= 5
+    # the server's own view, from its Prometheus histograms (vLLM's names): TTFT 15 ms falls in 10-20 ms on a quiet
+    # host; the fake times what it really did, so a busy host moves it up, never past the client's view by more than
+    # a bucket (the buckets double)
+    assert 10 <= m["server_ttft_p50_ms"] <= max(20, 2 * m["ttft_p50_ms"])
+    assert 1 <= m["server_tpot_p50_ms"] <= max(5, 2 * m["tpot_p50_ms"])
 
 
 def test_completions_open_loop_chunked_without_usage() -> None:
