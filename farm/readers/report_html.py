@@ -16,7 +16,7 @@ from farm.db.session import session_scope
 from farm.formatting import fmt_value, knobs_text, rate_text
 from farm.op_profile import request_profiles
 from farm.readers import report_llm_plots as llm_plots
-from farm.readers import report_ops
+from farm.readers import report_ops, report_ttft
 from farm.readers import report_plots as plots
 from farm.readers.report import Constraint, Report, build_report, llm_edge, llm_edge_figures
 from farm.readers.results import (
@@ -57,7 +57,8 @@ table{border-collapse:collapse;font-size:13px}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}td.l,th.l{text-align:left}
 td.w{white-space:normal;max-width:16em}th{background:#eee;position:sticky;top:0}figure.plot{margin:1em 0}
 figure.plot svg{max-width:100%;height:auto}abbr{text-decoration:underline dotted}
-.note{background:#fff8e1;border-left:4px solid #f0b400;padding:.4em .8em}.bad{color:#b00}.wide{overflow-x:auto}"""
+.note{background:#fff8e1;border-left:4px solid #f0b400;padding:.4em .8em}.bad{color:#b00}.wide{overflow-x:auto}
+""" + report_ttft.CSS
 #: the metrics of the "Every job" table (those some job measured), in this order; every metric is in "All metrics"
 HEADLINE = ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms", "server_compute_p50_ms", "stable",
             "error_count", "cpu_pct_avg", "mem_peak_bytes", "gpu_util_avg_pct", "gpu_mem_peak_bytes")
@@ -110,7 +111,7 @@ def render(request_id: str, objective: str | None = None, constraints: list[Cons
             f"<p>request <code>{_e(req.id)}</code>{' (' + _e(req.name) + ')' if req.name else ''}, model sha256 "
             f"<code>{_e(req.model_sha256[:12])}</code>, {len(rows)} jobs; generated "
             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC</p>",
-            _how_measured(rows), _summary(rep), "<h2>Plots</h2>",
+            _how_measured(rows), _summary(rep), report_ttft.split_section(rows), "<h2>Plots</h2>",
             *(f'<figure class="plot" id="plot-{fid}">{svg}</figure>' for fid, svg in figures if svg),
             _static(model_static_metrics(req.model_sha256)), _op_profiles(req.id), _jobs(rows)]
     return _page(title, "\n".join(body))
@@ -191,9 +192,7 @@ def _summary(rep: Report) -> str:
     if rep.rejected:
         out.append("<h3>Left out</h3><ul>" + "".join(f"<li>{_e(_config(r))}: {_e(why)}</li>"
                                                      for r, why in rep.rejected) + "</ul>")
-    if rep.knees:
-        out.append('<h3>Knees of the concurrency sweeps</h3><ul id="knees">' + "".join(
-            f"<li>{_e(name)}: {_e(knee.text())}</li>" for name, knee in rep.knees) + "</ul>")
+    out.append(report_ttft.knee_section(rep.knee_causes))
     if rep.edge:
         def verdict(e: ResultRow) -> str:
             text = ("fits" if e["fits"] else _e(e["reason"]) if e["fits"] is None
