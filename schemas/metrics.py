@@ -141,6 +141,8 @@ METRICS: tuple[Metric, ...] = (
        description="requests the server preempted in the windows (its counter)"),
     _M("server_scrapes", "scrapes", True, "mean", "int",
        "scrapes of the server's /metrics inside the measured windows (none: it has no /metrics)"),
+    _M("server_prefill_p50_ms", "ms", False, "mean",
+       description="server-side prefill time, p50, from its histogram (vLLM's request_prefill_time_seconds)"),
     # static metrics of the model artifact (farm analyze), stored once per artifact
     _M("params", "params", False, "last", "int", "trainable and constant parameters", "model"),
     _M("size_bytes", "B", False, "last", "int", "model file size", "model"),
@@ -221,6 +223,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "server_cached_prompt_tokens": ("server cached prompt tokens", "srv cached"),
     "server_preemptions": ("server preemptions", "preempts"),
     "server_scrapes": ("server /metrics scrapes", "scrapes"),
+    "server_prefill_p50_ms": ("server prefill histogram p50", "srv pfh ms"),
     "params": ("parameters", "params"),
     "size_bytes": ("model file size", "size"),
     "macs_per_sample": ("MACs per sample", "MACs"),

@@ -75,6 +75,11 @@ SERVER_INT_METRICS_0014 = ('server_scrapes',)
 METRICS_0014 = METRICS_0013 + SERVER_METRICS_0014
 #: the LLM job's facts at migration 0014: which server program ran and its version (``server``) added
 LLM_FACTS_0014 = LLM_FACTS_0010 + ('server',)
+#: the metric column migration 0015 added: the server's prefill histogram p50 (vLLM's; the TTFT split of the
+#: reports: ``farm.readers.ttft_split``), frozen
+SERVER_METRICS_0015 = ('server_prefill_p50_ms',)
+#: the metric columns of results at migration 0015, frozen
+METRICS_0015 = METRICS_0014 + SERVER_METRICS_0015
 
 
 def _json_text(dialect: str, column: str, *path: str) -> str:

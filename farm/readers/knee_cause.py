@@ -6,11 +6,13 @@ the offered rate of an open-loop sweep). Each cause is judged on the rows' typed
 averaged:
 
 - **slots**: the queue grows at constant running requests: the server's requests running (most seen) stays the
-  same while its requests waiting (mean) rises by at least :data:`QUEUE_RISE` (llama-server's ``--parallel``
-  slots, vLLM's ``max_num_seqs``);
+  same and at its max (the mean at least :data:`AT_MAX` of it) while its requests waiting (mean) rises by at least
+  :data:`QUEUE_RISE` (llama-server's ``--parallel`` slots, vLLM's ``max_num_seqs``);
 - **memory**: the KV cache is full (its use at least :data:`KV_FULL_PCT` %) or the server preempted requests;
 - **compute**: the server's prefill time p50 (``farm.readers.ttft_split.server_prefill_ms``) rises by at least
-  :data:`PREFILL_RISE_PCT` %;
+  :data:`PREFILL_RISE_PCT` % while more requests run at once (the most seen rose: they share the compute; a
+  prefill that rises at constant running requests is not theirs); without the server's running figures, on the
+  prefill time alone;
 - **client**: the load client's own process was at least :data:`CLIENT_BOUND_PCT` % busy, or more than
   ``schemas.result.CLIENT_LIMITED_PCT`` % of its open-loop sends left late.
 
@@ -29,7 +31,9 @@ from farm.readers.ttft_split import server_prefill_ms, server_queue_ms
 from schemas.result import CLIENT_LIMITED_PCT
 
 #: the rise in the server's mean requests waiting, knee to next point, that counts as a growing queue (requests)
-QUEUE_RISE = 0.5
+QUEUE_RISE = 0.2
+#: the share of its most running requests the server's mean must reach to count as running at its max
+AT_MAX = 0.9
 #: the KV-cache use that counts as full, %
 KV_FULL_PCT = 95.0
 #: the rise in the server's prefill p50, knee to next point, that counts as compute-bound, %
@@ -41,8 +45,9 @@ CAUSES = {"slots": "the queue grows at constant running requests (slots / max_nu
           "memory": "the KV cache is full or preempting (memory)",
           "compute": "prefill time rises (compute)",
           "client": "the client (its own measured cost)"}
-FIGURES = ("server_requests_running_max", "server_requests_waiting_mean", "server_kv_cache_usage_max_pct",
-           "server_preemptions", "server_scrapes", "client_busy_pct", "late_send_pct", "prefill_ms")
+FIGURES = ("server_requests_running_max", "server_requests_running_mean", "server_requests_waiting_mean",
+           "server_kv_cache_usage_max_pct", "server_preemptions", "server_scrapes", "client_busy_pct", "late_send_pct",
+           "prefill_ms")
 
 
 @dataclass(frozen=True)
@@ -103,17 +108,18 @@ def _figure(row: ResultRow, name: str) -> float | None:
 
 
 def _fmt(v: float | None) -> str:
-    return "-" if v is None else f"{v:,.1f}".removesuffix(".0")
+    return "-" if v is None else f"{v:,.2f}".rstrip("0").removesuffix(".")
 
 
 def _slots(k: Point, n: Point, step: str) -> tuple[bool, str] | None:
     run_k, run_n = k.get("server_requests_running_max"), n.get("server_requests_running_max")
     wait_k, wait_n = k.get("server_requests_waiting_mean"), n.get("server_requests_waiting_mean")
-    if run_k is None or run_n is None or wait_k is None or wait_n is None:
+    mean_k, mean_n = k.get("server_requests_running_mean"), n.get("server_requests_running_mean")
+    if run_k is None or run_n is None or wait_k is None or wait_n is None or mean_n is None:
         return None
-    held = abs(run_n - run_k) < 0.5 and wait_n - wait_k >= QUEUE_RISE
-    return held, (f"requests running (max) {_fmt(run_k)} → {_fmt(run_n)}, waiting (mean) {_fmt(wait_k)} → "
-                  f"{_fmt(wait_n)} ({step})")
+    held = abs(run_n - run_k) < 0.5 and mean_n >= AT_MAX * run_n and wait_n - wait_k >= QUEUE_RISE
+    return held, (f"requests running (mean/max) {_fmt(mean_k)}/{_fmt(run_k)} → {_fmt(mean_n)}/{_fmt(run_n)}, "
+                  f"waiting (mean) {_fmt(wait_k)} → {_fmt(wait_n)} ({step})")
 
 
 def _memory(k: Point, n: Point, step: str) -> tuple[bool, str] | None:
@@ -132,8 +138,11 @@ def _compute(k: Point, n: Point, step: str) -> tuple[bool, str] | None:
     pk, pn = k.get("prefill_ms"), n.get("prefill_ms")
     if pk is None or pn is None:
         return None
-    held = pk > 0 and 100.0 * (pn / pk - 1.0) >= PREFILL_RISE_PCT
-    return held, f"server prefill p50 {_fmt(pk)} → {_fmt(pn)} ms ({step})"
+    run_k, run_n = k.get("server_requests_running_max"), n.get("server_requests_running_max")
+    more = run_k is None or run_n is None or run_n > run_k
+    held = more and pk > 0 and 100.0 * (pn / pk - 1.0) >= PREFILL_RISE_PCT
+    running = "" if run_k is None or run_n is None else f", requests running (max) {_fmt(run_k)} → {_fmt(run_n)}"
+    return held, f"server prefill p50 {_fmt(pk)} → {_fmt(pn)} ms{running} ({step})"
 
 
 def _client(k: Point, n: Point, step: str) -> tuple[bool, str] | None:

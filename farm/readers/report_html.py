@@ -40,7 +40,8 @@ from schemas.result import host_notes, shared_unisolated
 
 #: after loading, each plot's figure gets its rendered size, mark count and smallest text as rendered (px: the
 #: SVG's font size times its scale on the page), and the body the width of the "Every job" table against the
-#: window's (a reader sees a blank or shrunken plot flagged; the browser test reads them back)
+#: window's, and each TTFT-split bar and part its width (px) (a reader sees a blank or shrunken plot flagged; the
+#: browser tests read them back)
 CHECK_JS = ("document.querySelectorAll('figure.plot').forEach(function(f){var s=f.querySelector('svg');"
             "var r=s?s.getBoundingClientRect():{width:0,height:0};"
             "f.setAttribute('data-rendered',Math.round(r.width)+'x'+Math.round(r.height));"
@@ -51,6 +52,8 @@ CHECK_JS = ("document.querySelectorAll('figure.plot').forEach(function(f){var s=
             "f.setAttribute('data-min-font',m<1e9?m.toFixed(1):'');});"
             "var j=document.getElementById('jobs-summary');if(j)document.body.setAttribute('data-jobs-width',"
             "Math.ceil(j.getBoundingClientRect().right)+'/'+document.documentElement.clientWidth);"
+            "document.querySelectorAll('.tbar,.tbar div,.tbar span').forEach(function(b){"
+            "b.setAttribute('data-px',Math.round(b.getBoundingClientRect().width));});"
             "document.body.setAttribute('data-checked','1');")
 CSS = """body{font-family:sans-serif;margin:1.5em;color:#222;font-size:15px}
 table{border-collapse:collapse;font-size:13px}

@@ -28,6 +28,13 @@ TTFT_HISTOGRAM_SERVERS = ("vllm", "sglang")
 NO_SPLIT = ("the server gives no queue or prefill time (no /metrics queue gauge or histogram and no per-request "
             "timings)")
 LITTLE = "mean, Little's law: requests waiting / requests per s"
+QUEUE_HIST = "the server's queue-time histogram, p50"
+PREFILL_HIST = "the server's prefill histogram, p50"
+TTFT_LESS_QUEUE = "the server's TTFT histogram p50 less its queue"
+TIMINGS = "the server's per-request prompt time (timings), p50"
+#: each source, short, as ``farm report``'s line says it
+SHORT = {LITTLE: "Little's law mean", QUEUE_HIST: "histogram p50", PREFILL_HIST: "histogram p50",
+         TTFT_LESS_QUEUE: "TTFT histogram p50 less queue", TIMINGS: "timings p50"}
 
 
 @dataclass(frozen=True)
@@ -46,14 +53,15 @@ class TtftSplit:
     missing: str | None = None
 
     def text(self) -> str:
-        """``TTFT p50 120 ms = queue 80 + prefill 30 + rest 10 ms`` (or why there is no split)."""
+        """``TTFT p50 120.0 ms = queue 80.0 (Little's law mean) + prefill 30.0 (timings p50) + rest 10.0 ms`` (or
+        why there is no split)."""
         if self.missing:
             return f"TTFT p50 {self.ttft_ms:,.1f} ms: no split: {self.missing}"
-        parts = [f"{name} {v:,.1f}" if v is not None else f"{name} ?"
-                 for name, v in (("queue", self.queue_ms), ("prefill", self.prefill_ms))]
+        parts = [f"{name} {v:,.1f} ({SHORT.get(src or '', src)})" if v is not None else f"{name} not given"
+                 for name, v, src in (("queue", self.queue_ms, self.queue_from),
+                                      ("prefill", self.prefill_ms, self.prefill_from))]
         tail = f" ({self.note})" if self.note else ""
-        return (f"TTFT p50 {self.ttft_ms:,.1f} ms = {' + '.join(parts)} + rest {self.rest_ms or 0.0:,.1f} ms "
-                f"(queue: {self.queue_from or 'not given'}; prefill: {self.prefill_from or 'not given'}){tail}")
+        return f"TTFT p50 {self.ttft_ms:,.1f} ms = {' + '.join(parts)} + rest {self.rest_ms or 0.0:,.1f} ms{tail}"
 
     def as_json(self) -> dict[str, object]:
         """The split as ``farm report --json`` prints it."""
@@ -70,7 +78,7 @@ def server_queue_ms(row: ResultRow) -> tuple[float | None, str | None]:
     """(the server's queue time, ms, where it came from) of ``row``; (None, None) when the server gives none."""
     hist = _num(row, "server_queue_p50_ms")
     if hist is not None:
-        return hist, "the server's queue-time histogram, p50"
+        return hist, QUEUE_HIST
     waiting, rate = _num(row, "server_requests_waiting_mean"), _num(row, "requests_per_s")
     if waiting is not None and rate and (row.get("server_scrapes") or 0) > 0:
         return 1e3 * waiting / rate, LITTLE
@@ -82,14 +90,14 @@ def server_prefill_ms(row: ResultRow, queue_ms: float | None = None) -> tuple[fl
     histogram that holds it); (None, None) when the server gives none."""
     hist = _num(row, "server_prefill_p50_ms")
     if hist is not None:
-        return hist, "the server's prefill histogram, p50"
+        return hist, PREFILL_HIST
     ttft = _num(row, "server_ttft_p50_ms")
     if ttft is None:
         return None, None
     server = str(row.get("server") or row.get("engine") or "").lower()
     if server.startswith(TTFT_HISTOGRAM_SERVERS):
-        return max(ttft - (queue_ms or 0.0), 0.0), "the server's TTFT histogram p50 less its queue"
-    return ttft, "the server's per-request prompt time (timings), p50"
+        return max(ttft - (queue_ms or 0.0), 0.0), TTFT_LESS_QUEUE
+    return ttft, TIMINGS
 
 
 def ttft_split(row: ResultRow) -> TtftSplit | None:
@@ -105,6 +113,5 @@ def ttft_split(row: ResultRow) -> TtftSplit | None:
     server = (queue or 0.0) + (prefill or 0.0)
     note = None
     if server > ttft:
-        note = (f"the server's figures sum to {server:,.1f} ms, past the client's TTFT p50: percentiles and "
-                "means do not add, the rest is taken as 0")
+        note = f"the server's figures sum to {server:,.1f} ms, past it: they do not add exactly, rest taken as 0"
     return TtftSplit(ttft, queue, prefill, max(ttft - server, 0.0), queue_from, prefill_from, note)

@@ -13,7 +13,8 @@ from farm.readers.ttft_split import LITTLE, NO_SPLIT, ttft_split
 
 #: llama-server's own view, as the server_* columns hold it, where nothing bounds the sweep
 CALM = {"server": "llama-server b6000", "server_scrapes": 20, "server_requests_running_max": 4.0,
-        "server_requests_waiting_mean": 0.0, "server_kv_cache_usage_max_pct": 30.0, "client_busy_pct": 20.0}
+        "server_requests_running_mean": 2.0, "server_requests_waiting_mean": 0.0,
+        "server_kv_cache_usage_max_pct": 30.0, "client_busy_pct": 20.0}
 
 
 def row(c: float, tps: float, knobs: str, rate: float | None = None, **kw: Any) -> ResultRow:
@@ -36,16 +37,19 @@ def by_sweep(rows: list[ResultRow]) -> dict[str, Any]:
 
 
 def test_one_slot_bounds_the_sweep_where_the_queue_grows_at_constant_running_requests() -> None:
-    rows = sweep("n_parallel=2", CURVE, [{"server_requests_running_max": 1.0},
-                                         {"server_requests_running_max": 2.0, "server_requests_waiting_mean": 0.1},
-                                         {"server_requests_running_max": 2.0, "server_requests_waiting_mean": 1.9}])
+    at_max = {"server_requests_running_max": 2.0, "server_requests_running_mean": 1.9}
+    rows = sweep("n_parallel=2", CURVE, [{"server_requests_running_max": 1.0, "server_requests_running_mean": 0.7},
+                                         {**at_max, "server_requests_waiting_mean": 0.1},
+                                         {**at_max, "server_requests_waiting_mean": 0.4}])
     (cause,) = knee_causes(rows)
     assert cause.knee.concurrency == 2 and [c for c, _ in cause.causes] == ["slots"]
     assert [c for c, _ in cause.unjudged] == ["compute"]  # no prefill time stored
     text = cause.text()
     assert text.startswith("cpu llama.cpp n_parallel=2: knee at c=2: 190 tok/s; bounded by: the queue grows at "
-                           "constant running requests (slots / max_num_seqs): requests running (max) 2 → 2, "
-                           "waiting (mean) 0.1 → 1.9 (c=2 → c=4)"), text
+                           "constant running requests (slots / max_num_seqs): requests running (mean/max) 1.9/2 → "
+                           "1.9/2, waiting (mean) 0.1 → 0.4 (c=2 → c=4)"), text
+    below_max = sweep("n_parallel=2", CURVE, [{}, {}, {"server_requests_waiting_mean": 1.0}])
+    assert knee_causes(below_max)[0].causes == []  # 2 of 4 running on average: not held at the slots
     assert cause.as_json()["bound_by"][0]["cause"] == "slots"
 
 
@@ -60,11 +64,16 @@ def test_a_full_or_preempting_kv_cache_bounds_it_by_memory() -> None:
 
 
 def test_a_rising_prefill_time_bounds_it_by_compute() -> None:
-    rows = sweep("pf", CURVE, [{"server_ttft_p50_ms": 10.0}, {"server_ttft_p50_ms": 12.0},
-                               {"server_ttft_p50_ms": 30.0}])
+    rows = sweep("pf", CURVE, [{"server_ttft_p50_ms": 10.0, "server_requests_running_max": 1.0},
+                               {"server_ttft_p50_ms": 12.0, "server_requests_running_max": 2.0},
+                               {"server_ttft_p50_ms": 30.0, "server_requests_running_max": 4.0}])
     (cause,) = knee_causes(rows)
     assert [c for c, _ in cause.causes] == ["compute"]
-    assert "prefill time rises (compute): server prefill p50 12 → 30 ms (c=2 → c=4)" in cause.text()
+    assert ("prefill time rises (compute): server prefill p50 12 → 30 ms, requests running (max) 2 → 4 (c=2 → c=4)"
+            in cause.text())
+    same_batch = sweep("pf", CURVE, [{"server_ttft_p50_ms": 10.0}, {"server_ttft_p50_ms": 12.0},
+                                     {"server_ttft_p50_ms": 30.0}])  # 4 running at both: not the batch's compute
+    assert knee_causes(same_batch)[0].causes == []
     calm = knee_causes(sweep("pf", CURVE, [{"server_ttft_p50_ms": 10.0}] * 3))[0]
     assert calm.causes == [] and "no cause found among those judged: slots: requests running" in calm.text()
     assert "compute: server prefill p50 10 → 10 ms" in calm.text()
@@ -101,10 +110,9 @@ def test_without_the_servers_view_slots_and_memory_cannot_be_judged() -> None:
 def test_a_sweep_still_climbing_has_no_bound_yet_and_repeats_are_averaged() -> None:
     (cause,) = knee_causes(sweep("up", (100.0, 190.0, 360.0), [{}] * 3))
     assert not cause.knee.saturated and cause.causes == cause.unjudged == [] and "nothing bounds it yet" in cause.text()
-    rows = sweep("rep", CURVE, [{}, {"server_requests_running_max": 1.0}, {"server_requests_running_max": 1.0,
-                                                                             "server_requests_waiting_mean": 1.0}])
-    rows.append(row(4, 200.0, "rep", **{**CALM, "server_requests_running_max": 1.0,
-                                        "server_requests_waiting_mean": 0.0}))  # a repeat at c=4: waiting 0.5 mean
+    one = {"server_requests_running_max": 1.0, "server_requests_running_mean": 1.0}
+    rows = sweep("rep", CURVE, [{}, one, {**one, "server_requests_waiting_mean": 1.0}])
+    rows.append(row(4, 200.0, "rep", **{**CALM, **one, "server_requests_waiting_mean": 0.0}))  # a repeat at c=4
     (cause,) = knee_causes(rows)
     assert "waiting (mean) 0 → 0.5" in cause.text() and [c for c, _ in cause.causes] == ["slots"]
 
@@ -115,7 +123,8 @@ def test_the_ttft_split_of_llama_server_takes_its_queue_by_littles_law_and_prefi
     split = ttft_split(r)
     assert split is not None and (split.queue_ms, split.prefill_ms, split.rest_ms) == (50.0, 30.0, 20.0)
     assert split.queue_from == LITTLE and "timings" in (split.prefill_from or "")
-    assert split.text().startswith("TTFT p50 100.0 ms = queue 50.0 + prefill 30.0 + rest 20.0 ms")
+    assert split.text() == ("TTFT p50 100.0 ms = queue 50.0 (Little's law mean) + prefill 30.0 (timings p50) + rest "
+                            "20.0 ms")
 
 
 def test_the_ttft_split_of_vllm_uses_its_histograms_and_takes_the_queue_off_its_own_ttft() -> None:
@@ -135,5 +144,5 @@ def test_no_server_figures_give_no_split_and_figures_past_the_client_ttft_are_sa
     assert ttft_split(ResultRow({"ttft_p50_ms": None})) is None
     over = ttft_split(ResultRow({**CALM, "ttft_p50_ms": 20.0, "requests_per_s": 10.0,
                                  "server_requests_waiting_mean": 0.1, "server_ttft_p50_ms": 15.0}))
-    assert over is not None and over.rest_ms == 0.0 and "past the client's TTFT p50" in (over.note or "")
+    assert over is not None and over.rest_ms == 0.0 and "sum to 25.0 ms, past it" in (over.note or "")
     assert over.queue_ms == pytest.approx(10.0)
