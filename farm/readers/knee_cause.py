@@ -6,8 +6,9 @@ the offered rate of an open-loop sweep). Each cause is judged on the rows' typed
 averaged:
 
 - **slots**: the queue grows at constant running requests: the server's requests running (most seen) stays the
-  same and at its max (the mean at least :data:`AT_MAX` of it) while its requests waiting (mean) rises by at least
-  :data:`QUEUE_RISE` (llama-server's ``--parallel`` slots, vLLM's ``max_num_seqs``);
+  same and at its max (the slots the job's knobs name: llama-server's ``n_parallel``, vLLM's ``max_num_seqs``; where
+  they name none, the mean at least :data:`AT_MAX` of the most seen) while its requests waiting (mean) rises by
+  at least :data:`QUEUE_RISE`;
 - **memory**: the KV cache is full (its use at least :data:`KV_FULL_PCT` %) or the server preempted requests;
 - **compute**: the server's prefill time p50 (``farm.readers.ttft_split.server_prefill_ms``) rises by at least
   :data:`PREFILL_RISE_PCT` % while more requests run at once (the most seen rose: they share the compute; a
@@ -47,7 +48,9 @@ CAUSES = {"slots": "the queue grows at constant running requests (slots / max_nu
           "client": "the client (its own measured cost)"}
 FIGURES = ("server_requests_running_max", "server_requests_running_mean", "server_requests_waiting_mean",
            "server_kv_cache_usage_max_pct", "server_preemptions", "server_scrapes", "client_busy_pct", "late_send_pct",
-           "prefill_ms")
+           "prefill_ms", "slots")
+#: the knobs that name a server's slots (the most requests it runs at once)
+SLOT_KNOBS = ("n_parallel", "max_num_seqs")
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,11 @@ def _point(load: float, rows: list[ResultRow]) -> Point:
 def _figure(row: ResultRow, name: str) -> float | None:
     if name == "prefill_ms":
         return server_prefill_ms(row, server_queue_ms(row)[0])[0]
+    if name == "slots":
+        stored = row.get("knobs")
+        knobs: dict[str, object] = stored if isinstance(stored, dict) else {}
+        slots = [v for k in SLOT_KNOBS if isinstance(v := knobs.get(k), int | float) and not isinstance(v, bool)]
+        return float(slots[0]) if slots else None
     v = row.get(name)
     return None if v is None or isinstance(v, bool) else float(v)
 
@@ -117,8 +125,11 @@ def _slots(k: Point, n: Point, step: str) -> tuple[bool, str] | None:
     mean_k, mean_n = k.get("server_requests_running_mean"), n.get("server_requests_running_mean")
     if run_k is None or run_n is None or wait_k is None or wait_n is None or mean_n is None:
         return None
-    held = abs(run_n - run_k) < 0.5 and mean_n >= AT_MAX * run_n and wait_n - wait_k >= QUEUE_RISE
-    return held, (f"requests running (mean/max) {_fmt(mean_k)}/{_fmt(run_k)} → {_fmt(mean_n)}/{_fmt(run_n)}, "
+    slots = n.get("slots")
+    at_max = run_n >= slots - 0.5 if slots is not None else mean_n >= AT_MAX * run_n
+    held = abs(run_n - run_k) < 0.5 and at_max and wait_n - wait_k >= QUEUE_RISE
+    of = f" of {_fmt(slots)} slots" if slots is not None else ""
+    return held, (f"requests running (mean/max) {_fmt(mean_k)}/{_fmt(run_k)} → {_fmt(mean_n)}/{_fmt(run_n)}{of}, "
                   f"waiting (mean) {_fmt(wait_k)} → {_fmt(wait_n)} ({step})")
 
 

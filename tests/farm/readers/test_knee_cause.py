@@ -17,16 +17,16 @@ CALM = {"server": "llama-server b6000", "server_scrapes": 20, "server_requests_r
         "server_kv_cache_usage_max_pct": 30.0, "client_busy_pct": 20.0}
 
 
-def row(c: float, tps: float, knobs: str, rate: float | None = None, **kw: Any) -> ResultRow:
-    """One succeeded closed-loop (or open-loop at ``rate``) row of sweep ``cpu llama.cpp knobs``."""
-    return ResultRow({"job_id": f"{knobs}-{c}-{rate}", "device": "cpu", "engine": "llama.cpp", "batch_size": 1,
-                      "knob_set": knobs, "edge_profile": None, "concurrency": c if rate is None else 1, "rate": rate,
+def row(c: float, tps: float, label: str, rate: float | None = None, **kw: Any) -> ResultRow:
+    """One succeeded closed-loop (or open-loop at ``rate``) row of sweep ``cpu llama.cpp LABEL``."""
+    return ResultRow({"job_id": f"{label}-{c}-{rate}", "device": "cpu", "engine": "llama.cpp", "batch_size": 1,
+                      "knob_set": label, "edge_profile": None, "concurrency": c if rate is None else 1, "rate": rate,
                       "status": "succeeded", "output_tokens_per_s": tps, **kw})
 
 
-def sweep(knobs: str, tps: tuple[float, ...], per_point: list[dict[str, Any]]) -> list[ResultRow]:
-    """A concurrency sweep 1, 2, 4, ... of ``knobs`` with ``tps`` and each point's figures over :data:`CALM`."""
-    return [row(2 ** i, y, knobs, **{**CALM, **f}) for i, (y, f) in enumerate(zip(tps, per_point, strict=True))]
+def sweep(label: str, tps: tuple[float, ...], per_point: list[dict[str, Any]]) -> list[ResultRow]:
+    """A concurrency sweep 1, 2, 4, ... of ``label`` with ``tps`` and each point's figures over :data:`CALM`."""
+    return [row(2 ** i, y, label, **{**CALM, **f}) for i, (y, f) in enumerate(zip(tps, per_point, strict=True))]
 
 
 CURVE = (100.0, 190.0, 200.0)  # the knee is c=2: 2 -> 4 gains 5 %
@@ -50,6 +50,12 @@ def test_one_slot_bounds_the_sweep_where_the_queue_grows_at_constant_running_req
                            "1.9/2, waiting (mean) 0.1 → 0.4 (c=2 → c=4)"), text
     below_max = sweep("n_parallel=2", CURVE, [{}, {}, {"server_requests_waiting_mean": 1.0}])
     assert knee_causes(below_max)[0].causes == []  # 2 of 4 running on average: not held at the slots
+    slots = sweep("n_parallel=1", CURVE, [{"knobs": {"n_parallel": 1}, "server_requests_running_max": 1.0,
+                                           "server_requests_running_mean": m, "server_requests_waiting_mean": w}
+                                          for m, w in ((0.9, 0.0), (0.7, 0.0), (0.67, 0.33))])
+    (by_knob,) = knee_causes(slots)  # the knob names the slots: running at them, though idle a third of the time
+    assert [c for c, _ in by_knob.causes] == ["slots"]
+    assert "requests running (mean/max) 0.7/1 → 0.67/1 of 1 slots, waiting (mean) 0 → 0.33" in by_knob.text()
     assert cause.as_json()["bound_by"][0]["cause"] == "slots"
 
 

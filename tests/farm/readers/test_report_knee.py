@@ -58,8 +58,8 @@ def knee_request(sqlite_url: str) -> str:
 def test_the_text_report_names_each_sweeps_bound_and_splits_each_ttft(knee_request: str) -> None:
     out = " ".join(farm("report", knee_request).stdout.split())
     assert ("cpu llama.cpp n_parallel=1: knee at c=2: 190 tok/s; bounded by: the queue grows at constant running "
-            "requests (slots / max_num_seqs): requests running (mean/max) 1/1 → 1/1, waiting (mean) 0.9 → 2.8 "
-            "(c=2 → c=4)") in out
+            "requests (slots / max_num_seqs): requests running (mean/max) 1/1 → 1/1 of 1 slots, waiting (mean) 0.9 → "
+            "2.8 (c=2 → c=4)") in out
     assert ("cpu vllm max_num_seqs=8: knee at c=2: 190 tok/s; bounded by: the KV cache is full or preempting "
             "(memory): KV cache used (max) 90 → 99.5 %, preemptions - → 4 (c=2 → c=4)") in out
     assert "cpu llama.cpp n_parallel=4: knee at c=2: 190 tok/s; bounded by: prefill time rises (compute): server " \
