@@ -25,6 +25,7 @@ from farm.cli.views import (
     say,
     serving_label,
     shared_lines,
+    turn_lines,
 )
 from farm.db.session import session_scope
 from farm.errors import RequestError
@@ -198,6 +199,8 @@ def _print_verdicts(rep: Report) -> None:
     for cause in rep.knee_causes:  # LLM sweeps: where more load stops buying tokens/s, and what bounds it there
         say(cause.text())
     for line in report_ttft.split_lines(rep.ranked + [r for r, _ in rep.rejected]):
+        say(line)
+    for line in turn_lines(rep.ranked):  # sessions: TTFT and the prefix-cache share per turn
         say(line)
     for e in rep.edge:
         verdict = ("fits" if e["fits"] else e["reason"] if e["fits"] is None
