@@ -151,6 +151,8 @@ METRICS: tuple[Metric, ...] = (
        description="requests the server preempted in the windows (its counter)"),
     _M("server_scrapes", "scrapes", True, "mean", "int",
        "scrapes of the server's /metrics inside the measured windows (none: it has no /metrics)"),
+    _M("server_prefill_p50_ms", "ms", False, "mean",
+       description="server-side prefill time, p50, from its histogram (vLLM's request_prefill_time_seconds)"),
     # sessions (--sessions): per turn index k (1..TURN_METRICS), over every session's k-th turn
     *(m for k in range(1, TURN_METRICS + 1) for m in (
         _M(f"turn{k}_ttft_p50_ms", "ms", False, "mean", description=f"sessions: time to first token of turn {k}, p50"),
@@ -239,6 +241,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "server_cached_prompt_tokens": ("server cached prompt tokens", "srv cached"),
     "server_preemptions": ("server preemptions", "preempts"),
     "server_scrapes": ("server /metrics scrapes", "scrapes"),
+    "server_prefill_p50_ms": ("server prefill histogram p50", "srv pfh ms"),
     **{f"turn{k}_ttft_p50_ms": (f"turn {k} p50 TTFT", f"t{k} ttft") for k in range(1, TURN_METRICS + 1)},
     **{f"turn{k}_cached_prompt_tokens_pct": (f"turn {k} prompt tokens from cache", f"t{k} cach%")
        for k in range(1, TURN_METRICS + 1)},

@@ -32,6 +32,7 @@ from farm.errors import RequestError
 from farm.formatting import safe_text
 from farm.models.analysis import headline
 from farm.op_profile import breakdown_line, by_op_type, request_profiles
+from farm.readers import report_ttft
 from farm.readers.report import (
     LLM_EDGE_FIGURES,
     LLM_RANKED,
@@ -152,6 +153,8 @@ def _as_json(request_id: str, rep: Report, top: int, static: dict[str, Any]) -> 
                   "mem_limit_bytes": e.get("mem_limit_bytes"), "limits_enforced": e.get("limits_enforced")}
                  for e in rep.edge],
         "knees": [k.as_json(label) for label, k in rep.knees],
+        "knee_causes": [c.as_json() for c in rep.knee_causes],
+        "ttft_split": report_ttft.split_json(rep.ranked + [r for r, _ in rep.rejected]),
         "model": static,
     }
 
@@ -193,8 +196,10 @@ def _print_verdicts(rep: Report) -> None:
         say(f"{len(rep.rejected)} configuration(s) left out: "
             + "; ".join(f"{r['job_id'][:6]} {why}" for r, why in rep.rejected[:5])
             + (" ..." if len(rep.rejected) > 5 else ""))
-    for label, knee in rep.knees:  # LLM concurrency sweeps: where more concurrency stops buying tokens/s
-        say(f"{label}: {knee.text()}")
+    for cause in rep.knee_causes:  # LLM sweeps: where more load stops buying tokens/s, and what bounds it there
+        say(cause.text())
+    for line in report_ttft.split_lines(rep.ranked + [r for r, _ in rep.rejected]):
+        say(line)
     for line in turn_lines(rep.ranked):  # sessions: TTFT and the prefix-cache share per turn
         say(line)
     for e in rep.edge:

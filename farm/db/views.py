@@ -89,6 +89,11 @@ PREFIX_BOOL_METRICS_0016 = ('prefix_hit_as_intended',)
 METRICS_0016 = METRICS_0015 + PREFIX_METRICS_0016
 #: the LLM job's facts at migration 0016: its prefix-cache state and shared-prefix share added
 LLM_FACTS_0016 = LLM_FACTS_0014 + ('prefix_cache', 'shared_prefix_pct')
+#: the metric column migration 0017 added: the server's prefill histogram p50 (vLLM's; the TTFT split of the
+#: reports: ``farm.readers.ttft_split``), frozen
+SERVER_METRICS_0017 = ('server_prefill_p50_ms',)
+#: the metric columns of results at migration 0017, frozen
+METRICS_0017 = METRICS_0016 + SERVER_METRICS_0017
 
 
 def _json_text(dialect: str, column: str, *path: str) -> str:

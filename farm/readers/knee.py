@@ -9,12 +9,15 @@ is the last point reached while every step so far gained at least ``min_gain_pct
 :data:`KNEE_GAIN_PCT`, 10 %) per doubling: the first step below it ends the climb. A sweep whose every step
 gains enough has its knee at its last point, flagged ``saturated=False`` (the curve had not flattened yet: sweep
 higher). Fewer than two points have no knee.
+
+An open-loop rate sweep gets its knee by the same rule on (offered rate, output tokens/s) (``by="rate"``): the
+offered rate past which more requests/s stop buying tokens/s. Why a sweep bends there is ``farm.readers.knee_cause``.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from farm.readers.rows import ResultRow, as_rows
@@ -23,29 +26,38 @@ from farm.readers.rows import ResultRow, as_rows
 KNEE_GAIN_PCT = 10.0
 #: the metric a knee is found on
 KNEE_METRIC = "output_tokens_per_s"
+#: what a sweep varies: closed-loop concurrency or the open-loop offered rate (requests/s)
+SWEEP_LOADS = ("concurrency", "rate")
 
 
 @dataclass(frozen=True)
 class Knee:
     """The knee of one sweep: its ``concurrency`` and ``tokens_per_s`` there; ``next_gain_pct``: the gain per
     doubling of the step after it (%, None at the last point); ``saturated``: a later step gained less than
-    the threshold (False: the sweep ended still climbing); ``points``: the sweep's points."""
+    the threshold (False: the sweep ended still climbing); ``points``: the sweep's points; ``by``: what the sweep
+    varies (``concurrency``, or ``rate``: then ``concurrency`` holds the offered rate, requests/s)."""
 
     concurrency: float
     tokens_per_s: float
     next_gain_pct: float | None
     saturated: bool
     points: int
+    by: str = "concurrency"
 
     def as_json(self, sweep: str) -> dict[str, Any]:
         """The knee of sweep ``sweep`` as ``--json`` prints it (``farm report``, ``farm status``)."""
-        return {"sweep": sweep, "concurrency": self.concurrency, "output_tokens_per_s": self.tokens_per_s,
+        return {"sweep": sweep, self.by: self.concurrency, "output_tokens_per_s": self.tokens_per_s,
                 "saturated": self.saturated, "next_gain_pct": self.next_gain_pct}
+
+    def at(self, load: float | None = None) -> str:
+        """``c=8`` (or ``4 req/s`` for a rate sweep) of ``load`` (default: the knee's)."""
+        load = self.concurrency if load is None else load
+        return f"c={load:g}" if self.by == "concurrency" else f"{load:g} req/s"
 
     def text(self) -> str:
         """``knee at c=8: 1,900 tok/s`` (``(still climbing at the sweep's end)`` when not saturated)."""
         tail = "" if self.saturated else " (still climbing at the sweep's end: sweep higher)"
-        return f"knee at c={self.concurrency:g}: {self.tokens_per_s:,.0f} tok/s{tail}"
+        return f"knee at {self.at()}: {self.tokens_per_s:,.0f} tok/s{tail}"
 
 
 def gain_per_doubling_pct(c0: float, y0: float, c1: float, y1: float) -> float:
@@ -86,16 +98,36 @@ def sweep_label(key: Sequence[Any]) -> str:
     return " ".join(parts)
 
 
-def knees(rows: Iterable[ResultRow], min_gain_pct: float = KNEE_GAIN_PCT) -> list[tuple[str, Knee]]:
-    """The knee of each closed-loop concurrency sweep among result ``rows`` (succeeded, with output tokens/s;
-    two concurrencies at least), as (sweep label, knee), in label order."""
-    sweeps: dict[tuple[Any, ...], list[tuple[float, float]]] = {}
+def sweep_load(row: ResultRow, by: str) -> float | None:
+    """The load ``row`` ran at in a sweep of ``by`` (``SWEEP_LOADS``): its concurrency in closed loop, its offered
+    rate in open loop; None where the row belongs to the other kind of sweep."""
+    if by == "rate":
+        return row.rate
+    return None if row.rate is not None else row.get("concurrency")
+
+
+def sweeps(rows: Iterable[ResultRow], by: str = "concurrency") -> dict[tuple[Any, ...], list[ResultRow]]:
+    """The succeeded rows with output tokens/s of each sweep of ``by`` (``sweep_key``), in row order."""
+    out: dict[tuple[Any, ...], list[ResultRow]] = {}
     for r in as_rows(rows):
-        if r.succeeded and r.rate is None and r.get(KNEE_METRIC) is not None:
-            sweeps.setdefault(sweep_key(r), []).append((r["concurrency"], r[KNEE_METRIC]))
+        if r.succeeded and sweep_load(r, by) is not None and r.get(KNEE_METRIC) is not None:
+            out.setdefault(sweep_key(r), []).append(r)
+    return out
+
+
+def knee_of(rows: list[ResultRow], by: str = "concurrency", min_gain_pct: float = KNEE_GAIN_PCT) -> Knee | None:
+    """The knee of one sweep's ``rows`` (``sweeps``) of ``by``."""
+    knee = find_knee(((sweep_load(r, by) or 0.0, r[KNEE_METRIC]) for r in rows), min_gain_pct)
+    return None if knee is None else replace(knee, by=by)
+
+
+def knees(rows: Iterable[ResultRow], min_gain_pct: float = KNEE_GAIN_PCT, by: str = "concurrency"
+          ) -> list[tuple[str, Knee]]:
+    """The knee of each sweep of ``by`` (closed-loop concurrency by default, or open-loop ``rate``) among result
+    ``rows`` (succeeded, with output tokens/s; two loads at least), as (sweep label, knee), in label order."""
     out = []
-    for key, pts in sweeps.items():
-        knee = find_knee(pts, min_gain_pct)
+    for key, swept in sweeps(rows, by).items():
+        knee = knee_of(swept, by, min_gain_pct)
         if knee is not None:
             out.append((sweep_label(key), knee))
     return sorted(out, key=lambda kv: kv[0])

@@ -11,6 +11,7 @@ from typing import Any
 from farm.errors import RequestError
 from farm.formatting import fmt_value
 from farm.readers.knee import Knee, knees
+from farm.readers.knee_cause import KneeCause, knee_causes
 from farm.readers.results import llm_rows
 from farm.readers.rows import ResultRow, as_rows
 from schemas import COORDINATE_KEYS, LOAD_KEYS
@@ -76,6 +77,8 @@ class Report:
     edge: list[ResultRow] = field(default_factory=list)
     #: the knee of each LLM concurrency sweep (``farm.readers.knee``): (sweep label, knee), serving rows only
     knees: list[tuple[str, Knee]] = field(default_factory=list)
+    #: what bounds each LLM concurrency sweep, then each rate sweep, at its knee (``farm.readers.knee_cause``)
+    knee_causes: list[KneeCause] = field(default_factory=list)
 
 
 def _why_not(row: ResultRow, constraints: list[Constraint], require_stable: bool) -> str | None:
@@ -203,4 +206,5 @@ def build_report(rows: list[ResultRow], objective: str | None = None,
         groups.setdefault(tuple(row.get(c) for c in SERVING_GROUP), row)
     report.best_per_serving = list(groups.values())
     report.knees = knees(r for r in rows if not r.is_edge)
+    report.knee_causes = knee_causes(r for r in rows if not r.is_edge)
     return report

@@ -17,7 +17,7 @@ from farm.formatting import fmt_value, knobs_text, rate_text
 from farm.llm_events import TOOLS
 from farm.op_profile import request_profiles
 from farm.readers import report_llm_plots as llm_plots
-from farm.readers import report_ops
+from farm.readers import report_ops, report_ttft
 from farm.readers import report_plots as plots
 from farm.readers.events import side_by_side, stored_figures
 from farm.readers.report import Constraint, Report, build_report, llm_edge, llm_edge_figures
@@ -42,7 +42,8 @@ from schemas.result import host_notes, shared_unisolated
 
 #: after loading, each plot's figure gets its rendered size, mark count and smallest text as rendered (px: the
 #: SVG's font size times its scale on the page), and the body the width of the "Every job" table against the
-#: window's (a reader sees a blank or shrunken plot flagged; the browser test reads them back)
+#: window's, and each TTFT-split bar and part its width (px) (a reader sees a blank or shrunken plot flagged; the
+#: browser tests read them back)
 CHECK_JS = ("document.querySelectorAll('figure.plot').forEach(function(f){var s=f.querySelector('svg');"
             "var r=s?s.getBoundingClientRect():{width:0,height:0};"
             "f.setAttribute('data-rendered',Math.round(r.width)+'x'+Math.round(r.height));"
@@ -53,13 +54,16 @@ CHECK_JS = ("document.querySelectorAll('figure.plot').forEach(function(f){var s=
             "f.setAttribute('data-min-font',m<1e9?m.toFixed(1):'');});"
             "var j=document.getElementById('jobs-summary');if(j)document.body.setAttribute('data-jobs-width',"
             "Math.ceil(j.getBoundingClientRect().right)+'/'+document.documentElement.clientWidth);"
+            "document.querySelectorAll('.tbar,.tbar div,.tbar span').forEach(function(b){"
+            "b.setAttribute('data-px',Math.round(b.getBoundingClientRect().width));});"
             "document.body.setAttribute('data-checked','1');")
 CSS = """body{font-family:sans-serif;margin:1.5em;color:#222;font-size:15px}
 table{border-collapse:collapse;font-size:13px}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}td.l,th.l{text-align:left}
 td.w{white-space:normal;max-width:16em}th{background:#eee;position:sticky;top:0}figure.plot{margin:1em 0}
 figure.plot svg{max-width:100%;height:auto}abbr{text-decoration:underline dotted}
-.note{background:#fff8e1;border-left:4px solid #f0b400;padding:.4em .8em}.bad{color:#b00}.wide{overflow-x:auto}"""
+.note{background:#fff8e1;border-left:4px solid #f0b400;padding:.4em .8em}.bad{color:#b00}.wide{overflow-x:auto}
+""" + report_ttft.CSS
 #: the metrics of the "Every job" table (those some job measured), in this order; every metric is in "All metrics"
 HEADLINE = ("throughput_infer_per_s", "latency_p50_ms", "latency_p99_ms", "server_compute_p50_ms", "stable",
             "error_count", "cpu_pct_avg", "mem_peak_bytes", "gpu_util_avg_pct", "gpu_mem_peak_bytes")
@@ -112,7 +116,7 @@ def render(request_id: str, objective: str | None = None, constraints: list[Cons
             f"<p>request <code>{_e(req.id)}</code>{' (' + _e(req.name) + ')' if req.name else ''}, model sha256 "
             f"<code>{_e(req.model_sha256[:12])}</code>, {len(rows)} jobs; generated "
             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC</p>",
-            _how_measured(rows), _summary(rep), "<h2>Plots</h2>",
+            _how_measured(rows), _summary(rep), report_ttft.split_section(rows), "<h2>Plots</h2>",
             *(f'<figure class="plot" id="plot-{fid}">{svg}</figure>' for fid, svg in figures if svg),
             _tools(rows), _static(model_static_metrics(req.model_sha256)), _op_profiles(req.id), _jobs(rows)]
     return _page(title, "\n".join(body))
@@ -208,9 +212,7 @@ def _summary(rep: Report) -> str:
     if rep.rejected:
         out.append("<h3>Left out</h3><ul>" + "".join(f"<li>{_e(_config(r))}: {_e(why)}</li>"
                                                      for r, why in rep.rejected) + "</ul>")
-    if rep.knees:
-        out.append('<h3>Knees of the concurrency sweeps</h3><ul id="knees">' + "".join(
-            f"<li>{_e(name)}: {_e(knee.text())}</li>" for name, knee in rep.knees) + "</ul>")
+    out.append(report_ttft.knee_section(rep.knee_causes))
     if rep.edge:
         def verdict(e: ResultRow) -> str:
             text = ("fits" if e["fits"] else _e(e["reason"]) if e["fits"] is None

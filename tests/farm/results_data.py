@@ -147,19 +147,10 @@ def seed_llm_request(rng: np.random.Generator, *, slowdown: float = 1.0,
     concurrency sweep and an open-loop (Poisson) rate sweep, with the LLM facts as columns; with ``edge``, a
     llama.cpp run under edge profile ``pi4`` (1 CPU, 512 MiB) that meets the SLO and one under ``tiny`` (64 MiB)
     killed out of memory. ``slowdown`` divides every rate and multiplies every latency. Returns the request id."""
-    from farm.db.models import ModelArtifact, Request
     from farm.db.session import session_scope
 
-    rid = str(uuid.uuid4())
-    sha = "cd" * 32
-    llm = {"input_tokens": {"kind": "fixed", "a": 128.0, "b": 0.0}, "output_tokens": {"kind": "fixed", "a": 64.0,
-                                                                                        "b": 0.0}, "slo": LLM_SLO}
     with session_scope() as s:
-        if s.get(ModelArtifact, sha) is None:
-            s.add(ModelArtifact(sha256=sha, filename="tiny.gguf", format="gguf", size_bytes=999, location="",
-                                inputs=[]))
-        s.add(Request(id=rid, model_sha256=sha, spec={"model": "tiny.gguf", "measurement": {"llm": llm}}, excluded=[]))
-        s.flush()
+        rid = _llm_request(s)
         for engine, knobs, peak, ttft0, itl0 in configs:
             facts = {"knobs": {**knobs, "n_threads": 2}, "n_threads": 2, "token_source": "usage", "input_tokens": "128",
                      "output_tokens": "64", "prefix_tokens": 0, "workload_seed": 0}
@@ -183,6 +174,36 @@ def seed_llm_request(rng: np.random.Generator, *, slowdown: float = 1.0,
             oom = {"mem_limit_bytes": 64 * 2**20, "cpu_limit": 1.0, "oom_killed": True, "mem_peak_bytes": 64 * 2**20,
                    "limits_enforced": True}
             _llm_job(s, rid, "llama.cpp", {}, 1, None, "tiny", oom, facts)
+    return rid
+
+
+def _llm_request(s: Any) -> str:
+    """Add one LLM request (``tiny.gguf``, an SLO of :data:`LLM_SLO`) in session ``s``; its id."""
+    from farm.db.models import ModelArtifact, Request
+
+    rid = str(uuid.uuid4())
+    sha = "cd" * 32
+    llm = {"input_tokens": {"kind": "fixed", "a": 128.0, "b": 0.0}, "output_tokens": {"kind": "fixed", "a": 64.0,
+                                                                                        "b": 0.0}, "slo": LLM_SLO}
+    if s.get(ModelArtifact, sha) is None:
+        s.add(ModelArtifact(sha256=sha, filename="tiny.gguf", format="gguf", size_bytes=999, location="", inputs=[]))
+    s.add(Request(id=rid, model_sha256=sha, spec={"model": "tiny.gguf", "measurement": {"llm": llm}}, excluded=[]))
+    s.flush()
+    return rid
+
+
+def seed_llm_rows(jobs: list[tuple[str, dict[str, Any], int, float | None, dict[str, Any]]]) -> str:
+    """Write one LLM request whose jobs are ``jobs``: (engine, knobs asked, concurrency, open-loop rate or None,
+    the stored metrics: a server's own view as its server_* columns, the ``server`` that ran among them). Returns
+    the request id."""
+    from farm.db.session import session_scope
+
+    with session_scope() as s:
+        rid = _llm_request(s)
+        for engine, knobs, c, rate, metrics in jobs:
+            facts = {"knobs": {**knobs, "n_threads": 2}, "n_threads": 2, "token_source": "usage", "input_tokens": "128",
+                     "output_tokens": "64", "prefix_tokens": 0, "workload_seed": 0}
+            _llm_job(s, rid, engine, knobs, c, rate, None, metrics, facts)
     return rid
 
 

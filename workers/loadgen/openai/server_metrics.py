@@ -1,6 +1,7 @@
-"""The server's own view of an LLM run, from its Prometheus ``/metrics`` (vLLM, SGLang, TGI): its TTFT and
-per-token latency histograms read before and after the measured span, and the p50 of the difference (the
-requests of that span only), interpolated within the histogram's buckets. Parsing is prometheus_client's."""
+"""The server's own view of an LLM run, from its Prometheus ``/metrics`` (vLLM, SGLang, TGI): its TTFT,
+per-token latency, queue-time and prefill-time histograms read before and after the measured span, and the p50
+of the difference (the requests of that span only), interpolated within the histogram's buckets. Parsing is
+prometheus_client's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +16,9 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "tpot": ("vllm:time_per_output_token_seconds", "vllm:inter_token_latency_seconds",
              "sglang:time_per_output_token_seconds", "sglang:inter_token_latency_seconds",
              "tgi_request_mean_time_per_token_duration"),
+    # the TTFT split of the reports (farm.readers.ttft_split): the server's queue and prefill of each request
+    "queue": ("vllm:request_queue_time_seconds",),
+    "prefill": ("vllm:request_prefill_time_seconds",),
 }
 
 Buckets = dict[float, float]  # upper bound (s) -> cumulative count
@@ -70,8 +74,8 @@ def bucket_quantile(buckets: Buckets, q: float) -> float | None:
 
 
 def server_p50s(before: Scrape | None, after: Scrape | None) -> dict[str, float]:
-    """``{"ttft": ms, "tpot": ms}`` p50s of what the server recorded between the two scrapes (figures it does
-    not expose are left out)."""
+    """``{"ttft": ms, "tpot": ms, "queue": ms, "prefill": ms}`` p50s of what the server recorded between the
+    two scrapes (figures it does not expose are left out)."""
     if after is None:
         return {}
     out: dict[str, float] = {}

@@ -152,6 +152,20 @@ def test_histogram_p50_of_the_difference_between_scrapes() -> None:
     assert server_p50s(None, None) == {}
 
 
+def test_vllms_queue_and_prefill_histograms_give_their_p50s_and_each_figure_has_its_column() -> None:
+    """vLLM's request_queue_time_seconds and request_prefill_time_seconds (the reports' TTFT split) give the
+    ``queue`` and ``prefill`` p50s (ms), stored as ``server_<figure>_p50_ms``: a registered metric for each figure."""
+    from schemas.metrics import BY_NAME
+    from workers.loadgen.openai.server_metrics import FAMILIES, Scrape, server_p50s
+
+    inf = float("inf")
+    after = Scrape({"vllm:request_queue_time_seconds": {0.001: 4.0, 0.005: 10.0, inf: 10.0},
+                    "vllm:request_prefill_time_seconds": {0.01: 0.0, 0.03: 10.0, inf: 10.0}})
+    got = server_p50s(None, after)
+    assert got == {"queue": pytest.approx(0.001e3 + 4.0 * (1 / 6)), "prefill": pytest.approx(20.0)}
+    assert all(f"server_{figure}_p50_ms" in BY_NAME for figure in FAMILIES)
+
+
 def test_output_tokens_count_by_their_arrival_in_the_window() -> None:
     """A request that started before the window counts only the tokens that arrived in it; one cut off by the
     stop counts its chunks at the complete requests' mean tokens per chunk (it has no final usage)."""
