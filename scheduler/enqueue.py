@@ -33,7 +33,7 @@ from schemas.engines import llm_format
 from schemas.job import JobStatus
 
 #: JobSpec fields that differ between the jobs of one request (the rest is dumped once per request)
-_PER_JOB = ("job_id", "device", "engine", "batch_size", "load", "concurrency", "edge_profile", "queue",
+_PER_JOB = ("job_id", "device", "engine", "protocol", "batch_size", "load", "concurrency", "edge_profile", "queue",
             "measurement", "repeat", "knobs")
 
 
@@ -173,9 +173,9 @@ def spec_json(job: JobSpec, common: dict[str, Any] | None = None,
     if common is None:
         return job.model_dump(mode="json")
     out = dict(common)
-    out.update(job_id=job.job_id, device=job.device, engine=job.engine, batch_size=job.batch_size,
-               load=job.load.model_dump(mode="json"), concurrency=job.concurrency, queue=job.queue, repeat=job.repeat,
-               knobs=dict(job.knobs),
+    out.update(job_id=job.job_id, device=job.device, engine=job.engine, protocol=job.protocol,
+               batch_size=job.batch_size, load=job.load.model_dump(mode="json"), concurrency=job.concurrency,
+               queue=job.queue, repeat=job.repeat, knobs=dict(job.knobs),
                edge_profile=job.edge_profile.model_dump(mode="json") if job.edge_profile else None,
                measurement=_dump_measurement(job, dumped if dumped is not None else {}))
     return out

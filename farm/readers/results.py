@@ -15,11 +15,11 @@ from farm.db.models import Job, ModelArtifact, Request, Result, Worker, live_wor
 from farm.db.session import session_scope
 from farm.errors import ArtifactError, NotFoundError, RequestError
 from farm.formatting import knobs_text
-from farm.readers.rows import MIXED, ResultRow, as_rows
+from farm.readers.rows import MIXED, ResultRow, as_row, as_rows
 from farm.settings import get_settings
 from farm.store.backends import open_store
 from schemas import COORDINATE_KEYS, MEASUREMENT_KEYS, SERVING_KEYS
-from schemas.job import JobStatus
+from schemas.job import JobStatus, protocol_of
 from schemas.llm import Slo
 from schemas.llm_facts import LLM_FACT_COLUMNS
 from schemas.load import LoadDetails
@@ -45,8 +45,9 @@ CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "knob_set", "rpc", "client")
 
 
 def llm_rows(rows: list[ResultRow]) -> bool:
-    """Whether ``rows`` hold LLM results (the OpenAI client's): tables, headlines and compare use their metrics."""
-    return any(r.get("output_tokens_per_s") is not None for r in rows)
+    """Whether ``rows`` hold LLM results (their jobs spoke the OpenAI API, ``ResultRow.protocol``): tables,
+    headlines and compare use their metrics."""
+    return any(as_row(r).protocol == "openai" for r in rows)
 
 
 def measured(row: ResultRow) -> str:
@@ -121,7 +122,7 @@ def result_rows(request_id: str) -> list[ResultRow]:
     metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + LLM_FACT_COLUMNS + METRIC_NAMES]
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
                    Job.status, Job.attempts, Job.worker_id, Job.error, Job.spec["repeat"], *metric_cols,
-                   Job.spec["measurement"], Job.rate, Job.spec["knobs"],
+                   Job.spec["measurement"], Job.rate, Job.spec["knobs"], Job.spec["protocol"].as_string(),
                    Result.details[("load", "client")].as_string(),
                    Result.details[("load", "notes", 0)].as_string())
             .outerjoin(Result, Result.job_id == Job.id)
@@ -140,11 +141,13 @@ def result_rows(request_id: str) -> list[ResultRow]:
     extra: dict[str, Any] = {"rpc": rpc, "client": client, "input_data": input_data, "model_sha256": req.model_sha256,
                              **({"server": server} if server else {})}
     out = []
-    for *values, job_measurement, rate, asked, measured_by, first_note in rows:
+    for *values, job_measurement, rate, asked, protocol, measured_by, first_note in rows:
         row = dict(zip(names, values, strict=True))
         r = ResultRow({**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **measurement_values(job_measurement, rate), **row,
                        **extra})
         r["knob_set"] = knobs_text(asked) if isinstance(asked, dict) and asked else None
+        # the job's protocol (``JobSpec.protocol``; a job stored before it: from its card, as the spec loads)
+        r["protocol"] = protocol or protocol_of(r.engine, (job_measurement or {}).get("llm"))
         r["client"] = measured_by or client
         # under auto, why the client before it could not measure (the load notes' first, ``clients.measure``)
         r["client_note"] = first_note if first_note and first_note.startswith("measured by ") else None
