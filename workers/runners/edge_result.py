@@ -8,6 +8,7 @@ from farm.errors import WorkerError
 from schemas import JobResult, JobSpec, Placement
 from schemas.metrics import BY_NAME
 from workers.edge_bench import parse_report
+from workers.limits import LimitMetrics
 from workers.measure import HOST_METRICS
 from workers.profiling.process import edge_profile
 
@@ -15,7 +16,7 @@ RESOURCE_METRICS = ("cpu_pct_avg", "cpu_pct_peak", "mem_avg_bytes", "mem_peak_by
 
 
 def edge_result(spec: JobSpec, *, where: str, error: type[WorkerError], stdout: str, tail: str,
-                exit_code: int | None, oom: bool, custom: bool, summary: dict[str, Any], limits: dict[str, Any],
+                exit_code: int | None, oom: bool, custom: bool, summary: dict[str, Any], limits: LimitMetrics,
                 total_s: float, details: dict[str, Any], placement: Placement | None = None) -> JobResult:
     """The JobResult of a finished edge run, or ``error`` when it failed for any reason but an OOM kill.
 
@@ -37,7 +38,7 @@ def edge_result(spec: JobSpec, *, where: str, error: type[WorkerError], stdout: 
     elif custom and not oom:
         metrics["duration_s"] = total_s
     metrics.update({k: summary[k] for k in RESOURCE_METRICS if summary.get(k) is not None})
-    metrics.update(limits, oom_killed=oom, total_time_s=total_s)
+    metrics.update(**limits, oom_killed=oom, total_time_s=total_s)
     details = {**details, "kind": "edge", "edge_profile": prof.model_dump(), "exit_code": exit_code,
                "total_time_s": total_s}
     if report:
