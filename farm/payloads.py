@@ -56,6 +56,16 @@ class UploadAnswer(TypedDict):
     filename: str
 
 
+class FolderAnswer(TypedDict):
+    """A folder the server put together from uploaded files: its upload id (a submit names it), size, file count
+    and name."""
+
+    upload: str
+    size_bytes: int
+    files: int
+    name: str
+
+
 class DeleteAnswer(TypedDict):
     request_id: str
     deleted: bool

@@ -69,8 +69,9 @@ class JobSpec(BaseModel):
     device: str  # "cpu" or "gpu:<slug>"
     engine: str
     # how the load side talks to the job's server, set at expansion from the engine's card (``protocol_of``): the
-    # one answer to "is this an LLM job?" (an older stored job without it: derived from its card on load)
-    protocol: Protocol
+    # one answer to "is this an LLM job?". Absent (an older stored job, a job built without it) it is derived from
+    # the card before validation (:meth:`_protocol_from_card`), so the default below is never the one taken
+    protocol: Protocol = "kserve"
     batch_size: int
     load: LoadLevel  # the load level, the one place: concurrency, mode and rate
     edge_profile: EdgeProfile | None = None

@@ -21,6 +21,7 @@ from schemas import JobResult, JobSpec, Placement
 from schemas.engines import FOLDER_FORMATS
 from schemas.job import JobStatus
 from schemas.llm_facts import LlmFacts
+from schemas.metrics import MetricValues
 from schemas.result import SHARED_NOTE, shared_unisolated
 from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
@@ -83,7 +84,7 @@ def _measure(spec: JobSpec, model_path: Path, runner: Runner, gpu_uuids: list[st
         if spec.measurement.op_profile:
             announce("op profile pass (after the measurement)")
         profile = runner.profile_pass(spec, model_path, m.server_cpus) if spec.measurement.op_profile else None
-    metrics: dict[str, Any] = {**load.metrics, **m.metrics()}
+    metrics: MetricValues = {**load.metrics, **m.metrics()}
     details: dict[str, Any] = {"load": load.details, "runner": runner.name, "notes": [*target.notes, *m.notes],
                                "wall_s": round(time.monotonic() - started, 3), **m.details()}
     if target.server is not None:

@@ -26,9 +26,9 @@ from farm.readers.rows import ResultRow, as_row, as_rows
 from farm.settings import get_settings
 from farm.steal import steal_note
 from schemas.hardware import SlotJson
-from schemas.llm_facts import LLM_FACT_COLUMNS
+from schemas.llm_facts import LLM_FACT_COLUMNS, SESSIONS_MARK
 from schemas.measured import MEASURED_EDGE
-from schemas.metrics import BY_NAME, JOB_METRICS
+from schemas.metrics import BY_NAME, JOB_METRICS, TURN_METRICS
 from schemas.result import (
     SHARED_NOTE,
     client_limited,
@@ -72,6 +72,8 @@ LLM_WIDE_METRICS: tuple[str, ...] = (
     # the server's own view (its /metrics through the windows), where it has one
     "server_requests_running_max", "server_requests_waiting_max", "server_kv_cache_usage_max_pct",
     "server_generation_tokens",
+    # sessions (--sessions): the first and second turn's TTFT and prefix-cache share (every turn: turn_lines)
+    "turn1_ttft_p50_ms", "turn2_ttft_p50_ms", "turn1_cached_prompt_tokens_pct", "turn2_cached_prompt_tokens_pct",
 )
 #: metrics whose range over a cell's runs the table shows beside the median (``farm.readers.results.merge_repeats``)
 RANGE_METRICS = ("throughput_infer_per_s", "latency_p50_ms")
@@ -146,6 +148,8 @@ def workload_label(r: ResultRow) -> str:
     if llm is None or llm.output_tokens is None:
         return "-"
     head = f"prompts {Path(str(llm.prompts)).name}" if llm.prompts else f"in {llm.input_tokens}"
+    if str(llm.prompts).startswith(SESSIONS_MARK):
+        head = str(llm.prompts)
     prefix = f" prefix {llm.prefix_tokens}" if llm.prefix_tokens else ""
     return f"{head} out {llm.output_tokens}{prefix} seed {llm.workload_seed}"
 
@@ -357,6 +361,21 @@ def measured_lines(rows: list[ResultRow]) -> list[str]:
     if {k for k, _ in kinds} == {"serving", "edge"} and any(how == MEASURED_EDGE for _, how in kinds):
         lines.append("edge rows pay no per-request transport cost: do not compare their throughput or latency "
                      "with serving rows")
+    return lines
+
+
+def turn_lines(rows: list[ResultRow]) -> list[str]:
+    """A sessions row's figures per turn (``turn{k}_*`` metrics), one line each: ``abc123 per turn: TTFT p50 ms
+    12.1 | 14.0 | 15.2; prompt tokens from cache % - | 85.0 | 91.0`` (the job's details hold every turn's)."""
+    lines = []
+    for r in rows:
+        turns = [k for k in range(1, TURN_METRICS + 1) if r.get(f"turn{k}_ttft_p50_ms") is not None]
+        if not turns:
+            continue
+        ttft = " | ".join(fmt_value("ttft_p50_ms", r.get(f"turn{k}_ttft_p50_ms")) for k in turns)
+        cached = " | ".join(fmt_value("cached_prompt_tokens_pct", r.get(f"turn{k}_cached_prompt_tokens_pct"))
+                            for k in turns)
+        lines.append(f"{job_label(r)} per turn 1-{turns[-1]}: TTFT p50 ms {ttft}; prompt tokens from cache % {cached}")
     return lines
 
 

@@ -17,7 +17,7 @@ from farm.db.models import utcnow
 from farm.db.session import session_scope
 from farm.errors import RequestError
 from farm.identity import Principal, audit, authenticate, check_write, owner_of
-from farm.payloads import CancelAnswer, DeleteAnswer, UploadAnswer
+from farm.payloads import CancelAnswer, DeleteAnswer, FolderAnswer, UploadAnswer
 from farm.readers import export
 from farm.readers.knee import knees
 from farm.readers.results import (
@@ -29,7 +29,7 @@ from farm.readers.results import (
     workers_table,
 )
 from farm.server import access, serialize, uploads
-from farm.server.submit import SubmitBody, submit_request
+from farm.server.submit import FolderBody, SubmitBody, submit_request
 from scheduler.reconcile import cancel_request
 from scheduler.search import search_report
 
@@ -57,6 +57,14 @@ async def upload(filename: str, request: Request, who: Who) -> UploadAnswer:
     """Stream a model or data file (the raw body) to the server; answers its sha256, which a submit names."""
     sha, size = await uploads.receive(who.name, filename, request.stream())
     return UploadAnswer(upload=sha, size_bytes=size, filename=filename)
+
+
+@router.post("/folders", status_code=status.HTTP_201_CREATED, response_model=None)
+def folder(body: FolderBody, who: Who) -> FolderAnswer:
+    """Put a folder together from files uploaded before (``PUT /uploads/NAME`` each); answers its upload id, which
+    a submit names like a file's (``model_upload``, ``workload_uploads``)."""
+    sha, size = uploads.assemble(who.name, body.name, body.files)
+    return FolderAnswer(upload=sha, size_bytes=size, files=len(body.files), name=body.name)
 
 
 @router.post("/requests", status_code=status.HTTP_201_CREATED)

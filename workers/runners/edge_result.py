@@ -6,7 +6,7 @@ from typing import Any
 from farm import op_profile
 from farm.errors import WorkerError
 from schemas import JobResult, JobSpec, Placement
-from schemas.metrics import BY_NAME
+from schemas.metrics import BY_NAME, MetricValues
 from workers.edge_bench import parse_report
 from workers.limits import LimitMetrics
 from workers.measure import HOST_METRICS
@@ -32,7 +32,7 @@ def edge_result(spec: JobSpec, *, where: str, error: type[WorkerError], stdout: 
         raise error(f"{where} failed: {reason}; last log lines:\n{tail}")
     if not oom and not custom and (report is None or "metrics" not in report):
         raise error(f"{where} printed no edge_bench result; last log lines:\n{tail}")
-    metrics: dict[str, Any] = {}
+    metrics: MetricValues = {}
     if report and not oom and isinstance(report.get("metrics"), dict):
         metrics.update(report["metrics"])
     elif custom and not oom:
