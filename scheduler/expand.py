@@ -27,7 +27,7 @@ from schemas import JobSpec, ProfileRequest, TensorSpec
 from schemas.engines import FORMAT_ENGINE, IN_PROCESS, default_engine, incompatibility, is_openai, llm_format
 from schemas.input_data import InputData
 from schemas.job import protocol_of
-from schemas.llm import LlmSettings
+from schemas.llm import LlmSettings, cache_state_of
 from schemas.llm_engines import check_knobs
 from schemas.load_levels import load_level
 from schemas.queues import EDGE_QUEUE, queue_for
@@ -57,6 +57,8 @@ def job_id_for(request_id: str, device: str, engine: str, batch: int, concurrenc
         key += f"|rate={float(serving['rate'])!r}"
     if knobs:  # an LLM engine's knobs (none: the key of a job without them is unchanged)
         key += "|knobs=" + ",".join(f"{k}={knobs[k]!r}" for k in sorted(knobs))
+    if cache_state_of(serving) == "warm":  # a warm prefix cache (cold, the default, leaves the key unchanged)
+        key += "|prefix_cache=warm"
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
@@ -156,6 +158,20 @@ def _llm_for(request: ProfileRequest, engine: str) -> LlmSettings | None:
     return llm if llm is not None or not is_openai(engine) else LlmSettings()
 
 
+def _cache_variants(request: ProfileRequest, engine: str) -> list[tuple[str | None, LlmSettings | None]]:
+    """(prefix-cache state, LLM settings holding it alone) of each job of one cell on ``engine``: one per state
+    the request asks for (cold and warm: two jobs); ``[(None, None)]`` for a job that is not an LLM one."""
+    llm = _llm_for(request, engine)
+    if llm is None:
+        return [(None, None)]
+    return [(s, llm.model_copy(update={"prefix_cache": [s]})) for s in llm.prefix_cache]
+
+
+def cache_states(request: ProfileRequest) -> int:
+    """How many prefix-cache states each LLM cell runs in (1 for a request that is not an LLM one)."""
+    return len(request.measurement.llm.prefix_cache) if request.measurement.llm is not None else 1
+
+
 def _api_mismatch(request: ProfileRequest, engine: str) -> str | None:
     """Why LLM options (``measurement.llm``) cannot apply to ``engine``; None where they can."""
     if request.measurement.llm is None or is_openai(engine) or request.endpoint is not None:
@@ -175,17 +191,18 @@ def _serving_jobs(request: ProfileRequest, device: str, engine: str, batches: li
             check_knobs(engine, knobs)
     except ValueError as exc:  # an engine chosen by the model's format, not named by the request
         raise RequestError(str(exc)) from None
-    for b in batches:
-        for serving in request.serving_configs():
-            for knobs in knob_configs:
-                for c, rate in _levels(request):
-                    m = request.measurement.model_copy(
-                        update={**serving, "rate": rate, "llm": _llm_for(request, engine), **_step_time(request, rate)})
-                    jobs.append(JobSpec(
-                        job_id=job_id_for(request_id, device, engine, b, c, None, {**serving, "rate": rate}, knobs),
-                        device=device, engine=engine, protocol=protocol_of(engine, m.llm), batch_size=b,
-                        load=load_level(m.mode, c, rate),
-                        queue=queue_for(device), measurement=m, knobs=knobs, **common))
+    cells = [(b, serving, knobs, level) for b in batches for serving in request.serving_configs()
+             for knobs in knob_configs for level in _levels(request)]
+    for b, serving, knobs, (c, rate) in cells:
+        for state, llm in _cache_variants(request, engine):
+            m = request.measurement.model_copy(update={**serving, "rate": rate, "llm": llm,
+                                                       **_step_time(request, rate)})
+            jobs.append(JobSpec(
+                job_id=job_id_for(request_id, device, engine, b, c, None,
+                                  {**serving, "rate": rate, "prefix_cache": state}, knobs),
+                device=device, engine=engine, protocol=protocol_of(engine, m.llm), batch_size=b,
+                load=load_level(m.mode, c, rate),
+                queue=queue_for(device), measurement=m, knobs=knobs, **common))
     return jobs
 
 
@@ -234,10 +251,11 @@ def _add_llm_edge_jobs(result: Expansion, request: ProfileRequest, model_format:
                                     "folder)"})
             continue
         for engine, knobs in ((e, k) for e in engines for k in request.knob_configs()):
-            for c, rate in _levels(request):
-                m = request.measurement.model_copy(update={"rate": rate, "llm": _llm_for(request, engine)})
+            variants = _cache_variants(request, engine)
+            for (c, rate), (state, llm) in ((lv, v) for lv in _levels(request) for v in variants):
+                m = request.measurement.model_copy(update={"rate": rate, "llm": llm})
                 job_id = job_id_for(common["request_id"], "cpu", engine, 1, c, profile.name,
-                                    {**PLAIN_SERVING, "rate": rate}, knobs)
+                                    {**PLAIN_SERVING, "rate": rate, "prefix_cache": state}, knobs)
                 result.jobs.append(JobSpec(job_id=job_id, device="cpu", engine=engine,
                                            protocol=protocol_of(engine, m.llm), batch_size=1,
                                            load=load_level(m.mode, c, rate), edge_profile=profile, queue=EDGE_QUEUE,
@@ -287,12 +305,12 @@ def job_count(request: ProfileRequest, model: ModelRef, gpu_products: list[str] 
     configs = len(request.instances or [m.instances]) * len(request.threads or [m.threads]) * len(
         request.max_queue_delay_us or [m.max_queue_delay_us])  # as ProfileRequest.serving_configs
     levels = 1 if m.search != "brute" else len(request.concurrency) * len(request.rate_levels())  # as _levels
-    configs *= len(request.knob_configs())
+    configs *= len(request.knob_configs()) * cache_states(request)
     edge = len(request.edge) * len(edge_engines(request.engines, model.format)) * batches  # as _add_edge_jobs
     if llm_format(model.format):  # as _add_llm_edge_jobs
         cpu = sum(1 for e in request_engines(request, model.format)
                   if is_openai(e) and incompatibility(e, model.format, "cpu") is None)
-        edge = len(request.edge) * cpu * len(request.knob_configs()) * levels
+        edge = len(request.edge) * cpu * len(request.knob_configs()) * levels * cache_states(request)
     return pairs * batches * configs * levels + edge
 
 

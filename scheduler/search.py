@@ -30,14 +30,16 @@ from scheduler.goodput_rules import GoodputDecision, RateStep, decide_rate, step
 from scheduler.search_rules import Decision, Step, decide, label
 from schemas import SERVING_KEYS, JobSpec, MeasurementSettings, ProfileRequest
 from schemas.job import FINAL, JobStatus
+from schemas.llm import cache_state_of
 from schemas.load import LoadDetails
 
 
 def serving_key(spec: dict[str, Any]) -> tuple[Any, ...]:
     """A job spec's (JSON) serving configuration: its coordinates less its load (concurrency and rate), and
-    an LLM engine's knobs."""
+    an LLM engine's knobs (and a warm prefix cache, ``prefix_cache``, beside them)."""
     m = spec.get("measurement") or {}
-    knobs = tuple(sorted((spec.get("knobs") or {}).items()))
+    warm = (("prefix_cache", "warm"),) if cache_state_of(m) == "warm" else ()  # a warm cache searches on its own
+    knobs = tuple(sorted((spec.get("knobs") or {}).items())) + warm
     return (*(m.get(k) if k in SERVING_KEYS else spec[k] for k in SERVING_GROUP), knobs)
 
 

@@ -34,6 +34,11 @@ _NUM = r"(\d+(?:\.\d+)?)"
 _FIXED_RE = re.compile(rf"^{_NUM}$")
 _NORMAL_RE = re.compile(rf"^{_NUM}/{_NUM}$")
 _UNIFORM_RE = re.compile(rf"^{_NUM}:{_NUM}$")
+#: a server's prefix cache when a job's measured windows start: ``cold`` (reset, nothing of the workload in it),
+#: ``warm`` (the shared prefixes sent once before); a request may ask for both (two jobs of one cell)
+PrefixCache = Literal["cold", "warm"]
+PREFIX_CACHE_STATES: tuple[str, ...] = ("cold", "warm")
+MAX_SHARED_PREFIX_PCT = 95.0  # the largest share of a prompt a shared prefix may take, %
 
 
 class TokenDist(StrictModel):
@@ -172,6 +177,12 @@ class LlmSettings(StrictModel):
     output_tokens: TokenDist = Field(default_factory=lambda: TokenDist(a=128))
     prefix_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS, description="a prefix shared by every prompt, "
                                "in front of its own input_tokens")
+    shared_prefix_pct: float = Field(default=0.0, ge=0, le=MAX_SHARED_PREFIX_PCT, description="the share of each "
+                                     "prompt's input_tokens that is a prefix common to all requests of the job, %")
+    prefix_cache: list[PrefixCache] = Field(default_factory=lambda: list[PrefixCache](["cold"]), min_length=1,
+                                            max_length=2,
+                                            description="the server's prefix cache at the measured windows' start: "
+                                            "cold (reset), warm (the shared prefix sent first); both: two jobs")
     seed: int = Field(default=0, ge=0)
     prompts: WorkloadFile | None = Field(default=None, description="JSONL or ShareGPT JSON prompt file (uploaded "
                                          "with the request)")
@@ -235,12 +246,44 @@ class LlmSettings(StrictModel):
             raise ValueError(f"--sessions {v!r} is not a number of turns or sharegpt")
         return v
 
+    @field_validator("prefix_cache", mode="before")
+    @classmethod
+    def _cache_states(cls, v: object) -> object:
+        """``warm``, ``cold,warm`` or a list, each state once, in the order given."""
+        if isinstance(v, str):
+            v = [p.strip().lower() for p in v.split(",") if p.strip()]
+        return list(dict.fromkeys(v)) if isinstance(v, list) else v
+
     @model_validator(mode="after")
     def _one_source(self) -> LlmSettings:
         if self.trace is not None and self.prompts is not None:
             raise ValueError("--trace and --prompts both say what to send: give one of them")
+        if self.shared_prefix_pct and (self.trace is not None or self.prompts is not None):
+            raise ValueError("--shared-prefix shapes synthetic prompts: drop it, or drop --prompts/--trace")
+        if self.shared_prefix_pct and self.prefix_tokens:
+            raise ValueError("--shared-prefix and --prefix-tokens both set the shared prefix: give one of them")
         self._check_sessions()
         return self
+
+    @property
+    def cache_state(self) -> str:
+        """This job's prefix-cache state (a job holds one: ``scheduler.expand``)."""
+        return self.prefix_cache[0]
+
+    def fresh_server(self) -> bool:
+        """Whether a job of these settings wants a server of its own (a cold cache and a prefix that a reused
+        server may hold from an earlier job: ``workers.runners.docker`` never reuses one for it)."""
+        return self.cache_state == "cold" and self.shared_tokens() > 0
+
+    def shared_tokens(self) -> int:
+        """The tokens of the prefix every prompt shares: ``prefix_tokens``, or ``shared_prefix_pct`` of the mean
+        ``input_tokens`` (inside them)."""
+        return self.prefix_tokens or round(self.input_tokens.mean * self.shared_prefix_pct / 100.0)
+
+    def shared_share_pct(self) -> float:
+        """The shared prefix's share of a mean prompt's tokens, %."""
+        total = self.input_tokens.mean + self.prefix_tokens
+        return 100.0 * self.shared_tokens() / total if total else 0.0
 
     def _check_sessions(self) -> None:
         """Sessions: synthetic turns without a prompt file, ``sharegpt`` with one; think time only with sessions."""
@@ -275,6 +318,18 @@ class LlmSettings(StrictModel):
         if any(c in v for c in " ?#\x00"):
             raise ValueError(f"base_path {v!r} is not a URL path like /v1")
         return v
+
+
+def cache_state_of(measurement: object) -> str | None:
+    """The prefix-cache state of a job's ``measurement`` as JSON (its ``prefix_cache``, as the expansion passes it,
+    or its LLM settings' one); None: not an LLM job."""
+    if not isinstance(measurement, dict):
+        return None
+    state, llm = measurement.get("prefix_cache"), measurement.get("llm")
+    if state is None and isinstance(llm, dict):
+        states = llm.get("prefix_cache")
+        state = states[0] if isinstance(states, list) and states else None
+    return state if isinstance(state, str) else None
 
 
 def split_endpoint(url: str) -> tuple[str, str, bool]:

@@ -31,7 +31,8 @@ class LlmFacts(BaseModel):
     ...), speed x1, tokens x0.0625``: its own lengths, so no ``input_tokens``/``output_tokens``);
     ``server``: the server program that ran and its version
     (``llama-server 0.6.0-dev (build 0, commit unknown)``; None: the engine has one server only, or it never
-    started)."""
+    started); ``prefix_cache``: the server's prefix cache when the windows started (cold, warm);
+    ``shared_prefix_pct``: the shared prefix's share of a mean prompt, % (None: a prompt file or a trace)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -45,6 +46,8 @@ class LlmFacts(BaseModel):
     workload_seed: int | None = None
     prompts: str | None = None
     server: str | None = None
+    prefix_cache: str | None = None
+    shared_prefix_pct: float | None = None
 
     @classmethod
     def of(cls, spec: JobSpec, server_cores: int | None, token_sources: Mapping[str, Mapping[str, int]] | None = None,
@@ -66,7 +69,8 @@ class LlmFacts(BaseModel):
                    input_tokens=None if llm.trace else llm.input_tokens.text(),
                    output_tokens=None if llm.trace else llm.output_tokens.text(),
                    prefix_tokens=llm.prefix_tokens, workload_seed=llm.seed, prompts=_source(llm),
-                   server=server_label(server))
+                   server=server_label(server), prefix_cache=llm.cache_state,
+                   shared_prefix_pct=None if llm.trace or llm.prompts else llm.shared_share_pct())
 
     def columns(self) -> dict[str, Any]:
         """The facts as results-table columns (:data:`LLM_FACT_COLUMNS`)."""

@@ -11,7 +11,8 @@ A reasoning model on demand (``--reasoning N``: the first N tokens of each answe
 ``--tool-tokens N``: the last N as ``delta.tool_calls`` arguments); an early end of sequence (``--eos-at N``: N
 tokens, unless the request asks ``ignore_eos``); llama.cpp's ``POST /tokenize``/``/detokenize`` (a word a token,
 a BOS with ``add_special``) with ``--tokenize``; a prefix cache (``usage.prompt_tokens_details.cached_tokens``:
-the leading 4-word blocks of the prompt that an earlier prompt began with, with ``--cache``); a chat template's
+the leading 4-word blocks of the prompt that an earlier prompt began with, with ``--cache``, counted in ``/metrics``
+as vLLM's prefix-cache queries and hits and emptied by ``POST /reset_prefix_cache``); a chat template's
 tokens in a chat prompt's count (``--template N``).
 
 Faults on demand (``--fault``): ``http500``, ``not_streaming`` (a JSON answer), ``malformed`` (a data line
@@ -163,6 +164,7 @@ class FakeServer:
         self.busy = 0  # answers streaming now (``Script.slots``)
         self.waiting: collections.deque[_Stream] = collections.deque()
         self.blocks: set[int] = set()  # the chained hashes of the 4-word prompt blocks seen (``--cache``)
+        self.cache_counts = {"vllm:prefix_cache_queries": 0, "vllm:prefix_cache_hits": 0}  # tokens, as vLLM's
         self.hist: dict[str, list[int]] = {"vllm:time_to_first_token_seconds": [0] * len(BUCKETS),
                                            "vllm:time_per_output_token_seconds": [0] * len(BUCKETS)}
 
@@ -186,6 +188,8 @@ class FakeServer:
             for le, n in zip(BUCKETS, counts, strict=True):
                 lines.append(f'{name}_bucket{{le="{"+Inf" if le == float("inf") else le}"}} {n}')
             lines.append(f"{name}_count {counts[-1]}")
+        for name, value in self.cache_counts.items() if self.s.cache else ():
+            lines += [f"# TYPE {name} counter", f"{name}_total {value}"]
         return ("\n".join(lines) + "\n").encode()
 
     def answer(self, conn: _Conn, method: str, path: str, body: bytes, t_recv: float, rid: str = "") -> None:
@@ -198,6 +202,10 @@ class FakeServer:
             context = {"max_model_len": s.max_model_len} if s.max_model_len else {}
             entry = {"id": s.model, "owned_by": "fake", **context}
             conn.write(_json_answer("200 OK", {"object": "list", "data": [entry]}))
+            return
+        if s.cache and method == "POST" and path == "/reset_prefix_cache":  # vLLM's
+            self.blocks.clear()
+            conn.write(_json_answer("200 OK", {}))
             return
         req = json.loads(body or b"{}")
         if s.tokenize and path in ("/tokenize", "/detokenize"):
@@ -233,13 +241,16 @@ class FakeServer:
         self._begin(st, t_recv)
 
     def _cached(self, words: list[str]) -> int:
-        """The prompt's words in leading 4-word blocks an earlier prompt began with (then remembered)."""
+        """The prompt's words in leading 4-word blocks an earlier prompt began with (then remembered), counted
+        as vLLM counts its prefix-cache queries and hits (``/metrics``)."""
         h, hit, counting = 0, 0, True
         for i in range(0, len(words) - len(words) % 4, 4):
             h = hash((h, *words[i:i + 4]))
             counting = counting and h in self.blocks
             hit += 4 * counting
             self.blocks.add(h)
+        self.cache_counts["vllm:prefix_cache_queries"] += len(words)
+        self.cache_counts["vllm:prefix_cache_hits"] += hit
         return hit
 
     def _begin(self, st: _Stream, t0: float) -> None:

@@ -129,6 +129,12 @@ SUBMIT_OPTIONS: tuple[Opt, ...] = (
     _llm("output_tokens", str | None, "Output tokens asked for (max_tokens): N, MEAN/STDDEV or MIN:MAX "
          "(default {default})."),
     _llm("prefix_tokens", int | None, "A prefix of N tokens shared by every prompt."),
+    Opt("shared_prefix", ("--shared-prefix",), float | None, "measurement.llm.shared_prefix_pct", "llm",
+        "The share of each prompt's tokens, %, that is a prefix common to all requests of the job (inside "
+        "--input-tokens; default {default})."),
+    _llm("prefix_cache", str | None, "cold | warm | cold,warm: the server's prefix cache when the measured windows "
+         "start: reset, or holding the shared prefix (sent once before); both: two jobs of each cell "
+         "(default {default}; docs/llm.md)."),
     _llm("seed", int | None, "Seed of the synthetic prompts and lengths (same prompts every run)."),
     _llm("prompts", str | None, "Prompt file: JSONL ({\"prompt\": ...}) or ShareGPT JSON, uploaded with the request "
          "(FARM_MAX_WORKLOAD_FILE_BYTES)."),

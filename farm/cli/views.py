@@ -129,6 +129,8 @@ def _identity_columns(rows: list[ResultRow], wide: bool) -> dict[str, Callable[[
         cols["edge"] = lambda r: r["edge_profile"] or "-"
     if any(r.get("knobs") for r in rows):  # an LLM engine's settings, as its server ran (n_threads included)
         cols["knobs"] = lambda r: knobs_text(r.get("knobs"))
+    if any(r.get("prefix_cache") == "warm" for r in rows):  # the prefix-cache dimension (cold alone: not shown)
+        cols["cache"] = lambda r: r.get("prefix_cache") or "-"
     if wide and llm_rows(rows):
         cols["workload"] = workload_label
         cols["tokens by"] = lambda r: r.get("token_source") or "-"
@@ -216,15 +218,17 @@ LLM_HEADLINE_METRICS = ("output_tokens_per_s", "ttft_p50_ms", "itl_p50_ms")
 def jobs_table(jobs: list[Any], title: str) -> Table:
     """A request's jobs before they run (``farm submit --dry-run``): ``JobSpec``s, one line each."""
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    for col in ("#", "device", "engine", "serving", "b x c", "edge", "run"):
+    states = [j.measurement.llm.cache_state if j.measurement.llm is not None else "-" for j in jobs]
+    cache = "warm" in states  # the prefix-cache dimension: shown where a job is warm
+    for col in ("#", "device", "engine", "serving", "b x c", "edge", *(("cache",) if cache else ()), "run"):
         table.add_column(col, no_wrap=True, overflow="ellipsis")
-    for i, j in enumerate(jobs, 1):
+    for i, (j, state) in enumerate(zip(jobs, states, strict=True), 1):
         row = {"batch_size": j.batch_size, "concurrency": j.concurrency, "rate": j.rate,
                "edge_profile": (j.edge_profile.name or "edge") if j.edge_profile else None,
                **j.measurement.model_dump(include={"instances", "threads", "max_queue_delay_us",
                                                    "preferred_batch_size"})}
         safe_row(table, str(i), j.device, j.engine, serving_label(row), load_label(row), row["edge_profile"] or "-",
-                 str(j.repeat + 1))
+                 *((state,) if cache else ()), str(j.repeat + 1))
     return table
 
 

@@ -199,6 +199,8 @@ class Result(Base):
     workload_seed: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     prompts: Mapped[str | None] = mapped_column(Text, nullable=True)
     server: Mapped[str | None] = mapped_column(String(200), nullable=True)  # migration 0013
+    prefix_cache: Mapped[str | None] = mapped_column(String(8), nullable=True)  # migration 0016
+    shared_prefix_pct: Mapped[float | None] = mapped_column(Float, nullable=True)  # migration 0016
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -81,6 +81,14 @@ SESSION_METRICS_0015 = tuple(f'turn{k}_{fig}' for k in range(1, 9)
                              for fig in ('ttft_p50_ms', 'cached_prompt_tokens_pct'))
 #: the metric columns of results at migration 0015, frozen
 METRICS_0015 = METRICS_0014 + SESSION_METRICS_0015
+#: the prefix-cache metrics migration 0016 added (issue 41 point 4: intended and measured hit rates), frozen
+PREFIX_METRICS_0016 = ('prefix_hit_intended_pct', 'prefix_hit_pct', 'prefix_hit_as_intended')
+#: the boolean ones among them
+PREFIX_BOOL_METRICS_0016 = ('prefix_hit_as_intended',)
+#: the metric columns of results at migration 0016, frozen
+METRICS_0016 = METRICS_0015 + PREFIX_METRICS_0016
+#: the LLM job's facts at migration 0016: its prefix-cache state and shared-prefix share added
+LLM_FACTS_0016 = LLM_FACTS_0014 + ('prefix_cache', 'shared_prefix_pct')
 
 
 def _json_text(dialect: str, column: str, *path: str) -> str:

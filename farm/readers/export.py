@@ -32,7 +32,8 @@ HOW_DRIVEN = ("rpc", "client", "input_data", "server")
 EXPORT_COLUMNS: tuple[str, ...] = (REQUEST_COLUMNS + JOB_COLUMNS[:6] + HOW_DRIVEN + MEASUREMENT_COLUMNS
                                    + JOB_COLUMNS[6:] + ("measured",) + PLACEMENT_COLUMNS
                                    + tuple(c for c in LLM_FACT_COLUMNS if c not in HOW_DRIVEN) + METRIC_NAMES)
-_FLOAT_COLUMNS = {"rate"}  # the open-loop rate, requests/s (the other measurement columns are integers)
+#: the open-loop rate, requests/s (the other measurement columns are integers), and an LLM job's shared prefix, %
+_FLOAT_COLUMNS = {"rate", "shared_prefix_pct"}
 _INT_COLUMNS = {"batch_size", "concurrency", "attempts", "slot", "repeat", *MEASUREMENT_COLUMNS,
                 *LLM_FACT_INTS} - _FLOAT_COLUMNS
 _JSON_COLUMNS = {"knobs"}  # objects: JSON text where the format has no objects (CSV, Parquet)

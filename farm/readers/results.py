@@ -23,7 +23,7 @@ from farm.store.backends import open_store
 from schemas import COORDINATE_KEYS, MEASUREMENT_KEYS, SERVING_KEYS
 from schemas.hardware import HardwareJson
 from schemas.job import JobStatus, protocol_of
-from schemas.llm import Slo
+from schemas.llm import Slo, cache_state_of
 from schemas.llm_facts import LLM_FACT_COLUMNS
 from schemas.load import LoadDetails
 from schemas.measured import LLM_RPC, how_measured
@@ -43,8 +43,9 @@ COORDINATE_COLUMNS = COORDINATE_KEYS
 MEASUREMENT_COLUMNS = MEASUREMENT_KEYS
 #: what makes two jobs (of the same or of different requests) repeats of one measurement; ``knob_set``: the LLM
 #: engine knobs the job asked for (``JobSpec.knobs`` as ``farm.formatting.knobs_text``; None: none), so the
-#: cells of a knob sweep stay apart (the ``knobs`` column holds what the server ran with, n_threads included)
-CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "knob_set", "rpc", "client")
+#: cells of a knob sweep stay apart (the ``knobs`` column holds what the server ran with, n_threads included);
+#: ``prefix_cache``: an LLM job's prefix-cache state (cold and warm are two jobs of one cell, never repeats)
+CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "knob_set", "prefix_cache", "rpc", "client")
 
 
 def llm_rows(rows: list[ResultRow]) -> bool:
@@ -166,6 +167,7 @@ def result_rows(request_id: str) -> list[ResultRow]:
         r = ResultRow({**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **measurement_values(job_measurement, rate), **row,
                        **extra})
         r["knob_set"] = knobs_text(asked) if isinstance(asked, dict) and asked else None
+        r["prefix_cache"] = cache_state_of(job_measurement)  # from the spec: a failed job has no result row
         # the job's protocol (``JobSpec.protocol``; a job stored before it: from its card, as the spec loads)
         r["protocol"] = protocol or protocol_of(r.engine, (job_measurement or {}).get("llm"))
         r["client"] = measured_by or client

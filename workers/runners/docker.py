@@ -8,7 +8,8 @@ containers); farm talks to its gRPC port 8001 at the container's address on that
 Consecutive jobs with the same launch (image, command, mounts), model sha and
 device reuse the running container (the server is stateless between jobs); a reused container is removed
 after ``idle_timeout_s`` seconds without a job (a timer), at ``close()``, or when the next job needs other
-settings.
+settings. An LLM job with a cold prefix cache and a shared prefix gets a server of its own (a reused one may hold
+the prefix from an earlier job: ``LlmSettings.fresh_server``).
 
 Every container carries ``farm.owner=farm``, ``farm.worker_id`` and ``farm.job_id`` labels; the
 constructor removes the worker's own leftovers from a previous crash (``cleanup_orphans``).
@@ -155,10 +156,13 @@ class DockerRunner(Runner):
     @staticmethod
     def reuse_key(spec: JobSpec, launch: Launch, image: str, cpus: set[int] | None = None) -> str:
         """What must match for a job to reuse a serving container: its image, launch, model, device, cores
-        (``cpus``) and memory limit."""
+        (``cpus``) and memory limit; an LLM job with a cold prefix cache and a shared prefix matches none (its own
+        id: the server is restarted for it, its cache empty)."""
         parts = [image, spec.model_sha256, spec.device, cpu_list(cpus or ()), str(launch.shm_size),
                  str(server_memory(spec)),
                  json.dumps([launch.argv, launch.mounts, launch.env], sort_keys=True)]
+        if spec.measurement.llm is not None and spec.measurement.llm.fresh_server():
+            parts.append(spec.job_id)
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
     def _require_image(self, launch: Launch) -> str:

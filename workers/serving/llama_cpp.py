@@ -138,10 +138,12 @@ def python_server_argv(spec: JobSpec, model: str, site: Site) -> list[str]:
 
 
 def llama_server_argv(binary: str, spec: JobSpec, model: str, site: Site) -> list[str]:
-    """llama.cpp's own server for ``spec``, with its Prometheus ``/metrics``."""
+    """llama.cpp's own server for ``spec``, with its Prometheus ``/metrics`` and its slot actions (a slot save path,
+    the jail's private ``/tmp``: a cold prefix cache's job erases its slots, ``workers.loadgen.openai.prefix_cache``;
+    farm saves nothing there)."""
     threads = threads_arg(spec)
     argv = [binary, "--model", model, "--alias", SERVED_MODEL_NAME, "--host", site.host, "--port", port_arg(site),
-            "--threads", threads, "--threads-batch", threads, "--metrics", "--no-webui"]
+            "--threads", threads, "--threads-batch", threads, "--metrics", "--no-webui", "--slot-save-path", "/tmp"]
     for knob, (_, flag) in FLAGS.items():
         if knob in spec.knobs:
             argv += [flag, str(spec.knobs[knob])]

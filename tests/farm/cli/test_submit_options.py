@@ -28,6 +28,7 @@ EXAMPLES: dict[str, tuple[Any, Any]] = {
     "endpoint": ("localhost:8001", "localhost:8001"), "served_name": ("m", "m"), "knob": (["n_threads=2"], None),
     "api": ("openai-completions", "openai-completions"), "credential": ("lab", "lab"),
     "input_tokens": ("64", "64"), "output_tokens": ("32:64", "32:64"), "prefix_tokens": (16, 16), "seed": (3, 3),
+    "shared_prefix": (50.0, 50.0), "prefix_cache": ("cold,warm", ["cold", "warm"]),
     "slo": ("ttft=200", 200.0), "requests": (100, 100), "warmup_requests": (5, 5),
     "trace_speed": (2.0, 2.0), "trace_tokens": (0.5, 0.5), "trace_limit": (10, 10),
     "sessions": ("3", 3), "think_ms": (250.0, 250.0),

@@ -25,11 +25,13 @@ from schemas.measured import LLM_RPC
 from schemas.metrics import MetricValues
 from workers.loadgen import stats
 from workers.loadgen.contract import ClientDetails, LoadClient, LoadJob, LoadRecord, RunTotals, WindowFigures
+from workers.loadgen.openai import prefix_cache
 from workers.loadgen.openai.event_log import recorded
 from workers.loadgen.openai.fidelity import workload_metrics, workload_notes
 from workers.loadgen.openai.jailed_workload import open_workload
 from workers.loadgen.openai.load_loop import HttpJob, HttpRun, load_process
 from workers.loadgen.openai.models_api import Auth, check_model
+from workers.loadgen.openai.prefix_cache import CachePrep
 from workers.loadgen.openai.request import PROBE_TEXT, probe
 from workers.loadgen.openai.saturation import OverSaturation
 from workers.loadgen.openai.server_metrics import scrape, server_p50s
@@ -262,7 +264,8 @@ class OpenAIClient(LoadClient):
             framed = (PROBE_TEXT, said.prompt_tokens) if llm.api == "openai-chat" and said.prompt_tokens else None
             with open_workload(llm, server=own, framed=framed) as (prompts, tok):
                 salts = Salts.of(own or tok)
-                ask = replace(ask, cut_by=ask.cut_by or ("--tokenizer" if tok is not None else "words"))
+                cache = prefix_cache.prepare(llm, url, job.model_name, key, job.authority, prompts, salts, job.load)
+                ask = replace(ask, cut_by=ask.cut_by or ("--tokenizer" if tok is not None else "words"), cache=cache)
                 got, server, scrapes = self._drive(job, plan, llm, key, prompts, replace(ask, salts=salts),
                                             replay_pattern(job.pattern, llm))
                 if tok is not None:  # the run's texts counted in the jail in a few round trips
@@ -280,7 +283,8 @@ class OpenAIClient(LoadClient):
                        plan=plan, authority=job.authority, max_in_flight=job.in_flight_cap,
                        max_response_bytes=get_settings().max_response_bytes, stops=stop_rules(job, plan, llm),
                        warmup_requests=llm.warmup_requests, request_timeout_s=llm.request_timeout_s, seed=job.seed,
-                       salts=ask.salts, ignore_eos=ask.ignore_eos, think_s=llm.think_ms / 1e3)
+                       salts=ask.salts, ignore_eos=ask.ignore_eos, think_s=llm.think_ms / 1e3,
+                       cold_warmup=ask.cache is not None and ask.cache.state == "cold" and llm.shared_tokens() > 0)
         limit = (job.settings.timeout_s if llm.requests is not None else plan.span_s) + WAIT_MARGIN_S + 5.0
         metrics_url = url.removesuffix(llm.base_path) + "/metrics"
         with scraping(metrics_url, job.authority) as scraper, load_process(http, key) as (wait, t_start):
@@ -300,11 +304,12 @@ class OpenAIClient(LoadClient):
 @dataclass(frozen=True)
 class Asked:
     """How the run asks for the workload: whether outputs are asked to ignore the end of sequence, the salts,
-    and what cut the prompts (the server's tokenizer, ``--tokenizer`` or words)."""
+    what cut the prompts (the server's tokenizer, ``--tokenizer`` or words) and the server's prefix cache."""
 
     ignore_eos: bool = False
     salts: Salts = Salts(tuple(WORDS))
     cut_by: str | None = None
+    cache: CachePrep | None = None  # what was done to the server's prefix cache before the load
 
 
 def _key(job: LoadJob, llm: LlmSettings) -> str | None:
@@ -321,6 +326,17 @@ def _trace_details(llm: LlmSettings) -> dict[str, Any]:
         return {}
     return {"trace": file_label(llm.trace), "trace_speed": llm.trace_speed, "trace_tokens": llm.trace_tokens,
             "trace_limit": llm.trace_limit}
+
+
+def _cache_details(llm: LlmSettings, cache: CachePrep | None) -> dict[str, str | int]:
+    """The prefix-cache state a job asked for, its shared prefix and what was done before the load."""
+    if cache is None:
+        return {}
+    return {"prefix_cache": cache.state, "shared_prefix_tokens": llm.shared_tokens(), "prefix_cache_prep": cache.how}
+
+
+def _float(value: object) -> float | None:
+    return value if isinstance(value, float) else None
 
 
 def _client_run(run: HttpRun, count: Callable[[str], int] | None) -> dict[str, int]:
@@ -381,9 +397,14 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
         notes.append(NO_METRICS_NOTE.format(why=view["why"] or "no answer"))
     if "chunks" in _sources(outcomes)["output"]:
         notes.append("output tokens counted one per chunk: the server sent no usage and no --tokenizer was given")
-    notes += workload_notes(checks, llm.api, llm.prefix_tokens, ask.ignore_eos, llm.sessions is not None)
+    notes += workload_notes(checks, llm.api, llm.shared_tokens(), ask.ignore_eos, llm.sessions is not None)
     turns = turn_figures(outcomes)
     log, tools = recorded(run, count, get_settings().event_log_max_chunks, get_settings().event_log_max_requests)
+    asked_in = checks["requested_input_tokens_mean"]
+    cache_metrics, cache_notes = prefix_cache.judge(
+        llm, ask.cache, asked_in if isinstance(asked_in, float) else None,
+        _float(checks["cached_prompt_tokens_pct"]), view, len(outcomes), job.load)
+    notes += cache_notes
     own = OpenAIDetails(api=llm.api, base_url=llm.base_url(job.url), model=job.model_name,
                         token_sources=_sources(outcomes),
                         tokens_per_chunk_mean=stats.mean(per_chunk), tokens_per_chunk_max=max(per_chunk, default=None),
@@ -393,7 +414,8 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
                                   "prompts": file_label(llm.prompts), "tokenizer": file_label(llm.tokenizer),
                                   "prompts_cut_by": ask.cut_by, "ignore_eos": ask.ignore_eos,
                                   "salt_words": len(ask.salts.words), **_trace_details(llm),
-                                  **({"sessions": llm.sessions, "think_ms": llm.think_ms} if llm.sessions else {})},
+                                  **({"sessions": llm.sessions, "think_ms": llm.think_ms} if llm.sessions else {}),
+                                  **_cache_details(llm, ask.cache)},
                         first_error=_first_error(run.records), warmup_errors=cut.warm_errors,
                         in_flight_at_end=run.in_flight, event_loop=run.loop, server_metrics=server,
                         send_lag_ms=_p50_p99([o.send_lag_ms for o in outcomes if o.send_lag_ms is not None]),
@@ -405,6 +427,7 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
                           tokens_in(run, windows, count, outcomes, "reasoning"))
     metrics.update(checks)
     metrics.update(turn_metrics(turns))
+    metrics.update(cache_metrics)
     metrics.update({k: v for k, v in view_metrics.items() if v is not None})
     for figure, value in server.items():  # Prometheus where the server gave no per-request timings
         if metrics.get(f"server_{figure}_p50_ms") is None:

@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -89,6 +89,7 @@ class HttpJob:
     salts: Salts = Salts(tuple(WORDS))  # each request's salt (``workload.Salts``), from a start of the run's own
     ignore_eos: bool = False  # ask the server to run to max_tokens (vLLM's and llama.cpp's ``ignore_eos``)
     think_s: float = 0.0  # sessions: the time between an answer and the session's next turn
+    cold_warmup: bool = False  # warm-up requests salted in front of the shared prefix (a cold prefix cache's job)
 
 
 @dataclass
@@ -129,6 +130,10 @@ class _Loop:
         self.route = route(job.api)
         self.headers = list(headers(key).items())
         self.bodies = [body_parts(job.api, job.model, p, job.ignore_eos) for p in job.prompts]
+        # a cold prefix cache's warm-up: each prompt salted at its start, so the shared prefix stays out of the cache
+        self.warm_prompts = [replace(p, salt_at=0) if job.cold_warmup and p.salt_at else p for p in job.prompts]
+        self.warm_bodies = [body_parts(job.api, job.model, p, job.ignore_eos) for p in self.warm_prompts] \
+            if job.cold_warmup else self.bodies
         self.salts = job.salts.started()
         self.next = itertools.cycle(range(len(job.prompts))).__next__
         self.warm_end = t_start + job.plan.warmup_s
@@ -154,8 +159,9 @@ class _Loop:
         i = self.next()
         p = self.job.prompts[i]
         rec = self._rec(scheduled, sent, p, p.input_tokens)
-        head, tail = self.bodies[i]
-        return rec, head + salt_bytes(p, self.salts.salt(rec.seq)) + tail
+        head, tail = (self.warm_bodies if rec.warm else self.bodies)[i]
+        salt = salt_bytes(self.warm_prompts[i] if rec.warm else p, self.salts.salt(rec.seq))
+        return rec, head + salt + tail
 
     def _rec(self, scheduled: float, sent: float, p: Prompt, prompt_tokens: int) -> RawRequest:
         """The record of the run's next send, of prompt ``p`` meant to hold ``prompt_tokens`` (a session's turn: its

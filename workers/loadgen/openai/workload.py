@@ -264,16 +264,12 @@ def _fit(tok: Counting | None, prefix: str, want: int, seed: float, salts: Salts
     return p
 
 
-def shared_prefix(llm: LlmSettings, tok: Counting | None) -> str:
-    """The text of the workload's shared prefix (``prefix_tokens``; empty without one), the same for the same seed."""
-    return _synthetic(random.Random(llm.seed + 1), llm.prefix_tokens, tok)[0] if llm.prefix_tokens else ""
-
-
 def synthetic_prompts(llm: LlmSettings, tok: Counting | None, count: int = PROMPT_POOL,
                       salts: Salts | None = None) -> list[Prompt]:
     """Up to ``count`` prompts of the settings' lengths (:func:`pool_size`), a shared prefix in front, each salted
     after it (``salts``: those of ``tok``), the same for the same seed. The lengths count the salt and the
-    tokenizer's specials: a prompt of ``n`` tokens and a prefix of ``p`` are ``n + p`` by the server's count."""
+    tokenizer's specials: a prompt of ``n`` tokens and a prefix of ``p`` are ``n + p`` by the server's count
+    (``prefix_tokens``), or ``n`` with ``shared_prefix_pct`` (the prefix inside them)."""
     count = pool_size(llm, count)
     salts = salts or Salts.of(tok)
     rng = random.Random(llm.seed)
@@ -283,6 +279,13 @@ def synthetic_prompts(llm: LlmSettings, tok: Counting | None, count: int = PROMP
         n_in, n_out = _draw(llm.input_tokens, rng), _draw(llm.output_tokens, rng)
         out.append(_fit(tok, prefix, n_in + llm.prefix_tokens, rng.random(), salts, n_out))
     return out
+
+
+def shared_prefix(llm: LlmSettings, tok: Counting | None) -> str:
+    """The text every synthetic prompt of the job begins with (``LlmSettings.shared_tokens`` tokens; empty: none):
+    in front of ``input_tokens`` (``prefix_tokens``), or inside them (``shared_prefix_pct``)."""
+    n = llm.shared_tokens()
+    return _synthetic(random.Random(llm.seed + 1), n, tok)[0] if n else ""
 
 
 def _file_items(path: Path, label: str) -> Iterator[tuple[int, Any]]:

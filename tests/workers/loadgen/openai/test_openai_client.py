@@ -50,8 +50,10 @@ def test_chat_figures_and_token_truth() -> None:
                                   "output": {"usage": d["token_sources"]["output"]["usage"]}}
     assert m["ttft_p50_ms"] >= 15 and m["itl_p50_ms"] >= 2 and m["tpot_p50_ms"] >= 2
     assert m["latency_p50_ms"] > m["ttft_p50_ms"]  # e2e is the result's latency
-    # tokens counted by their arrival within the window, requests by their end: equal but for the window's edges
-    assert m["output_tokens_per_s"] == pytest.approx(OUT * m["requests_per_s"], rel=0.1)
+    # tokens counted by their arrival within the window, requests by their end: equal but for the window's edges,
+    # where each of the 4 requests in flight at either end may count its tokens on one side only
+    edges = 2 * 4 * OUT / (m.get("duration_s") or 1.0)
+    assert abs(m["output_tokens_per_s"] - OUT * m["requests_per_s"]) <= max(0.1 * OUT * m["requests_per_s"], edges)
     assert m["goodput_req_per_s"] == pytest.approx(m["requests_per_s"])  # every request within a loose SLO
     assert m["output_overrun_count"] == 0 and d["tokens_per_chunk_mean"] == 1.0
     assert d["client"] == "openai" and d["rpc"] == "sse" and d["api"] == "openai-chat"
