@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from farm.settings import get_settings
 from schemas.queues import CPU_QUEUE
@@ -97,6 +97,52 @@ def _origin() -> str:
     return f"{os.getpid()}@{socket.gethostname()}"
 
 
+class TaskHeaders(TypedDict):
+    """Celery protocol-2 task headers (``app.amqp.as_task_v2``; tests/farm/test_broker.py compares them)."""
+
+    lang: str
+    task: str
+    id: str
+    shadow: str | None
+    eta: str | None
+    expires: str | None
+    group: str | None
+    group_index: int | None
+    retries: int
+    timelimit: list[float | None]
+    root_id: str
+    parent_id: str | None
+    argsrepr: str
+    kwargsrepr: str
+    origin: str
+    ignore_result: bool
+    replaced_task_nesting: int
+    stamped_headers: list[str] | None
+    stamps: dict[str, list[str]]
+
+
+class DeliveryInfo(TypedDict):
+    exchange: str
+    routing_key: str
+
+
+class Properties(TypedDict):
+    """kombu's message properties in its Redis envelope."""
+
+    correlation_id: str
+    reply_to: str
+    delivery_mode: int
+    delivery_info: DeliveryInfo
+    priority: int
+    body_encoding: str
+    delivery_tag: str
+
+
+#: kombu's Redis envelope: the JSON object LPUSHed onto a queue's list (its keys are not identifiers)
+Envelope = TypedDict("Envelope", {"body": str, "content-encoding": str, "content-type": str, "headers": TaskHeaders,
+                                  "properties": Properties})
+
+
 @dataclass(frozen=True)
 class TaskMessage:
     """One ``farm.run_job(job_id)`` message bound for ``queue`` (priority 0-9, kombu's Redis steps)."""
@@ -112,30 +158,30 @@ class TaskMessage:
         if not self.task_id:
             object.__setattr__(self, "task_id", task_id_for(self.job_id))
 
-    def headers(self) -> dict[str, Any]:
+    def headers(self) -> TaskHeaders:
         """Celery protocol-2 headers, as ``app.amqp.as_task_v2`` writes them."""
         tid = self.task_id
-        return {"lang": "py", "task": self.task, "id": tid, "shadow": None, "eta": None, "expires": None,
-                "group": None, "group_index": None, "retries": 0, "timelimit": [None, None], "root_id": tid,
-                "parent_id": None, "argsrepr": repr([self.job_id]), "kwargsrepr": "{}", "origin": self.origin,
-                "ignore_result": True, "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {}}
+        return TaskHeaders(lang="py", task=self.task, id=tid, shadow=None, eta=None, expires=None, group=None,
+                           group_index=None, retries=0, timelimit=[None, None], root_id=tid, parent_id=None,
+                           argsrepr=repr([self.job_id]), kwargsrepr="{}", origin=self.origin, ignore_result=True,
+                           replaced_task_nesting=0, stamped_headers=None, stamps={})
 
-    def encode(self) -> dict[str, Any]:
+    def encode(self) -> Envelope:
         """The message in kombu's Redis envelope (the JSON object kombu LPUSHes onto the queue's list)."""
         body = json.dumps([[self.job_id], {}, _EMBED])
         return {"body": base64.b64encode(body.encode()).decode(), "content-encoding": "utf-8",
                 "content-type": "application/json", "headers": self.headers(),
-                "properties": {"correlation_id": self.task_id, "reply_to": "", "delivery_mode": 2,
-                               "delivery_info": {"exchange": "", "routing_key": self.queue},
-                               "priority": self.priority, "body_encoding": "base64",
-                               "delivery_tag": str(uuid.uuid4())}}
+                "properties": Properties(correlation_id=self.task_id, reply_to="", delivery_mode=2,
+                                         delivery_info={"exchange": "", "routing_key": self.queue},
+                                         priority=self.priority, body_encoding="base64",
+                                         delivery_tag=str(uuid.uuid4()))}
 
     def to_json(self) -> str:
         """``encode()`` as the string stored in Redis."""
         return json.dumps(self.encode())
 
     @classmethod
-    def decode(cls, raw: str | bytes | dict[str, Any]) -> TaskMessage:
+    def decode(cls, raw: str | bytes | Envelope) -> TaskMessage:
         """The message from a Redis list entry (JSON text or its parsed envelope); ValueError if it is not
         a Celery protocol-2 task message."""
         try:
@@ -155,11 +201,12 @@ class TaskMessage:
         """The message from a kombu ``Message`` (as ``basic_get`` returns it)."""
         info = message.delivery_info or {}
         queue = info.get("routing_key") or ""
-        return cls._of(message.headers or {}, message.decode()[0], queue,
+        headers = cast("TaskHeaders", message.headers or {})  # kombu's message is untyped (none: KeyError)
+        return cls._of(headers, message.decode()[0], queue,
                        (message.properties or {}).get("priority") or 0)
 
     @classmethod
-    def _of(cls, headers: dict[str, Any], args: list[Any], queue: str, priority: int) -> TaskMessage:
+    def _of(cls, headers: TaskHeaders, args: list[Any], queue: str, priority: int) -> TaskMessage:
         task_id = str(headers["id"])
         job_id = str(args[0]) if args else job_id_of_task(task_id)
         return cls(job_id=job_id, queue=queue, priority=int(priority), task_id=task_id,

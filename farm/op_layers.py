@@ -9,18 +9,17 @@ joined by node name (``farm.op_profile.join_layers``), with the model's total ag
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from farm.artifacts import fetch_model
 from farm.errors import RequestError
 from farm.op_profile import Stored, achieved, join_layers
 from schemas import TensorSpec
-from schemas.op_profile import OpProfile
+from schemas.op_profile import LayerCost, LayersView, OpProfile
 
 LAYER_FORMATS = ("onnx", "torchscript")
 
 
-def static_layers(model: Path, model_format: str, inputs: list[TensorSpec], batch: int) -> list[dict[str, Any]]:
+def static_layers(model: Path, model_format: str, inputs: list[TensorSpec], batch: int) -> list[LayerCost]:
     """Per-node static costs of one call at ``batch`` under the names the format's engine profile reports."""
     if model_format == "onnx":
         import onnx  # noqa: PLC0415 - heavy, and only the layer-wise view needs the graph itself
@@ -36,13 +35,13 @@ def static_layers(model: Path, model_format: str, inputs: list[TensorSpec], batc
                            f"{model.name} is {model_format}: read `farm ops JOB` without them")
 
 
-def joined(layers: list[dict[str, Any]], prof: OpProfile, peak_gflops: float | None) -> dict[str, Any]:
+def joined(layers: list[LayerCost], prof: OpProfile, peak_gflops: float | None) -> LayersView:
     """The join and the total: ``{"layers": [...], "total": {...}}`` (``peak_gflops``: the user's, else the
     profile's own measured or datasheet peak)."""
-    return {"layers": join_layers(layers, prof), "total": achieved(layers, prof, peak_gflops)}
+    return LayersView(layers=join_layers(layers, prof), total=achieved(layers, prof, peak_gflops))
 
 
-def job_layers(stored: Stored, peak_gflops: float | None) -> dict[str, Any]:
+def job_layers(stored: Stored, peak_gflops: float | None) -> LayersView:
     """:func:`joined` for a stored profile, the model taken from the artifact store at the profile's batch."""
     job = stored.job
     fmt = str(job.get("model_format") or "")

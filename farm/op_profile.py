@@ -12,14 +12,25 @@ from __future__ import annotations
 import base64
 import gzip
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import Connection, delete, insert, select
 from sqlalchemy.orm import Session
 
 from farm.db.models import Job, OpNodeRow, OpProfileRow, Result, utcnow
 from farm.errors import RequestError
-from schemas.op_profile import OVERHEAD, OpNode, OpProfile
+from schemas.op_profile import (
+    OVERHEAD,
+    Achieved,
+    LayerCost,
+    LayerRow,
+    OpDelta,
+    OpNode,
+    OpProfile,
+    OpSummary,
+    OpTypeRow,
+    PeakFields,
+)
 
 DETAIL_KEY = "op_profile"
 TRACE_KEY = "op_profile_trace_gz_b64"
@@ -36,10 +47,11 @@ def attach(details: dict[str, Any], prof: OpProfile, trace_gz: bytes | None) -> 
         details[TRACE_KEY] = base64.b64encode(trace_gz).decode()
 
 
-def summary(prof: OpProfile) -> dict[str, Any]:
+def summary(prof: OpProfile) -> OpSummary:
     """What the results row keeps of a profile (the rest lives in ``op_profiles`` / ``op_nodes``)."""
-    return {"status": prof.status, "reason": prof.reason, "nodes": len(prof.nodes), "node_sum_ms": prof.node_sum_ms,
-            "compute_ms": prof.compute_ms, **{k: getattr(prof, k) for k in SUMMARY_FIELDS}}
+    return OpSummary(status=prof.status, reason=prof.reason, nodes=len(prof.nodes), node_sum_ms=prof.node_sum_ms,
+                     compute_ms=prof.compute_ms, peak_gflops=prof.peak_gflops, peak_source=prof.peak_source,
+                     site=prof.site)
 
 
 def split(details: dict[str, Any]) -> tuple[dict[str, Any], OpProfile | None, bytes | None]:
@@ -65,6 +77,24 @@ def store(bind: Bind, job_id: str, prof: OpProfile, trace_gz: bytes | None) -> N
                                          for i, n in enumerate(prof.nodes)])
 
 
+class StoredJob(TypedDict):
+    """The coordinates of a profiled job (``op_profile.load``), its status, its server compute p50 (ms) and its
+    model (from its spec; None: an older job without the key)."""
+
+    request_id: str
+    engine: str
+    device: str
+    batch_size: int
+    concurrency: int
+    edge_profile: str | None
+    status: str
+    server_compute_p50_ms: float | None
+    model_sha256: str | None
+    model_filename: str | None
+    model_format: str | None
+    inputs: list[Any] | None
+
+
 @dataclass
 class Stored:
     """A job's stored profile, with the job's coordinates and whether its raw trace was kept."""
@@ -72,7 +102,7 @@ class Stored:
     job_id: str
     profile: OpProfile
     has_trace: bool
-    job: dict[str, Any]
+    job: StoredJob
 
 
 def resolve_job(session: Session, job_id: str) -> str:
@@ -94,13 +124,13 @@ def load(session: Session, job_id: str) -> Stored:
     row = session.get(OpProfileRow, jid)
     job = session.get(Job, jid)
     assert job is not None
-    coords = {"request_id": job.request_id, "engine": job.engine, "device": job.device,
-              "batch_size": job.batch_size, "concurrency": job.concurrency, "edge_profile": job.edge_profile,
-              "status": job.status,
-              "server_compute_p50_ms": session.execute(select(Result.server_compute_p50_ms)  # type: ignore[attr-defined]
-                                                       .where(Result.job_id == jid)).scalar(),
-              "model_sha256": job.spec.get("model_sha256"), "model_filename": job.spec.get("model_filename"),
-              "model_format": job.spec.get("model_format"), "inputs": job.spec.get("inputs")}
+    coords = StoredJob(request_id=job.request_id, engine=job.engine, device=job.device, batch_size=job.batch_size,
+                       concurrency=job.concurrency, edge_profile=job.edge_profile, status=job.status,
+                       server_compute_p50_ms=session.execute(
+                           select(Result.server_compute_p50_ms)  # type: ignore[attr-defined]
+                           .where(Result.job_id == jid)).scalar(),
+                       model_sha256=job.spec.get("model_sha256"), model_filename=job.spec.get("model_filename"),
+                       model_format=job.spec.get("model_format"), inputs=job.spec.get("inputs"))
     if row is None:
         raise RequestError(f"job {jid} has no op profile (status {job.status}); submit with --op-profile to take "
                            "one")
@@ -118,11 +148,13 @@ def load(session: Session, job_id: str) -> Stored:
     return Stored(jid, prof, row.trace_gz is not None, coords)
 
 
-def _peak(session: Session, jid: str) -> dict[str, Any]:
+def _peak(session: Session, jid: str) -> PeakFields:
     """The fields the job's result keeps in ``details.op_profile`` (none: an older result)."""
     details = session.execute(select(Result.details).where(Result.job_id == jid)).scalar()
     kept = (details or {}).get(DETAIL_KEY) if isinstance(details, dict) else None
-    return {k: kept.get(k) for k in SUMMARY_FIELDS} if isinstance(kept, dict) else {}
+    if not isinstance(kept, dict):
+        return PeakFields()
+    return PeakFields(peak_gflops=kept.get("peak_gflops"), peak_source=kept.get("peak_source"), site=kept.get("site"))
 
 
 def trace(session: Session, job_id: str) -> bytes:
@@ -135,47 +167,42 @@ def trace(session: Session, job_id: str) -> bytes:
     return gzip.decompress(packed)
 
 
-def by_op_type(prof: OpProfile) -> list[dict[str, Any]]:
+def by_op_type(prof: OpProfile) -> list[OpTypeRow]:
     """Per op type: nodes, calls and self time per inference (sum of the nodes' medians, ms), share; the most
     time first, zero-time op types last; the overhead row (compute - node sum) at the end, never spread."""
-    groups: dict[str, dict[str, Any]] = {}
+    groups: dict[str, list[OpNode]] = {}
     for n in prof.nodes:
-        g = groups.setdefault(n.op_type, {"op_type": n.op_type, "nodes": 0, "calls": 0.0, "self_ms": 0.0,
-                                          "share": 0.0})
-        g["nodes"] += 1
-        g["calls"] += n.calls
-        g["self_ms"] += n.self_ms_p50
-        g["share"] += n.share
-    rows = sorted(groups.values(), key=lambda g: (g["self_ms"] <= 0, -g["self_ms"], g["op_type"]))
+        groups.setdefault(n.op_type, []).append(n)
+    rows = sorted((OpTypeRow(op_type=op, nodes=len(ns), calls=sum((n.calls for n in ns), 0.0),
+                             self_ms=sum((n.self_ms_p50 for n in ns), 0.0), share=sum((n.share for n in ns), 0.0))
+                   for op, ns in groups.items()), key=lambda g: (g["self_ms"] <= 0, -g["self_ms"], g["op_type"]))
     if prof.overhead_ms is not None:
-        rows.append({"op_type": OVERHEAD, "nodes": 0, "calls": 1.0, "self_ms": prof.overhead_ms, "share": None})
+        rows.append(OpTypeRow(op_type=OVERHEAD, nodes=0, calls=1.0, self_ms=prof.overhead_ms, share=None))
     return rows
 
 
-def compare_ops(a: OpProfile, b: OpProfile) -> list[dict[str, Any]]:
+def compare_ops(a: OpProfile, b: OpProfile) -> list[OpDelta]:
     """Op types of two profiles side by side: self time per inference in each (ms), B / A and B - A; the
     largest absolute change first (op types in one profile only have None on the other side)."""
     ta = {r["op_type"]: r["self_ms"] for r in by_op_type(a)}
     tb = {r["op_type"]: r["self_ms"] for r in by_op_type(b)}
-    rows = []
+    rows: list[OpDelta] = []
     for op in dict.fromkeys([*ta, *tb]):
         ma, mb = ta.get(op), tb.get(op)
         ratio = mb / ma if ma and mb is not None and ma > 0 else None
         delta = (mb or 0.0) - (ma or 0.0)
-        rows.append({"op_type": op, "a_ms": ma, "b_ms": mb, "ratio": ratio, "delta_ms": delta})
+        rows.append(OpDelta(op_type=op, a_ms=ma, b_ms=mb, ratio=ratio, delta_ms=delta))
     rows.sort(key=lambda r: -abs(r["delta_ms"]))
     return rows
 
 
-def join_layers(layers: list[dict[str, Any]], prof: OpProfile | None) -> list[dict[str, Any]]:
+def join_layers(layers: list[LayerCost], prof: OpProfile) -> list[LayerRow]:
     """The static per-node costs (``farm.models.onnx_counter.node_costs``, ``farm.models.torch_layers``) joined
     with a profile by node name: each profiled node takes the costs of itself and of the graph nodes fused into
     it, and gets its achieved GFLOP/s and bytes/s (parameters + outputs over its median self time). A static node
     that ``covers_subtree`` (TorchScript: a counted aten op) also takes the time of the profiled nodes below it
     (its kernels), which then get no row of their own. Without a profile: the layers as they are. Nodes the
     profile does not name in the graph (layout reorders) keep None costs."""
-    if prof is None:
-        return [dict(r) for r in layers]
     by_name = {r["name"]: r for r in layers}
     covering = {r["name"] for r in layers if r.get("covers_subtree")}
     ms: dict[str, float] = {}
@@ -184,21 +211,28 @@ def join_layers(layers: list[dict[str, Any]], prof: OpProfile | None) -> list[di
         top = _covering_ancestor(n.name, covering)
         owner[n.name] = top or n.name
         ms[owner[n.name]] = ms.get(owner[n.name], 0.0) + n.self_ms_p50
-    rows: list[dict[str, Any]] = []
+    rows: list[LayerRow] = []
     for n in prof.nodes:
         if owner[n.name] != n.name:
             continue
         members = [by_name[m] for m in (n.name, *n.fused) if m in by_name]
-        flops = None if not members or any(m["flops"] is None for m in members) else sum(m["flops"] for m in members)
-        nbytes = None if not members or any(m["activation_bytes"] is None for m in members) else sum(
-            m["param_bytes"] + m["activation_bytes"] for m in members)
+        flops = _total([m["flops"] for m in members])
+        nbytes = _total([m["param_bytes"] + a if (a := m["activation_bytes"]) is not None else None for m in members])
         s = ms[n.name] / 1000.0
-        rows.append({"name": n.name, "op_type": n.op_type, "self_ms": ms[n.name], "flops": flops,
-                     "bytes": nbytes, "params": sum(m["params"] for m in members) if members else None,
-                     "gflops_per_s": flops / s / 1e9 if flops is not None and s > 0 else None,
-                     "gbytes_per_s": nbytes / s / 1e9 if nbytes is not None and s > 0 else None})
+        rows.append(LayerRow(name=n.name, op_type=n.op_type, self_ms=ms[n.name], flops=flops,
+                             bytes=None if nbytes is None else int(nbytes),
+                             params=sum(m["params"] for m in members) if members else None,
+                             gflops_per_s=flops / s / 1e9 if flops is not None and s > 0 else None,
+                             gbytes_per_s=nbytes / s / 1e9 if nbytes is not None and s > 0 else None))
     rows.sort(key=lambda r: (r["self_ms"] <= 0, -r["self_ms"], r["name"]))
     return rows
+
+
+def _total(values: list[float | None] | list[int | None]) -> float | None:
+    """The sum of ``values``; None when there are none or one is unknown."""
+    if not values or any(v is None for v in values):
+        return None
+    return sum(v for v in values if v is not None)
 
 
 def _covering_ancestor(name: str, covering: set[str]) -> str | None:
@@ -210,15 +244,15 @@ def _covering_ancestor(name: str, covering: set[str]) -> str | None:
     return None
 
 
-def achieved(layers: list[dict[str, Any]], prof: OpProfile, peak_gflops: float | None) -> dict[str, Any]:
+def achieved(layers: list[LayerCost], prof: OpProfile, peak_gflops: float | None) -> Achieved:
     """The model's total: FLOPs per batch call over the engine's compute time, and its share of the device's peak:
     ``peak_gflops`` when the user gives it, else the profile's own (``farm.peaks``: measured on the pass's cores,
     or a GPU's datasheet figure); None when neither is known."""
-    flops = None if any(r["flops"] is None for r in layers) else sum(r["flops"] for r in layers)
+    flops = None if any(r["flops"] is None for r in layers) else sum(r["flops"] or 0 for r in layers)
     rate = flops / (prof.compute_ms / 1000.0) / 1e9 if flops is not None and prof.compute_ms else None
     peak, source = (peak_gflops, "given (--peak-gflops)") if peak_gflops else (prof.peak_gflops, prof.peak_source)
-    return {"flops": flops, "compute_ms": prof.compute_ms, "gflops_per_s": rate, "peak_gflops": peak,
-            "peak_source": source if peak else None, "of_peak": rate / peak if rate is not None and peak else None}
+    return Achieved(flops=flops, compute_ms=prof.compute_ms, gflops_per_s=rate, peak_gflops=peak,
+                    peak_source=source if peak else None, of_peak=rate / peak if rate is not None and peak else None)
 
 
 def request_profiles(session: Session, request_id: str) -> list[Stored]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
@@ -33,7 +34,7 @@ from schemas.engines import llm_format
 from schemas.job import JobStatus
 
 #: JobSpec fields that differ between the jobs of one request (the rest is dumped once per request)
-_PER_JOB = ("job_id", "device", "engine", "batch_size", "load", "concurrency", "edge_profile", "queue",
+_PER_JOB = ("job_id", "device", "engine", "protocol", "batch_size", "load", "concurrency", "edge_profile", "queue",
             "measurement", "repeat", "knobs")
 
 
@@ -49,7 +50,7 @@ class Submission:
 
 def online_gpu_products(session: Session) -> list[str]:
     """GPU product names advertised by live workers."""
-    return [g.get("name", "") for hw, _ in live_workers(session) for g in hw.get("gpus", [])]
+    return [str(g.get("name", "")) for hw, _ in live_workers(session) for g in hw.get("gpus", [])]
 
 
 def _model_ref(request: ProfileRequest, attach: Attach | None) -> tuple[Path, ModelRef, int | None]:
@@ -173,9 +174,9 @@ def spec_json(job: JobSpec, common: dict[str, Any] | None = None,
     if common is None:
         return job.model_dump(mode="json")
     out = dict(common)
-    out.update(job_id=job.job_id, device=job.device, engine=job.engine, batch_size=job.batch_size,
-               load=job.load.model_dump(mode="json"), concurrency=job.concurrency, queue=job.queue, repeat=job.repeat,
-               knobs=dict(job.knobs),
+    out.update(job_id=job.job_id, device=job.device, engine=job.engine, protocol=job.protocol,
+               batch_size=job.batch_size, load=job.load.model_dump(mode="json"), concurrency=job.concurrency,
+               queue=job.queue, repeat=job.repeat, knobs=dict(job.knobs),
                edge_profile=job.edge_profile.model_dump(mode="json") if job.edge_profile else None,
                measurement=_dump_measurement(job, dumped if dumped is not None else {}))
     return out
@@ -188,18 +189,35 @@ def _dump_measurement(job: JobSpec, dumped: dict[int, dict[str, Any]]) -> dict[s
     return dumped[key]
 
 
-def job_rows(request_id: str, jobs: list[JobSpec]) -> list[dict[str, Any]]:
+class JobInsertRow(TypedDict):
+    """One row of the bulk insert into ``jobs``: the job's columns, its spec (JSON) and its queued state."""
+
+    id: str
+    request_id: str
+    device: str
+    engine: str
+    batch_size: int
+    concurrency: int
+    rate: float | None
+    edge_profile: str | None
+    queue: str
+    spec: dict[str, Any]
+    status: JobStatus
+    attempts: int
+    created_at: datetime
+
+
+def job_rows(request_id: str, jobs: list[JobSpec]) -> list[JobInsertRow]:
     """Rows for a bulk insert into ``jobs`` (status queued)."""
     if not jobs:
         return []
     common = jobs[0].model_dump(mode="json", exclude=set(_PER_JOB))
     now = utcnow()
     dumped: dict[int, dict[str, Any]] = {}
-    return [dict(id=j.job_id, request_id=request_id, device=j.device, engine=j.engine, batch_size=j.batch_size,
-                 concurrency=j.concurrency, rate=j.rate,
-                 edge_profile=j.edge_profile.name if j.edge_profile else None,
-                 queue=j.queue, spec=spec_json(j, common, dumped), status=JobStatus.queued, attempts=0,
-                 created_at=now)
+    return [JobInsertRow(id=j.job_id, request_id=request_id, device=j.device, engine=j.engine,
+                         batch_size=j.batch_size, concurrency=j.concurrency, rate=j.rate,
+                         edge_profile=j.edge_profile.name if j.edge_profile else None, queue=j.queue,
+                         spec=spec_json(j, common, dumped), status=JobStatus.queued, attempts=0, created_at=now)
             for j in jobs]
 
 

@@ -18,18 +18,31 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from farm.errors import RequestError
 from scheduler.goodput_rules import round_rate, step_duration
 from scheduler.search_rules import first_level
 from schemas import JobSpec, ProfileRequest, TensorSpec
 from schemas.engines import FORMAT_ENGINE, IN_PROCESS, default_engine, incompatibility, is_openai, llm_format
+from schemas.input_data import InputData
+from schemas.job import protocol_of
 from schemas.llm import LlmSettings, cache_state_of
 from schemas.llm_engines import check_knobs
 from schemas.load_levels import load_level
 from schemas.queues import EDGE_QUEUE, queue_for
 from schemas.request import PLAIN_SERVING, device_slug
+
+
+class JobCommon(TypedDict):
+    """What every job of one request's expansion shares (its ``JobSpec`` fields)."""
+
+    request_id: str
+    model_sha256: str
+    model_format: str
+    model_filename: str
+    inputs: list[TensorSpec]
+    input_data: InputData | None
 
 
 def job_id_for(request_id: str, device: str, engine: str, batch: int, concurrency: int,
@@ -119,8 +132,8 @@ def expand(request: ProfileRequest, request_id: str, model: ModelRef,
     """Expand ``request`` into jobs; incompatible combinations go to ``excluded`` with their reason."""
     devices, excluded = resolve_devices(request.devices, gpu_products)
     result = Expansion(excluded=excluded)
-    common: dict[str, Any] = dict(request_id=request_id, model_sha256=model.sha256, model_format=model.format,
-                  model_filename=model.filename, inputs=list(model.inputs), input_data=request.input_data)
+    common = JobCommon(request_id=request_id, model_sha256=model.sha256, model_format=model.format,
+                       model_filename=model.filename, inputs=list(model.inputs), input_data=request.input_data)
     batches = [b for b in request.batch_sizes if model.static_batch in (None, b)]
     for b in request.batch_sizes:
         if b not in batches:
@@ -168,7 +181,7 @@ def _api_mismatch(request: ProfileRequest, engine: str) -> str | None:
 
 
 def _serving_jobs(request: ProfileRequest, device: str, engine: str, batches: list[int],
-                  common: dict[str, Any]) -> list[JobSpec]:
+                  common: JobCommon) -> list[JobSpec]:
     """The serving jobs of one (device, engine): one per batch size x serving configuration x load level."""
     request_id = common["request_id"]
     jobs: list[JobSpec] = []
@@ -187,7 +200,8 @@ def _serving_jobs(request: ProfileRequest, device: str, engine: str, batches: li
             jobs.append(JobSpec(
                 job_id=job_id_for(request_id, device, engine, b, c, None,
                                   {**serving, "rate": rate, "prefix_cache": state}, knobs),
-                device=device, engine=engine, batch_size=b, load=load_level(m.mode, c, rate),
+                device=device, engine=engine, protocol=protocol_of(engine, m.llm), batch_size=b,
+                load=load_level(m.mode, c, rate),
                 queue=queue_for(device), measurement=m, knobs=knobs, **common))
     return jobs
 
@@ -202,7 +216,7 @@ def request_engines(request: ProfileRequest, model_format: str) -> list[str]:
 
 
 def _add_edge_jobs(result: Expansion, request: ProfileRequest, model_format: str, batches: list[int],
-                   common: dict[str, Any]) -> None:
+                   common: JobCommon) -> None:
     """One edge job per (edge profile x in-process engine x batch size); a profile without an engine for the
     model's format is excluded. An LLM model's edge jobs are its CPU LLM engines' (:func:`_add_llm_edge_jobs`)."""
     if llm_format(model_format):
@@ -218,12 +232,13 @@ def _add_edge_jobs(result: Expansion, request: ProfileRequest, model_format: str
             for b in batches:
                 result.jobs.append(JobSpec(
                     job_id=job_id_for(common["request_id"], "cpu", edge_engine, b, 1, profile.name), device="cpu",
-                    engine=edge_engine, batch_size=b, edge_profile=profile, queue=EDGE_QUEUE,
+                    engine=edge_engine, protocol=protocol_of(edge_engine, request.measurement.llm), batch_size=b,
+                    edge_profile=profile, queue=EDGE_QUEUE,
                     load=load_level(request.measurement.mode, 1, request.measurement.rate),
                     measurement=request.measurement, **common))
 
 
-def _add_llm_edge_jobs(result: Expansion, request: ProfileRequest, model_format: str, common: dict[str, Any]) -> None:
+def _add_llm_edge_jobs(result: Expansion, request: ProfileRequest, model_format: str, common: JobCommon) -> None:
     """An LLM model on edge boxes: one job per (edge profile x CPU LLM engine x knob set x load level), its
     server held to the profile's limits and driven by the OpenAI client like a serving job (the worker's runner:
     ``workers.runners.llm_edge``); a profile with no CPU engine for the model's format is excluded."""
@@ -241,7 +256,8 @@ def _add_llm_edge_jobs(result: Expansion, request: ProfileRequest, model_format:
                 m = request.measurement.model_copy(update={"rate": rate, "llm": llm})
                 job_id = job_id_for(common["request_id"], "cpu", engine, 1, c, profile.name,
                                     {**PLAIN_SERVING, "rate": rate, "prefix_cache": state}, knobs)
-                result.jobs.append(JobSpec(job_id=job_id, device="cpu", engine=engine, batch_size=1,
+                result.jobs.append(JobSpec(job_id=job_id, device="cpu", engine=engine,
+                                           protocol=protocol_of(engine, m.llm), batch_size=1,
                                            load=load_level(m.mode, c, rate), edge_profile=profile, queue=EDGE_QUEUE,
                                            measurement=m, knobs=knobs, **common))
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import ColumnElement, and_, exists, or_, select, update
 from sqlalchemy.orm import Session
@@ -26,6 +25,7 @@ from farm import lifecycle
 from farm.broker import Broker
 from farm.db.models import Job, RequestOwner, Worker, heartbeat_cutoff, live_worker, utcnow
 from farm.db.session import session_scope
+from farm.payloads import CancelAnswer
 from farm.readers.results import find_request
 from farm.settings import Settings, get_settings
 from scheduler.enqueue import enqueue_jobs
@@ -176,15 +176,15 @@ def reconcile(settings: Settings | None = None, now: datetime | None = None, dea
     return report
 
 
-def cancel_request(request_id: str) -> dict[str, Any]:
+def cancel_request(request_id: str) -> CancelAnswer:
     """Cancel every job of a request not final yet: queued ones never run, claimed/running ones are
     stopped by their worker (its job watch sees the status). Returns counts and the ids still running."""
     req = find_request(request_id)
     now = utcnow()
     with session_scope() as s:
         queued, active = lifecycle.cancel(s, req.id, "cancelled by `farm cancel`", now)
-    return {"request_id": req.id, "queued_cancelled": len(queued), "running_cancelled": len(active),
-            "running_ids": list(active)}
+    return CancelAnswer(request_id=req.id, queued_cancelled=len(queued), running_cancelled=len(active),
+                        running_ids=list(active))
 
 
 def still_running(job_ids: list[str]) -> list[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from sqlalchemy import select
 
@@ -207,7 +207,41 @@ def advance_recent(now: Any = None) -> list[tuple[str, str]]:
     return [pair for rid in ids for pair in advance(rid)]
 
 
-def search_report(request_id: str) -> list[dict[str, Any]]:
+class QuickBest(TypedDict, total=False):
+    """A quick search's best step: its level (``concurrency`` or ``rate``, what the search walks), inferences/s
+    and p99 latency (ms)."""
+
+    concurrency: int | float
+    rate: int | float
+    throughput_infer_per_s: float | None
+    latency_p99_ms: float | None
+
+
+class GoodputBest(TypedDict):
+    """A max-goodput search's answer step: its rate and goodput (requests/s) and share of requests within the SLO."""
+
+    rate: float
+    goodput_req_per_s: float | None
+    slo_met_share: float | None
+
+
+class SearchRow(TypedDict):
+    """Where one search stands (:func:`search_report`); a max-goodput search adds its ``steps``, its answer
+    (``max_goodput_rate``) and the failing rate above it (``fails_at``)."""
+
+    config: dict[str, Any]
+    load: str
+    kind: str
+    state: str
+    done: bool
+    measured: list[int | float]
+    best: QuickBest | GoodputBest | None
+    steps: NotRequired[int]
+    max_goodput_rate: NotRequired[float | None]
+    fails_at: NotRequired[float | None]
+
+
+def search_report(request_id: str) -> list[SearchRow]:
     """Where each search of the request stands, for ``farm status`` (empty for brute force): its serving
     configuration, what it walks (``load``: concurrency or rate), state line, whether it is done, the levels
     measured and its best step (a max-goodput search: its answer, ``max_goodput_rate``, and the failing rate
@@ -215,24 +249,24 @@ def search_report(request_id: str) -> list[dict[str, Any]]:
     rid = find_request(request_id).id
     with session_scope() as s:
         states = search_states(s, rid)
-    out = []
+    out: list[SearchRow] = []
     for st in states:
-        row = {"config": serving_config(st.key), "load": st.load, "kind": "quick",
-               "state": st.describe(), "done": bool(st.decision and st.decision.done),
-               "measured": sorted(s.level for s in st.steps), "best": None}
+        row = SearchRow(config=serving_config(st.key), load=st.load, kind="quick", state=st.describe(),
+                        done=bool(st.decision and st.decision.done), measured=sorted(s.level for s in st.steps),
+                        best=None)
         if isinstance(st.decision, GoodputDecision):
-            row.update(kind="max-goodput", steps=len(st.rate_steps), **_goodput_answer(st.decision))
+            b = st.decision.best
+            row["kind"], row["steps"] = "max-goodput", len(st.rate_steps)
+            row["max_goodput_rate"], row["fails_at"] = b.rate if b else None, st.decision.ceiling
+            row["best"] = None if b is None else GoodputBest(rate=b.rate, goodput_req_per_s=b.goodput,
+                                                             slo_met_share=b.share)
         elif st.decision is not None and (best := st.decision.best) is not None:
-            row["best"] = {st.load: best.level, "throughput_infer_per_s": best.throughput,
-                           "latency_p99_ms": best.p99_ms}
+            row["best"] = (QuickBest(rate=best.level, throughput_infer_per_s=best.throughput,
+                                     latency_p99_ms=best.p99_ms) if st.load == "rate" else
+                           QuickBest(concurrency=best.level, throughput_infer_per_s=best.throughput,
+                                     latency_p99_ms=best.p99_ms))
         out.append(row)
     return out
-
-
-def _goodput_answer(d: GoodputDecision) -> dict[str, Any]:
-    b = d.best
-    return {"max_goodput_rate": b.rate if b else None, "fails_at": d.ceiling,
-            "best": None if b is None else {"rate": b.rate, "goodput_req_per_s": b.goodput, "slo_met_share": b.share}}
 
 
 def searches_done(request_id: str) -> bool:

@@ -1,6 +1,8 @@
 """What a worker node advertises about its hardware."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 from pydantic import BaseModel, Field
 
 
@@ -34,3 +36,28 @@ class WorkerHardware(BaseModel):
     gpus: list[GpuInfo] = Field(default_factory=list)
     docker: bool = False
     queues: list[str] = Field(default_factory=list)
+
+
+class SlotJson(TypedDict):
+    """A worker's slot as its row's hardware JSON keeps it (``workers.slots.Slot.describe``)."""
+
+    index: int
+    gpu_uuid: str | None
+    gpu_index: int | None
+    gpu_name: str | None
+    product: str | None
+    queues: list[str]
+
+
+class HardwareJson(TypedDict, total=False):
+    """A worker row's hardware JSON (``workers.node.Node.registered_hardware``): ``WorkerHardware`` dumped (its
+    ``cpu`` and ``gpus`` as their models' JSON), the slot it runs (absent: one slot with all of it) and the names
+    (never the values) of the endpoint credentials its operator set up."""
+
+    hostname: str
+    cpu: dict[str, object]
+    gpus: list[dict[str, object]]
+    docker: bool
+    queues: list[str]
+    slot: SlotJson
+    credentials: list[str]

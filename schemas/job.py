@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, computed_field, model_validator
 
+from schemas.engines import Protocol, is_openai
 from schemas.input_data import InputData
 from schemas.knobs import KnobValue
 from schemas.llm_engines import check_knobs
@@ -48,6 +49,12 @@ def _mode_rate(m: Any, concurrency: int) -> tuple[str, int, float | None]:
     return m.get("mode", "closed"), concurrency, m.get("rate")
 
 
+def protocol_of(engine: str, llm: object | None) -> Protocol:
+    """The protocol a job on ``engine`` speaks (its card's; an endpoint's: OpenAI where its measurement's ``llm``
+    settings ``llm`` are set, else KServe v2): what the expansion sets as :attr:`JobSpec.protocol`."""
+    return "openai" if is_openai(engine, llm) else "kserve"
+
+
 class JobSpec(BaseModel):
     """Everything a worker needs to run one measurement, independent of the database."""
 
@@ -61,6 +68,10 @@ class JobSpec(BaseModel):
     inputs: list[TensorSpec]
     device: str  # "cpu" or "gpu:<slug>"
     engine: str
+    # how the load side talks to the job's server, set at expansion from the engine's card (``protocol_of``): the
+    # one answer to "is this an LLM job?". Absent (an older stored job, a job built without it) it is derived from
+    # the card before validation (:meth:`_protocol_from_card`), so the default below is never the one taken
+    protocol: Protocol = "kserve"
     batch_size: int
     load: LoadLevel  # the load level, the one place: concurrency, mode and rate
     edge_profile: EdgeProfile | None = None
@@ -97,6 +108,22 @@ class JobSpec(BaseModel):
             elif isinstance(m, dict):
                 data["measurement"] = {**m, "mode": level.type, "rate": level.rate}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _protocol_from_card(cls, data: Any) -> Any:
+        """``protocol`` of a job stored before it existed (or built without it): from its engine's card and its
+        measurement's ``llm`` settings (``protocol_of``)."""
+        if not isinstance(data, dict) or data.get("protocol") is not None or "engine" not in data:
+            return data
+        m = data.get("measurement")
+        llm = m.llm if isinstance(m, MeasurementSettings) else (m or {}).get("llm") if isinstance(m, dict) else None
+        return {**data, "protocol": protocol_of(str(data["engine"]), llm)}
+
+    @property
+    def speaks_openai(self) -> bool:
+        """Whether the job is an LLM one, driven over the OpenAI API (:attr:`protocol`)."""
+        return self.protocol == "openai"
 
     @model_validator(mode="after")
     def _knobs(self) -> JobSpec:

@@ -13,7 +13,7 @@ batch call), in ms; ``share`` is a node's part of the node sum. ``status`` says 
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -107,3 +107,93 @@ def no_profiler(engine: str) -> OpProfile:
     return missing(engine, "none", f"engine {engine} has no op profiler in farm (op profiles: "
                                    f"{', '.join(PROFILED_ENGINES)}); its server's own tools (Triton's trace "
                                    "API) give the request-level view")
+
+
+class LayerCost(TypedDict):
+    """One graph node's static cost in one batch call (``farm.models.onnx_counter.node_costs``,
+    ``farm.models.torch_layers``): ``name`` as the engine's profile reports it, MACs and FLOPs (None: no rule or
+    shape), its parameters (elements, bytes) and its outputs' bytes (None: a shape unknown); ``covers_subtree``
+    (TorchScript): a counted op whose cost covers the profiled kernels below it."""
+
+    name: str
+    op_type: str
+    macs: float | None
+    flops: float | None
+    params: int
+    param_bytes: int
+    activation_bytes: int | None
+    covers_subtree: NotRequired[bool]
+
+
+class LayerRow(TypedDict):
+    """A profiled node joined with its static cost (``farm.op_profile.join_layers``): its time per inference (ms),
+    FLOPs and bytes (parameters + outputs) per call, parameters, and the achieved GFLOP/s and GB/s (None:
+    unknown)."""
+
+    name: str
+    op_type: str
+    self_ms: float
+    flops: float | None
+    bytes: int | None
+    params: int | None
+    gflops_per_s: float | None
+    gbytes_per_s: float | None
+
+
+class Achieved(TypedDict):
+    """The model's total (``farm.op_profile.achieved``): FLOPs per call, the engine's compute time (ms), the
+    achieved GFLOP/s, the device's peak (GFLOP/s) and where it came from, and the share of it (None: unknown)."""
+
+    flops: float | None
+    compute_ms: float | None
+    gflops_per_s: float | None
+    peak_gflops: float | None
+    peak_source: str | None
+    of_peak: float | None
+
+
+class LayersView(TypedDict):
+    """The layer-wise view joined with a profile: per-node rows and the model's total."""
+
+    layers: list[LayerRow]
+    total: Achieved
+
+
+class OpTypeRow(TypedDict):
+    """One op type of a profile (``farm.op_profile.by_op_type``): its nodes, calls and self time per inference
+    (ms) and share of the node sum (None: the overhead row)."""
+
+    op_type: str
+    nodes: int
+    calls: float
+    self_ms: float
+    share: float | None
+
+
+class OpDelta(TypedDict):
+    """One op type of two profiles side by side (``farm.op_profile.compare_ops``): self time per inference in A
+    and B (ms; None: absent on that side), B / A and B - A (ms)."""
+
+    op_type: str
+    a_ms: float | None
+    b_ms: float | None
+    ratio: float | None
+    delta_ms: float
+
+
+class PeakFields(TypedDict, total=False):
+    """The profile fields a result keeps in ``details.op_profile`` rather than in ``op_profiles``' columns."""
+
+    peak_gflops: float | None
+    peak_source: str | None
+    site: str | None
+
+
+class OpSummary(PeakFields):
+    """What a results row keeps of its profile (``details.op_profile``; the rest lives in its tables)."""
+
+    status: str
+    reason: str | None
+    nodes: int
+    node_sum_ms: float | None
+    compute_ms: float | None

@@ -18,9 +18,10 @@ from farm.models.llm_info import unpack_folder
 from farm.secrets import scrub_text
 from farm.settings import get_settings
 from schemas import JobResult, JobSpec, Placement
-from schemas.engines import FOLDER_FORMATS, is_openai
+from schemas.engines import FOLDER_FORMATS
 from schemas.job import JobStatus
 from schemas.llm_facts import LlmFacts
+from schemas.metrics import MetricValues
 from schemas.result import SHARED_NOTE, shared_unisolated
 from workers import ledger
 from workers.cancel import CANCELLED, SHUTDOWN, TIMEOUT, JobInterrupt, JobWatch
@@ -69,7 +70,7 @@ def _measure(spec: JobSpec, model_path: Path, runner: Runner, gpu_uuids: list[st
     if spec.is_edge:
         refuse_command(spec)
         announce(f"edge run under {spec.edge_profile.name if spec.edge_profile else 'its'} limits")
-        if is_openai(spec.engine):  # an LLM engine's server under the limits, driven over HTTP
+        if spec.speaks_openai:  # an LLM engine's server under the limits, driven over HTTP
             return run_llm_edge(spec, model_path, runner.name)
         return runner.run_edge(spec, model_path)
     started = time.monotonic()
@@ -83,7 +84,7 @@ def _measure(spec: JobSpec, model_path: Path, runner: Runner, gpu_uuids: list[st
         if spec.measurement.op_profile:
             announce("op profile pass (after the measurement)")
         profile = runner.profile_pass(spec, model_path, m.server_cpus) if spec.measurement.op_profile else None
-    metrics: dict[str, Any] = {**load.metrics, **m.metrics()}
+    metrics: MetricValues = {**load.metrics, **m.metrics()}
     details: dict[str, Any] = {"load": load.details, "runner": runner.name, "notes": [*target.notes, *m.notes],
                                "wall_s": round(time.monotonic() - started, 3), **m.details()}
     if target.server is not None:

@@ -23,7 +23,7 @@ import uuid
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from farm.errors import SamplerError
 from schemas import JobSpec
@@ -57,6 +57,24 @@ def _quota_us(cpus: float) -> int:
     return max(1000, round(cpus * CFS_PERIOD_US))
 
 
+class DockerLimits(TypedDict):
+    """Limits as docker-py's ``containers.create`` takes them: CPU in nano-CPUs, memory (and memory + swap) in
+    bytes, and the cores (``cpuset_cpus``) where pinned."""
+
+    nano_cpus: int
+    mem_limit: int
+    memswap_limit: int
+    cpuset_cpus: NotRequired[str]
+
+
+class LimitMetrics(TypedDict, total=False):
+    """The limits as a result's metrics: memory limit (bytes), CPU limit (cores), whether they were enforced."""
+
+    mem_limit_bytes: int
+    cpu_limit: float
+    limits_enforced: bool
+
+
 @dataclass(frozen=True)
 class Limits:
     """Hard limits of one run, the edge box's: ``cpus`` cores (CFS quota), ``memory_bytes`` B (no extra
@@ -72,10 +90,10 @@ class Limits:
         prof = spec.edge_profile
         return None if prof is None else cls(cpus=prof.cpus, memory_bytes=prof.memory, cpuset=prof.cpuset)
 
-    def docker_kwargs(self) -> dict[str, Any]:
+    def docker_kwargs(self) -> DockerLimits:
         """The limits as docker-py ``containers.create`` arguments (memory+swap = memory: no swap)."""
-        out: dict[str, Any] = dict(nano_cpus=int(self.cpus * 1e9), mem_limit=self.memory_bytes,
-                                   memswap_limit=self.memory_bytes)
+        out = DockerLimits(nano_cpus=int(self.cpus * 1e9), mem_limit=self.memory_bytes,
+                           memswap_limit=self.memory_bytes)
         if self.cpuset:
             out["cpuset_cpus"] = self.cpuset
         return out
@@ -84,9 +102,9 @@ class Limits:
         """A ``LimitedCgroup`` applying these limits (enter it to create the cgroup)."""
         return LimitedCgroup(cpus=self.cpus, memory_bytes=self.memory_bytes, cpuset_cpus=self.cpuset, name=name)
 
-    def metrics(self, enforced: bool) -> dict[str, Any]:
+    def metrics(self, enforced: bool) -> LimitMetrics:
         """``mem_limit_bytes``, ``cpu_limit`` (cores) and ``limits_enforced`` for the result."""
-        return {"mem_limit_bytes": self.memory_bytes, "cpu_limit": self.cpus, "limits_enforced": enforced}
+        return LimitMetrics(mem_limit_bytes=self.memory_bytes, cpu_limit=self.cpus, limits_enforced=enforced)
 
     def enforced_around(self, pid: int | None = None) -> str | None:
         """A note when the cgroup process ``pid`` (default: this one) runs in already has exactly these CPU and
@@ -198,9 +216,9 @@ class LimitedCgroup(AbstractContextManager["LimitedCgroup"]):
         script = f'for f in {files}; do echo $$ > "$f" || exit 97; done; exec "$@"'
         return ["/bin/sh", "-c", script, "farm-cgexec", *argv]
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> LimitMetrics:
         """``limits_enforced`` plus ``cpu_limit`` (cores) / ``mem_limit_bytes`` when requested."""
-        out: dict[str, Any] = {"limits_enforced": self.enforced}
+        out = LimitMetrics(limits_enforced=self.enforced)
         if self.cpus is not None:
             out["cpu_limit"] = self.cpus
         if self.memory_bytes is not None:

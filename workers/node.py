@@ -26,6 +26,7 @@ from farm.secrets import credentials
 from farm.settings import get_settings
 from farm.telemetry import WorkerMetrics
 from schemas import GpuInfo, WorkerHardware, WorkerStatus
+from schemas.hardware import HardwareJson
 from workers import signal_stack
 from workers.cancel import SHUTDOWN, JobWatch
 from workers.execute import replay_spool, run_job
@@ -80,13 +81,16 @@ class WorkerNode:
         """The UUID of the GPU that serves a job on ``device`` (this node's, by product; empty for cpu)."""
         return gpu_uuids_for(self.gpus, device)
 
-    def registered_hardware(self) -> dict[str, Any]:
+    def registered_hardware(self) -> HardwareJson:
         """The hardware JSON of this node's worker row: its slot's GPU and queues, the slot itself, and the names
         (never the values) of the endpoint credentials its operator set up (``farm submit`` checks a request's)."""
-        names = {"credentials": sorted(credentials())}
-        if self.slot is None:
-            return {**self.hardware.model_dump(mode="json"), **names}
-        return {**self.slot.hardware(self.hardware).model_dump(mode="json"), "slot": self.slot.describe(), **names}
+        hw = self.hardware if self.slot is None else self.slot.hardware(self.hardware)
+        out = HardwareJson(hostname=hw.hostname, cpu=hw.cpu.model_dump(mode="json"),
+                           gpus=[g.model_dump(mode="json") for g in hw.gpus], docker=hw.docker, queues=list(hw.queues))
+        if self.slot is not None:
+            out["slot"] = self.slot.describe()
+        out["credentials"] = sorted(credentials())
+        return out
 
     def register(self) -> None:
         """Insert or refresh this worker's row: hardware JSON, queues, runner, status online."""

@@ -27,10 +27,10 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
 
 from farm.errors import ConfigError
 from schemas import GpuInfo, WorkerHardware
+from schemas.hardware import SlotJson
 from schemas.queues import gpu_queue
 from workers import signal_stack
 
@@ -64,11 +64,11 @@ class Slot:
         """The GPUs this slot may use: its own, or none."""
         return [self.gpu] if self.gpu is not None else []
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> SlotJson:
         """The slot as stored in its worker row's hardware JSON (``slot``)."""
-        return {"index": self.index, "gpu_uuid": self.gpu_uuid, "gpu_index": self.gpu_index,
-                "gpu_name": self.gpu.name if self.gpu is not None else None, "product": self.product,
-                "queues": list(self.queues)}
+        return SlotJson(index=self.index, gpu_uuid=self.gpu_uuid, gpu_index=self.gpu_index,
+                        gpu_name=self.gpu.name if self.gpu is not None else None, product=self.product,
+                        queues=list(self.queues))
 
     def hardware(self, host: WorkerHardware) -> WorkerHardware:
         """``host``'s hardware as this slot registers it: its GPU only and its queues."""

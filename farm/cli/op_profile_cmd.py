@@ -7,7 +7,7 @@ import json
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import typer
 from rich import box
@@ -19,7 +19,8 @@ from farm.cli.views import console, err_console, safe_row, say
 from farm.db.session import session_scope
 from farm.errors import FarmError, RequestError
 from farm.op_layers import LAYER_FORMATS, job_layers, joined, static_layers
-from schemas.op_profile import OVERHEAD, OpProfile
+from farm.op_profile import StoredJob
+from schemas.op_profile import OVERHEAD, Achieved, LayerCost, LayerRow, LayersView, OpProfile
 
 #: the widest a table of these commands gets (columns)
 WIDTH = 80
@@ -56,7 +57,7 @@ def say80(line: str) -> None:
         say(part)
 
 
-def header_lines(jid: str, job: dict[str, Any], prof: OpProfile) -> list[str]:
+def header_lines(jid: str, job: StoredJob, prof: OpProfile) -> list[str]:
     """What the profile is and how far its node sum covers the engine's compute time."""
     where = f"{job['engine']} on {job['device']}, batch {job['batch_size']}" + (
         f", edge {job['edge_profile']}" if job.get("edge_profile") else "")
@@ -146,7 +147,8 @@ def ops_cmd(
         say(f"trace written to {trace_out} ({len(raw) / 2**20:.1f} MiB): open it in ui.perfetto.dev", to=err_console)
     prof = stored.profile
     if as_json:
-        extra = _quiet_layers(stored, peak_gflops) if flops and prof.status == "ok" else {}
+        extra: LayersView | LayersError | dict[str, object] = (_quiet_layers(stored, peak_gflops)
+                                                                if flops and prof.status == "ok" else {})
         print(json.dumps({"job_id": stored.job_id, "job": stored.job, "profile": prof.model_dump(),
                           "op_types": op_profile.by_op_type(prof), "has_trace": stored.has_trace, **extra},
                          indent=2))
@@ -165,12 +167,18 @@ def ops_cmd(
             say80(f"raw trace: farm ops {stored.job_id[:12]} --trace t.json (open it in ui.perfetto.dev)")
 
 
-def _quiet_layers(stored: op_profile.Stored, peak_gflops: float | None) -> dict[str, Any]:
+class LayersError(TypedDict):
+    """Why ``--json`` has no ``layers`` and ``total``."""
+
+    layers_error: str
+
+
+def _quiet_layers(stored: op_profile.Stored, peak_gflops: float | None) -> LayersView | LayersError:
     """``--json``'s ``layers`` and ``total`` (or ``layers_error``: why they are missing)."""
     try:
         return job_layers(stored, peak_gflops)
     except FarmError as exc:
-        return {"layers_error": str(exc).splitlines()[0]}
+        return LayersError(layers_error=str(exc).splitlines()[0])
 
 
 def compare_ops_cmd(job_a: str, job_b: str, as_json: bool) -> None:
@@ -218,37 +226,48 @@ def layers_cmd(model: Path, model_format: str, inputs: list[Any], batch: int, jo
             raise RequestError(f"job {stored.job_id} has no usable op profile: {stored.profile.reason}")
         prof, batch = stored.profile, stored.profile.batch_size
     static = static_layers(model, model_format, inputs, batch)
-    got: dict[str, Any] = joined(static, prof, peak_gflops) if prof is not None else {"layers": static,
-                                                                                     "total": None}
+    if prof is None:
+        if as_json:
+            print(json.dumps({"batch_size": batch, "layers": static, "total": None}, indent=2))
+            return
+        console.print(static_table(f"{model.name}, batch {batch}", static))
+        return
+    got = joined(static, prof, peak_gflops)
     if as_json:
         print(json.dumps({"batch_size": batch, **got}, indent=2))
         return
-    title = f"{model.name}, batch {batch}" + (" (joined with the op profile)" if prof else "")
-    console.print(layers_table(title, got["layers"], measured=prof is not None))
-    if got["total"] is not None:
-        for line in total_lines(got["total"]):
-            say80(line)
+    console.print(layers_table(f"{model.name}, batch {batch} (joined with the op profile)", got["layers"]))
+    for line in total_lines(got["total"]):
+        say80(line)
 
 
-def layers_table(title: str, rows: list[dict[str, Any]], measured: bool, top: int | None = None) -> Table:
-    """Per node: static costs (no profile), or time, FLOP and the achieved GFLOP/s and GB/s (joined)."""
+def _layer_table(title: str, heads: tuple[str, ...]) -> Table:
     table = Table(title=title, box=box.SIMPLE_HEAD, width=WIDTH, title_justify="left")
-    heads = ("node", "op type", "ms", "MFLOP", "GFLOP/s", "GB/s") if measured else ("node", "op type", "MFLOP",
-                                                                                 "params", "out KiB")
     for col in heads:
         table.add_column(col, justify="left" if col in ("node", "op type") else "right", overflow="ellipsis",
                          no_wrap=col == "node", max_width=NAME_WIDTH if col == "node" else None)
-    for r in rows[:top]:
-        if measured:
-            cells = [_ms(r["self_ms"]), _num(r["flops"], 1e6, 2), _num(r["gflops_per_s"], 1, 1),
-                     _num(r["gbytes_per_s"], 1, 2)]
-        else:
-            cells = [_num(r["flops"], 1e6, 2), f"{r['params']:,}", _num(r["activation_bytes"], 1024, 1)]
-        safe_row(table, _short(r["name"], NAME_WIDTH), _shown(r["op_type"]), *cells)
     return table
 
 
-def total_lines(total: dict[str, Any]) -> list[str]:
+def layers_table(title: str, rows: list[LayerRow], top: int | None = None) -> Table:
+    """Per profiled node: time, FLOP and the achieved GFLOP/s and GB/s (the static costs joined)."""
+    table = _layer_table(title, ("node", "op type", "ms", "MFLOP", "GFLOP/s", "GB/s"))
+    for r in rows[:top]:
+        safe_row(table, _short(r["name"], NAME_WIDTH), _shown(r["op_type"]), _ms(r["self_ms"]),
+                 _num(r["flops"], 1e6, 2), _num(r["gflops_per_s"], 1, 1), _num(r["gbytes_per_s"], 1, 2))
+    return table
+
+
+def static_table(title: str, rows: list[LayerCost]) -> Table:
+    """Per graph node: its static costs (no profile): FLOP, parameters, output KiB."""
+    table = _layer_table(title, ("node", "op type", "MFLOP", "params", "out KiB"))
+    for r in rows:
+        safe_row(table, _short(r["name"], NAME_WIDTH), _shown(r["op_type"]), _num(r["flops"], 1e6, 2),
+                 f"{r['params']:,}", _num(r["activation_bytes"], 1024, 1))
+    return table
+
+
+def total_lines(total: Achieved) -> list[str]:
     """The model's achieved FLOP rate and its share of the device's peak (or why that share is unknown)."""
     line = (f"model: {_num(total['flops'], 1e9, 3)} GFLOP per call in {_ms(total['compute_ms'])} ms = "
             f"{_num(total['gflops_per_s'], 1, 1)} GFLOP/s")
@@ -264,7 +283,7 @@ def total_lines(total: dict[str, Any]) -> list[str]:
     return lines
 
 
-def roofline(stored: op_profile.Stored, top: int, peak_gflops: float | None) -> dict[str, Any] | None:
+def roofline(stored: op_profile.Stored, top: int, peak_gflops: float | None) -> LayersView | None:
     """``farm ops``' static-meets-measured part: the per-node achieved rates and the total, printed (None and a
     line saying why when the model's static costs cannot be had here)."""
     try:
@@ -273,7 +292,7 @@ def roofline(stored: op_profile.Stored, top: int, peak_gflops: float | None) -> 
         say80(f"achieved GFLOP/s: not available ({str(exc).splitlines()[0]})")
         return None
     console.print(layers_table(f"achieved, top {min(top, len(got['layers']))} (static FLOP over the node's time)",
-                               got["layers"], measured=True, top=top))
+                               got["layers"], top=top))
     for line in total_lines(got["total"]):
         say80(line)
     return got

@@ -33,6 +33,7 @@ from farm.errors import (
     NotFoundError,
     RequestError,
 )
+from farm.payloads import CancelAnswer, JobTimes, RequestSummary, SubmitAnswer, WorkerRow
 from farm.readers.results import merge_repeats, slo_of
 from farm.readers.rows import ResultRow, as_rows
 from farm.settings import Settings, get_settings
@@ -115,7 +116,7 @@ class Api:
         listing = {p.relative_to(folder).as_posix(): self._upload_file(p) for p in files}
         return str(self.json("POST", "/folders", json={"name": folder.name, "files": listing})["upload"])
 
-    def submit(self, request: ProfileRequest) -> dict[str, Any]:
+    def submit(self, request: ProfileRequest) -> SubmitAnswer:
         """Upload the request's files and submit it, trying again with the same client id while the server
         restarts or does not answer (``retry_s``), and uploading again if the server lost an upload."""
         client_id = str(uuid.uuid4())
@@ -131,7 +132,7 @@ class Api:
                     raise
                 time.sleep(0.5)
 
-    def _submit_once(self, request: ProfileRequest, client_id: str) -> dict[str, Any]:
+    def _submit_once(self, request: ProfileRequest, client_id: str) -> SubmitAnswer:
         body: dict[str, Any] = {"client_id": client_id}
         # only what the submitter set: a default left unset stays unset on the server (an engine chosen there by the
         # model's format, as a local submit chooses it: ``scheduler.expand.request_engines``)
@@ -149,11 +150,11 @@ class Api:
             named = {kind: workload_files.upload(kind, v).path for kind, v in llm.files().items() if isinstance(v, str)}
             body["workload_uploads"] = {kind: self.upload(path) for kind, path in named.items()}
         body["request"] = data
-        out: dict[str, Any] = self.json("POST", "/requests", json=body)
+        out: SubmitAnswer = self.json("POST", "/requests", json=body)
         return out
 
 
-def _times(raw: dict[str, Any]) -> dict[str, tuple[datetime | None, datetime | None]]:
+def _times(raw: dict[str, JobTimes]) -> dict[str, tuple[datetime | None, datetime | None]]:
     def parse(v: str | None) -> datetime | None:
         return datetime.fromisoformat(v) if v else None
 
@@ -199,9 +200,7 @@ def status(request_id: str | None, as_json: bool) -> None:
     """``farm status`` through the API."""
     api = Api()
     if request_id is None:
-        reqs = api.json("GET", "/requests")
-        for r in reqs:
-            r["created_at"] = datetime.fromisoformat(r["created_at"])
+        reqs: list[RequestSummary] = [_dated(r, "created_at") for r in api.json("GET", "/requests")]
         if as_json:
             print(views.to_json(reqs))
             return
@@ -264,7 +263,7 @@ def results(request_ids: list[str], fmt: str, path: Path | None, wide: bool, met
 
 def cancel(request_id: str, as_json: bool) -> None:
     """``farm cancel`` through the API (the owner or an admin)."""
-    out = Api().json("POST", f"/requests/{request_id}/cancel")
+    out: CancelAnswer = Api().json("POST", f"/requests/{request_id}/cancel")
     out.pop("running_ids", None)
     if as_json:
         print(json.dumps(out))
@@ -275,14 +274,17 @@ def cancel(request_id: str, as_json: bool) -> None:
 
 def report_html(request_id: str, path: Path, objective: str | None, stable: bool) -> None:
     """``farm report -o report.html`` through the API: the server renders it."""
-    params: dict[str, Any] = {"stable": stable} | ({"objective": objective} if objective else {})
+    params: dict[str, str | bool] = {"stable": stable} | ({"objective": objective} if objective else {})
     path.write_bytes(Api().call("GET", f"/requests/{request_id}/report.html", params=params).content)
     views.say(f"wrote {path}")
 
 
-def worker_rows() -> list[dict[str, Any]]:
+def worker_rows() -> list[WorkerRow]:
     """``farm workers``' rows from the API (heartbeats as datetimes again)."""
-    rows: list[dict[str, Any]] = Api().json("GET", "/workers")
-    for r in rows:
-        r["last_heartbeat"] = datetime.fromisoformat(r["last_heartbeat"])
+    rows: list[WorkerRow] = [_dated(r, "last_heartbeat") for r in Api().json("GET", "/workers")]
     return rows
+
+
+def _dated(row: Any, key: str) -> Any:
+    """An API row (JSON) with its ISO 8601 time ``key`` a datetime again (the reader's row it was sent as)."""
+    return {**row, key: datetime.fromisoformat(row[key])}

@@ -5,7 +5,7 @@ import importlib
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import typer
 import yaml
@@ -101,16 +101,28 @@ def _rate_range(item: str, text: str) -> list[float]:
     return [round(start + i * step, 9) for i in range(n)]
 
 
-def parse_edge(text: str) -> dict[str, Any]:
+class EdgeArgs(TypedDict, total=False):
+    """An ``--edge`` profile as given (``schemas.specs.EdgeProfile`` fields, its text: the request validates it)."""
+
+    cpus: str
+    memory: str
+    name: str
+    cpuset: str
+
+
+_EDGE_KEYS: tuple[Literal["cpus", "memory", "name", "cpuset"], ...] = ("cpus", "memory", "name", "cpuset")
+
+
+def parse_edge(text: str) -> EdgeArgs:
     """``cpus=1,memory=512m[,name=N][,cpuset=0-1]`` → an edge profile dict (cpuset: a range or one CPU;
     lists like ``0,2`` go in a request file)."""
-    out: dict[str, Any] = {}
+    out = EdgeArgs()
     for part in text.split(","):
         if not part.strip():
             continue
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in ("cpus", "memory", "name", "cpuset"):
+        given, sep, value = part.partition("=")
+        key = next((k for k in _EDGE_KEYS if k == given.strip()), None)
+        if not sep or key is None:
             raise RequestError(f"--edge {text!r}: expected key=value pairs of cpus, memory, name, cpuset "
                                "(e.g. cpus=1,memory=512m)")
         out[key] = value.strip()

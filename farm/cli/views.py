@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,10 +20,12 @@ from farm.errors import RequestError
 from farm.formatting import fmt_value, knobs_text, rate_text, safe_text
 from farm.formatting import to_csv as to_csv
 from farm.formatting import to_json as to_json
+from farm.payloads import RequestSummary, WorkerRow
 from farm.readers.results import llm_rows
 from farm.readers.rows import ResultRow, as_row, as_rows
 from farm.settings import get_settings
 from farm.steal import steal_note
+from schemas.hardware import SlotJson
 from schemas.llm_facts import LLM_FACT_COLUMNS, SESSIONS_MARK
 from schemas.measured import MEASURED_EDGE
 from schemas.metrics import BY_NAME, JOB_METRICS, TURN_METRICS
@@ -115,10 +117,11 @@ def results_table(rows: list[ResultRow], title: str = "", metrics: tuple[str, ..
     return table
 
 
-def _identity_columns(rows: list[ResultRow], wide: bool) -> dict[str, Any]:
+def _identity_columns(rows: list[ResultRow], wide: bool) -> dict[str, Callable[[ResultRow], object]]:
     """The results table's columns before its metrics, each with how to fill it from a row; the serving,
     edge, status and ``n`` columns only where some row needs them (all but ``n`` in the wide table)."""
-    cols: dict[str, Any] = {"job": job_label, "device": lambda r: r["device"], "engine": lambda r: r["engine"]}
+    cols: dict[str, Callable[[ResultRow], object]] = {"job": job_label, "device": lambda r: r["device"],
+                                                      "engine": lambda r: r["engine"]}
     if wide or any(serving_label(r) != "-" for r in rows):  # a serving dimension varies
         cols["serving"] = serving_label
     cols["b x c"] = load_label
@@ -248,7 +251,7 @@ def status_table(rows: list[ResultRow], times: dict[str, tuple[datetime | None, 
     return table
 
 
-def requests_table(reqs: list[dict[str, Any]]) -> Table:
+def requests_table(reqs: list[RequestSummary]) -> Table:
     """``farm status``: the recent requests, newest first, with their job counts (``-1`` is the first row)."""
     table = Table(title="recent requests (newest first: latest = -1, then -2, ...)", box=box.SIMPLE_HEAD,
                   pad_edge=False, padding=(0, 1))
@@ -397,7 +400,7 @@ def host_lines(rows: list[ResultRow]) -> list[str]:
     return [f"{r['job_id'][:6]}: {note}" for r in rows for note in host_notes(r, s.host_drift_pct, s.host_busy_pct)]
 
 
-def slot_text(slot: dict[str, Any] | None) -> str:
+def slot_text(slot: SlotJson | None) -> str:
     """A worker row's slot for humans: ``<index> GPU <nvml index> <uuid>`` (``-`` for a worker without slots)."""
     if not slot:
         return "-"
@@ -406,7 +409,7 @@ def slot_text(slot: dict[str, Any] | None) -> str:
     return f"{slot.get('index', 0)} GPU {slot.get('gpu_index')} {slot.get('gpu_uuid')}"
 
 
-def workers_table(rows: list[dict[str, Any]]) -> Table:
+def workers_table(rows: list[WorkerRow]) -> Table:
     """The workers as a Rich table, one line per slot: what it has, consumes and is doing (job or idle)."""
     table = Table(title="workers")
     for col in ("worker", "host", "slot", "runner", "status", "heartbeat", "cpu", "gpus", "queues", "job"):

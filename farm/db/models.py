@@ -25,7 +25,9 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from farm.settings import get_settings
+from schemas.hardware import HardwareJson
 from schemas.job import JobStatus
+from schemas.knobs import KnobValue
 from schemas.llm_facts import LLM_FACT_COLUMNS
 from schemas.metrics import JOB_METRICS
 from schemas.result import PLACEMENT_COLUMNS
@@ -143,7 +145,7 @@ class Worker(Base):
 
     id: Mapped[str] = mapped_column(String(120), primary_key=True)
     hostname: Mapped[str] = mapped_column(String(255))
-    hardware: Mapped[dict[str, Any]] = mapped_column(JSON)
+    hardware: Mapped[HardwareJson] = mapped_column(JSON)  # what the worker registered (typed as stored)
     queues: Mapped[list[Any]] = mapped_column(JSON)
     runner: Mapped[str] = mapped_column(String(16), default="process")
     status: Mapped[str] = mapped_column(String(16), default=WorkerStatus.online)
@@ -187,7 +189,7 @@ class Result(Base):
     host_shared: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     isolated: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     # an LLM job's facts (``schemas.llm_facts.LlmFacts``; NULL for other jobs), migration 0010
-    knobs: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    knobs: Mapped[dict[str, KnobValue] | None] = mapped_column(JSON, nullable=True)
     n_threads: Mapped[int | None] = mapped_column(Integer, nullable=True)
     tokenizer: Mapped[str | None] = mapped_column(Text, nullable=True)
     token_source: Mapped[str | None] = mapped_column(String(16), nullable=True)

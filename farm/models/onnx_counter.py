@@ -39,6 +39,7 @@ from typing import Any
 from farm.models.info import ONNX_TO_KSERVE, fix_input_shapes, infer_onnx_shapes, onnx_graph_inputs
 from farm.models.spec import onnx_modules
 from schemas import TensorSpec
+from schemas.op_profile import LayerCost
 
 Shape = list[int]
 # ONNX elem_type -> bytes per element (FLOAT, UINT8, INT8, UINT16, INT16, INT32, INT64, BOOL, FLOAT16,
@@ -349,14 +350,14 @@ def _count_ops(
     return ops, unknown, macs_total, flops_total, any_known
 
 
-def node_costs(model: Any, inputs: list[TensorSpec], batch: int = 1) -> list[dict[str, Any]]:
+def node_costs(model: Any, inputs: list[TensorSpec], batch: int = 1) -> list[LayerCost]:
     """Per graph node at ``batch`` (one batch call, not per sample): name as ONNX Runtime reports it (the node's
     name, else ``<OpType>_<index>``), op type, MACs and FLOPs (None: no rule or shape), parameters (elements of
     its initializer inputs) and their bytes, and the bytes of its outputs (None: a shape unknown). The layer-wise
     view ``farm analyze --layers`` joins with an op profile by these names."""
     inferred, shapes, types = infer_shapes(model, inputs, batch=batch)
     inits = {i.name: i for i in model.graph.initializer}
-    rows = []
+    rows: list[LayerCost] = []
     for i, node in enumerate(inferred.graph.node):
         cost: Cost | None = None
         handler = HANDLERS.get(node.op_type)
@@ -370,11 +371,11 @@ def node_costs(model: Any, inputs: list[TensorSpec], batch: int = 1) -> list[dic
         for name in node.output:
             dims, size = shapes.get(name), ITEMSIZE.get(types.get(name, 0))
             out_bytes = None if out_bytes is None or dims is None or size is None else out_bytes + prod(dims) * size
-        rows.append({"name": node.name or f"{node.op_type}_{i}", "op_type": node.op_type,
-                     "macs": cost[0] if cost else None, "flops": cost[1] if cost else None,
-                     "params": sum(prod(p.dims) for p in params),
-                     "param_bytes": sum(prod(p.dims) * ITEMSIZE.get(p.data_type, 4) for p in params),
-                     "activation_bytes": out_bytes})
+        rows.append(LayerCost(name=node.name or f"{node.op_type}_{i}", op_type=node.op_type,
+                              macs=cost[0] if cost else None, flops=cost[1] if cost else None,
+                              params=sum(prod(p.dims) for p in params),
+                              param_bytes=sum(prod(p.dims) * ITEMSIZE.get(p.data_type, 4) for p in params),
+                              activation_bytes=out_bytes))
     return rows
 
 

@@ -22,7 +22,7 @@ from schemas import TensorSpec
 
 def _run(op: str, path: Path, inputs: list[TensorSpec] | None, batch: int) -> dict[str, Any]:
     if op == "layers":
-        return layers_json(path, inputs or [], batch)
+        return dict(layers_json(path, inputs or [], batch))
     if op == "inspect":
         return inspect_torchscript_here(path, inputs).to_json()
     if op == "analyze":

@@ -19,7 +19,7 @@ models (``farm.sandbox``), like ``farm analyze`` of the same file.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from farm.errors import ModelError
 from farm.models.spec import one_line
@@ -28,6 +28,7 @@ from farm.models.torch_nodes import TORCH_MARK, torch_nodes
 from farm.models.torchscript import PROBE_MODULE, load_torchscript, probe_args, require_torch, torch_inputs
 from farm.sandbox import model_jail, run_jailed
 from schemas import TensorSpec
+from schemas.op_profile import LayerCost
 
 #: inferences before the named and counted ones (the op-profiling pass warms up with 5)
 WARMUP = 3
@@ -35,7 +36,7 @@ WARMUP = 3
 LOOKAHEAD = 4
 
 
-def torchscript_layers(path: Path, inputs: list[TensorSpec], batch: int = 1) -> list[dict[str, Any]]:
+def torchscript_layers(path: Path, inputs: list[TensorSpec], batch: int = 1) -> list[LayerCost]:
     """:func:`torchscript_layers_here`, in the sandbox unless the operator trusts this host's models."""
     if model_jail("torchscript", Path(path).name):
         got = run_jailed(PROBE_MODULE, [*probe_args("layers", path, inputs), str(batch)], read_only=[path],
@@ -44,7 +45,7 @@ def torchscript_layers(path: Path, inputs: list[TensorSpec], batch: int = 1) -> 
     return torchscript_layers_here(path, inputs, batch)
 
 
-def torchscript_layers_here(path: Path, inputs: list[TensorSpec], batch: int = 1) -> list[dict[str, Any]]:
+def torchscript_layers_here(path: Path, inputs: list[TensorSpec], batch: int = 1) -> list[LayerCost]:
     """Per node of one batch call (not per sample): ``name`` (the profile's), ``op_type`` (``aten::…``),
     ``macs`` and ``flops`` (None: no rule), ``params`` and ``param_bytes`` (parameters among its inputs, for an
     op that computes), ``activation_bytes`` (newly allocated outputs) and ``covers_subtree``."""
@@ -81,29 +82,28 @@ def torchscript_layers_here(path: Path, inputs: list[TensorSpec], batch: int = 1
 
 
 def _align(events: list[tuple[str, Any]], calls: list[tuple[str, Any, int, set[int]]],
-           params: dict[int, tuple[int, int]]) -> list[dict[str, Any]]:
+           params: dict[int, tuple[int, int]]) -> list[LayerCost]:
     """The profiler's events (pre-order, named) with the counter's calls (in call order) laid onto them."""
-    rows: list[dict[str, Any]] = []
+    rows: list[LayerCost] = []
     i, inside = 0, None
     for name, evt in events:
         if inside is not None and name.startswith(inside):
             continue  # a kernel of the counted op above it: its time is that op's
         inside = None
         op = evt.name.removeprefix("aten::")
-        row: dict[str, Any] = {"name": name, "op_type": evt.name, "params": 0, "param_bytes": 0,
-                               "activation_bytes": 0, "covers_subtree": False}
+        row = LayerCost(name=name, op_type=evt.name, macs=None, flops=None, params=0, param_bytes=0,
+                        activation_bytes=None, covers_subtree=False)
         j = _next_match(op, calls, i)
         if j is not None:
             _, cost, out_bytes, in_ptrs = calls[j]
             i, inside = j + 1, name + "/"
             weights = [params[p] for p in in_ptrs if p in params] if cost and cost[1] > 0 else []
-            row.update(macs=cost[0] if cost else None, flops=cost[1] if cost else None,
-                       params=sum(w[0] for w in weights), param_bytes=sum(w[1] for w in weights),
-                       activation_bytes=out_bytes, covers_subtree=True)
-        elif evt.cpu_children or op in FREE:
-            row.update(macs=0, flops=0)  # a composite: its cost is in its parts
-        else:
-            row.update(macs=None, flops=None, activation_bytes=None)
+            row.update(LayerCost(name=name, op_type=evt.name, macs=cost[0] if cost else None,
+                                 flops=cost[1] if cost else None, params=sum(w[0] for w in weights),
+                                 param_bytes=sum(w[1] for w in weights), activation_bytes=out_bytes,
+                                 covers_subtree=True))
+        elif evt.cpu_children or op in FREE:  # a composite: its cost is in its parts
+            row["macs"], row["flops"], row["activation_bytes"] = 0, 0, 0
         rows.append(row)
     return rows
 
@@ -122,6 +122,12 @@ def _next_match(op: str, calls: list[tuple[str, Any, int, set[int]]], i: int) ->
     return None
 
 
-def layers_json(path: Path, inputs: list[TensorSpec], batch: int) -> dict[str, Any]:
+class LayersAnswer(TypedDict):
+    """The jailed probe's answer to ``layers``: the per-node static costs."""
+
+    layers: list[LayerCost]
+
+
+def layers_json(path: Path, inputs: list[TensorSpec], batch: int) -> LayersAnswer:
     """The jailed probe's answer (``farm.models.probe layers``)."""
-    return {"layers": torchscript_layers_here(path, inputs, batch)}
+    return LayersAnswer(layers=torchscript_layers_here(path, inputs, batch))

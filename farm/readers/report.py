@@ -13,9 +13,8 @@ from farm.formatting import fmt_value
 from farm.readers.knee import Knee, knees
 from farm.readers.knee_cause import KneeCause, knee_causes
 from farm.readers.results import llm_rows
-from farm.readers.rows import ResultRow, as_rows
+from farm.readers.rows import ResultRow, as_row, as_rows
 from schemas import COORDINATE_KEYS, LOAD_KEYS
-from schemas.engines import is_openai
 from schemas.llm import Slo
 from schemas.metrics import BY_NAME
 from schemas.result import CLIENT_LIMITED_PCT, client_limited
@@ -131,7 +130,7 @@ LLM_EDGE_FIGURES = ("output_tokens_per_s", "ttft_p90_ms", "tpot_p90_ms")
 def llm_edge(row: ResultRow) -> bool:
     """Whether an edge row is an LLM engine's run (served over HTTP, measured by the OpenAI client), even one
     killed before it measured anything."""
-    return row.get("output_tokens_per_s") is not None or is_openai(str(row.get("engine")))
+    return as_row(row).protocol == "openai"
 
 
 def llm_edge_figures(e: ResultRow) -> str:

@@ -5,8 +5,9 @@ import json
 import re
 import statistics
 from collections import Counter
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -15,11 +16,13 @@ from farm.db.models import Job, ModelArtifact, Request, Result, Worker, live_wor
 from farm.db.session import session_scope
 from farm.errors import ArtifactError, NotFoundError, RequestError
 from farm.formatting import knobs_text
-from farm.readers.rows import MIXED, ResultRow, as_rows
+from farm.payloads import RequestSummary, WorkerRow
+from farm.readers.rows import MIXED, ResultRow, as_row, as_rows
 from farm.settings import get_settings
 from farm.store.backends import open_store
 from schemas import COORDINATE_KEYS, MEASUREMENT_KEYS, SERVING_KEYS
-from schemas.job import JobStatus
+from schemas.hardware import HardwareJson
+from schemas.job import JobStatus, protocol_of
 from schemas.llm import Slo, cache_state_of
 from schemas.llm_facts import LLM_FACT_COLUMNS
 from schemas.load import LoadDetails
@@ -46,8 +49,9 @@ CONFIG_COLUMNS = (*COORDINATE_COLUMNS, "knob_set", "prefix_cache", "rpc", "clien
 
 
 def llm_rows(rows: list[ResultRow]) -> bool:
-    """Whether ``rows`` hold LLM results (the OpenAI client's): tables, headlines and compare use their metrics."""
-    return any(r.get("output_tokens_per_s") is not None for r in rows)
+    """Whether ``rows`` hold LLM results (their jobs spoke the OpenAI API, ``ResultRow.protocol``): tables,
+    headlines and compare use their metrics."""
+    return any(as_row(r).protocol == "openai" for r in rows)
 
 
 def measured(row: ResultRow) -> str:
@@ -85,11 +89,28 @@ def find_request(request_id: str) -> Request:
         return req
 
 
-def request_slo(req: Request) -> dict[str, Any] | None:
+class SloGoals(TypedDict, total=False):
+    """Latency goals as a request stores them (``schemas.llm.Slo`` fields, ms; an absent or None one: no goal)."""
+
+    ttft_ms: float | None
+    tpot_ms: float | None
+    e2e_ms: float | None
+
+
+_SLO_KEYS: tuple[Literal["ttft_ms", "tpot_ms", "e2e_ms"], ...] = ("ttft_ms", "tpot_ms", "e2e_ms")
+
+
+def request_slo(req: Request) -> SloGoals | None:
     """The latency goals (``schemas.llm.Slo`` fields, ms) an LLM request was submitted with; None without."""
     llm = (req.spec.get("measurement") or {}).get("llm") or {}
     slo = llm.get("slo")
-    return slo if isinstance(slo, dict) and slo else None
+    if not isinstance(slo, dict) or not slo:
+        return None
+    goals = SloGoals()
+    for key in _SLO_KEYS:
+        if key in slo:
+            goals[key] = slo[key]
+    return goals
 
 
 def request_goals(req: Request) -> Slo | None:
@@ -97,7 +118,7 @@ def request_goals(req: Request) -> Slo | None:
     return slo_of(request_slo(req))
 
 
-def slo_of(slo: dict[str, Any] | None) -> Slo | None:
+def slo_of(slo: SloGoals | None) -> Slo | None:
     """Stored (or sent) latency goals as ``schemas.llm.Slo``; None for none."""
     return Slo.model_validate(slo) if slo else None
 
@@ -122,7 +143,7 @@ def result_rows(request_id: str) -> list[ResultRow]:
     metric_cols = [getattr(Result, n) for n in PLACEMENT_COLUMNS + LLM_FACT_COLUMNS + METRIC_NAMES]
     stmt = (select(Job.id, Job.device, Job.engine, Job.batch_size, Job.concurrency, Job.edge_profile,
                    Job.status, Job.attempts, Job.worker_id, Job.error, Job.spec["repeat"], *metric_cols,
-                   Job.spec["measurement"], Job.rate, Job.spec["knobs"],
+                   Job.spec["measurement"], Job.rate, Job.spec["knobs"], Job.spec["protocol"].as_string(),
                    Result.details[("load", "client")].as_string(),
                    Result.details[("load", "notes", 0)].as_string())
             .outerjoin(Result, Result.job_id == Job.id)
@@ -141,12 +162,14 @@ def result_rows(request_id: str) -> list[ResultRow]:
     extra: dict[str, Any] = {"rpc": rpc, "client": client, "input_data": input_data, "model_sha256": req.model_sha256,
                              **({"server": server} if server else {})}
     out = []
-    for *values, job_measurement, rate, asked, measured_by, first_note in rows:
+    for *values, job_measurement, rate, asked, protocol, measured_by, first_note in rows:
         row = dict(zip(names, values, strict=True))
         r = ResultRow({**{k: row.pop(k) for k in JOB_COLUMNS[:5]}, **measurement_values(job_measurement, rate), **row,
                        **extra})
         r["knob_set"] = knobs_text(asked) if isinstance(asked, dict) and asked else None
         r["prefix_cache"] = cache_state_of(job_measurement)  # from the spec: a failed job has no result row
+        # the job's protocol (``JobSpec.protocol``; a job stored before it: from its card, as the spec loads)
+        r["protocol"] = protocol or protocol_of(r.engine, (job_measurement or {}).get("llm"))
         r["client"] = measured_by or client
         # under auto, why the client before it could not measure (the load notes' first, ``clients.measure``)
         r["client_note"] = first_note if first_note and first_note.startswith("measured by ") else None
@@ -265,7 +288,7 @@ def status_counts(request_id: str) -> dict[str, int]:
         return {status: n for status, n in rows}
 
 
-def recent_requests(limit: int = 20) -> list[dict[str, Any]]:
+def recent_requests(limit: int = 20) -> list[RequestSummary]:
     """The newest requests with their job counts by status."""
     with session_scope() as s:
         reqs = s.execute(select(Request.id, Request.name, Request.created_at, Request.spec)
@@ -276,27 +299,30 @@ def recent_requests(limit: int = 20) -> list[dict[str, Any]]:
             for rid, status, n in s.execute(select(Job.request_id, Job.status, func.count())
                                             .where(Job.request_id.in_(ids)).group_by(Job.request_id, Job.status)):
                 counts[rid][status] = n
-    return [{"request_id": r.id, "name": r.name, "created_at": r.created_at,
-             "model": r.spec.get("model") or f"{r.spec.get('model_name')}@{r.spec.get('endpoint')}",
-             "counts": dict(counts[r.id])} for r in reqs]
+    return [RequestSummary(request_id=r.id, name=r.name, created_at=r.created_at, model=request_model(r.spec),
+                           counts=dict(counts[r.id])) for r in reqs]
 
 
-def workers_table() -> list[dict[str, Any]]:
+def request_model(spec: Mapping[str, object]) -> str:
+    """A stored request's model for lists: its file, or ``NAME@ENDPOINT`` (an endpoint request)."""
+    return str(spec.get("model") or f"{spec.get('model_name')}@{spec.get('endpoint')}")
+
+
+def workers_table() -> list[WorkerRow]:
     """All registered workers, newest heartbeat first; a GPU host's worker has one row per slot (``slot``: its
     index, GPU UUID and product; None for a worker of one slot without GPUs)."""
     with session_scope() as s:
         rows = s.execute(select(Worker).order_by(Worker.last_heartbeat.desc())).scalars().all()
-        return [{"worker_id": w.id, "hostname": w.hostname, "runner": w.runner, "status": w.status,
-                 "queues": w.queues, "last_heartbeat": w.last_heartbeat, "current_job_id": w.current_job_id,
-                 "gpus": [g.get("name") for g in (w.hardware or {}).get("gpus", [])],
-                 "slot": (w.hardware or {}).get("slot"),
-                 "cpu": (w.hardware or {}).get("cpu", {})} for w in rows]
+        return [WorkerRow(worker_id=w.id, hostname=w.hostname, runner=w.runner, status=w.status, queues=w.queues,
+                          last_heartbeat=w.last_heartbeat, current_job_id=w.current_job_id,
+                          gpus=[str(g.get("name")) for g in (w.hardware or {}).get("gpus", [])],
+                          slot=(w.hardware or {}).get("slot"), cpu=(w.hardware or {}).get("cpu", {})) for w in rows]
 
 
-def live_workers(session: Session) -> list[tuple[dict[str, Any], list[str]]]:
+def live_workers(session: Session) -> list[tuple[HardwareJson, list[str]]]:
     """(hardware JSON, queues) of live workers (``farm.db.models.live_worker``)."""
     rows = session.execute(select(Worker.hardware, Worker.queues).where(live_worker())).all()
-    return [(hw or {}, queues or []) for hw, queues in rows]
+    return [(hw or HardwareJson(), queues or []) for hw, queues in rows]
 
 
 def live_queues() -> set[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from schemas.engines import Protocol, is_openai
 from schemas.job import JobStatus
 from schemas.llm_facts import LLM_FACT_COLUMNS, LlmFacts
 
@@ -45,6 +46,17 @@ class ResultRow(dict[str, Any]):
         """The open-loop rate, requests/s (None: closed loop)."""
         rate = self.get("rate")
         return None if rate is None else float(rate)
+
+    @property
+    def protocol(self) -> Protocol:
+        """The protocol the job spoke (``JobSpec.protocol``, the one answer to "an LLM job?"): the row's column;
+        a row without it (built by hand, read from an older export): OpenAI where it holds LLM metrics or its
+        engine's card says so."""
+        given = self.get("protocol")
+        if given in ("kserve", "openai"):
+            return "openai" if given == "openai" else "kserve"
+        llm = self.get("output_tokens_per_s") is not None or is_openai(str(self.get("engine")))
+        return "openai" if llm else "kserve"
 
     @property
     def edge_profile(self) -> str | None:

@@ -4,7 +4,6 @@ the recent requests they may read with their owners and progress."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 from sqlalchemy import ColumnElement, false, func, or_, select, true
 
@@ -12,7 +11,8 @@ from farm.db.models import Job, Request, RequestOwner
 from farm.db.session import session_scope
 from farm.errors import NotFoundError
 from farm.identity import Principal, may_read
-from farm.readers.results import RECENT_RE, find_request
+from farm.payloads import RequestSummary
+from farm.readers.results import RECENT_RE, find_request, request_model
 from farm.settings import get_settings
 
 
@@ -47,7 +47,7 @@ def resolve(who: Principal, ref: str) -> Request:
     return req
 
 
-def recent(who: Principal, limit: int = 20) -> list[dict[str, Any]]:
+def recent(who: Principal, limit: int = 20) -> list[RequestSummary]:
     """The newest requests ``who`` may read: id, name, owner, model, created, job counts by status."""
     with session_scope() as s:
         reqs = s.execute(select(Request.id, Request.name, Request.created_at, Request.spec, RequestOwner.owner,
@@ -60,6 +60,5 @@ def recent(who: Principal, limit: int = 20) -> list[dict[str, Any]]:
             for rid, status, n in s.execute(select(Job.request_id, Job.status, func.count())
                                             .where(Job.request_id.in_(ids)).group_by(Job.request_id, Job.status)):
                 counts[rid][status] = n
-    return [{"request_id": r.id, "name": r.name, "created_at": r.created_at, "owner": r.owner, "team": r.team,
-             "model": r.spec.get("model") or f"{r.spec.get('model_name')}@{r.spec.get('endpoint')}",
-             "counts": dict(counts[r.id])} for r in reqs]
+    return [RequestSummary(request_id=r.id, name=r.name, created_at=r.created_at, owner=r.owner, team=r.team,
+                           model=request_model(r.spec), counts=dict(counts[r.id])) for r in reqs]

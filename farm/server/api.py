@@ -17,6 +17,7 @@ from farm.db.models import utcnow
 from farm.db.session import session_scope
 from farm.errors import RequestError
 from farm.identity import Principal, audit, authenticate, check_write, owner_of
+from farm.payloads import CancelAnswer, DeleteAnswer, FolderAnswer, UploadAnswer
 from farm.readers import export
 from farm.readers.knee import knees
 from farm.readers.results import (
@@ -51,19 +52,19 @@ def whoami(who: Who) -> dict[str, Any]:
     return serialize.obj(who)
 
 
-@router.put("/uploads/{filename}", status_code=status.HTTP_201_CREATED)
-async def upload(filename: str, request: Request, who: Who) -> dict[str, Any]:
+@router.put("/uploads/{filename}", status_code=status.HTTP_201_CREATED, response_model=None)
+async def upload(filename: str, request: Request, who: Who) -> UploadAnswer:
     """Stream a model or data file (the raw body) to the server; answers its sha256, which a submit names."""
     sha, size = await uploads.receive(who.name, filename, request.stream())
-    return {"upload": sha, "size_bytes": size, "filename": filename}
+    return UploadAnswer(upload=sha, size_bytes=size, filename=filename)
 
 
-@router.post("/folders", status_code=status.HTTP_201_CREATED)
-def folder(body: FolderBody, who: Who) -> dict[str, Any]:
+@router.post("/folders", status_code=status.HTTP_201_CREATED, response_model=None)
+def folder(body: FolderBody, who: Who) -> FolderAnswer:
     """Put a folder together from files uploaded before (``PUT /uploads/NAME`` each); answers its upload id, which
     a submit names like a file's (``model_upload``, ``workload_uploads``)."""
     sha, size = uploads.assemble(who.name, body.name, body.files)
-    return {"upload": sha, "size_bytes": size, "files": len(body.files), "name": body.name}
+    return FolderAnswer(upload=sha, size_bytes=size, files=len(body.files), name=body.name)
 
 
 @router.post("/requests", status_code=status.HTTP_201_CREATED)
@@ -140,8 +141,8 @@ def report_html(ref: str, who: Who, objective: str | None = None, p99: float | N
     return Response(render(req.id, objective, constraints, stable), media_type="text/html")
 
 
-@router.post("/requests/{ref}/cancel")
-def cancel(ref: str, who: Who) -> dict[str, Any]:
+@router.post("/requests/{ref}/cancel", response_model=None)
+def cancel(ref: str, who: Who) -> CancelAnswer:
     """Cancel the request's jobs not final yet (its owner or an admin)."""
     req = access.resolve(who, ref)
     with session_scope() as s:
@@ -149,11 +150,11 @@ def cancel(ref: str, who: Who) -> dict[str, Any]:
     out = cancel_request(req.id)
     with session_scope() as s:
         audit(s, who.name, "request.cancel", req.id, {k: v for k, v in out.items() if k != "running_ids"})
-    return serialize.obj(out)
+    return out
 
 
-@router.delete("/requests/{ref}")
-def delete_request(ref: str, who: Who) -> dict[str, Any]:
+@router.delete("/requests/{ref}", response_model=None)
+def delete_request(ref: str, who: Who) -> DeleteAnswer:
     """Delete the request with its jobs and results (its owner or an admin); jobs still running are cancelled
     first, so their workers stop them."""
     req = access.resolve(who, ref)
@@ -162,7 +163,7 @@ def delete_request(ref: str, who: Who) -> dict[str, Any]:
         lifecycle.cancel(s, req.id, "cancelled: the request was deleted", utcnow())
         s.execute(delete(RequestRow).where(RequestRow.id == req.id))
         audit(s, who.name, "request.delete", req.id, None)
-    return {"request_id": req.id, "deleted": True}
+    return DeleteAnswer(request_id=req.id, deleted=True)
 
 
 @router.get("/workers")

@@ -242,3 +242,23 @@ def test_a_model_without_engines_named_gets_its_formats_default_engine() -> None
     request's default, and refused: "engine onnxruntime cannot load torchscript models")."""
     assert {j.engine for j in expand(ProfileRequest(model="m.pt"), "r", TS).jobs} == {"torchscript"}
     assert {j.engine for j in expand(ProfileRequest(model="m.onnx"), "r", ONNX).jobs} == {"onnxruntime"}
+
+
+def test_every_job_carries_its_engines_protocol_set_at_expansion() -> None:
+    """``JobSpec.protocol`` is the card's (KServe for an ONNX model's engines, OpenAI for a GGUF model's, edge jobs
+    included), stored in the job's spec (the bulk insert), and an older stored spec without it loads with the
+    one its card gives."""
+    from schemas import JobSpec
+
+    onnx = expand(ProfileRequest(model="m.onnx", engines=["onnxruntime", "triton"],
+                                 edge=[{"cpus": 1, "memory": "512m"}]), "r1", ONNX).jobs
+    gguf_ref = ModelRef(sha256="c" * 64, format="gguf", filename="m.gguf", inputs=())
+    gguf = expand(ProfileRequest(model="m.gguf", edge=[{"cpus": 1, "memory": "512m"}]), "r1", gguf_ref).jobs
+    assert {j.protocol for j in onnx} == {"kserve"} and not any(j.speaks_openai for j in onnx)
+    assert {j.protocol for j in gguf} == {"openai"} and all(j.speaks_openai for j in gguf)
+    assert any(j.is_edge for j in onnx) and any(j.is_edge for j in gguf)
+    rows = job_rows("r1", onnx + gguf)
+    assert [row["spec"]["protocol"] for row in rows] == [j.protocol for j in onnx + gguf]
+    for row, job in zip(rows, onnx + gguf, strict=True):
+        old = {k: v for k, v in row["spec"].items() if k != "protocol"}  # stored before the field existed
+        assert JobSpec.model_validate(old).protocol == job.protocol

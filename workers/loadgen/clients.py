@@ -24,7 +24,7 @@ def measure(job: LoadJob) -> LoadResult:
     can (the result's notes say why the ones before it did not). Raises LoadGenError when the named client
     cannot measure the job or fails."""
     wanted = job.settings.client
-    speaking = (OpenAIClient.name,) if job.settings.llm is not None else AUTO  # the clients of the job's protocol
+    speaking = (OpenAIClient.name,) if job.protocol == "openai" else AUTO  # the clients of the job's protocol
     names = speaking if wanted == "auto" else (wanted,)
     skipped: list[tuple[str, str]] = []
     for name in names:
@@ -68,4 +68,4 @@ def run_load(target: LoadTarget, spec: LoadSpec, *, processes: int | None = None
     return measure(LoadJob(url=target.url, model_name=target.model_name, inputs=tuple(spec.inputs),
                            batch_size=spec.batch_size, load=spec.load, settings=spec.settings, data=spec.data,
                            seed=seed, connect_timeout_s=connect_timeout_s, processes=processes, in_process=in_process,
-                           authority=target.authority, in_flight_cap=target.in_flight_cap))
+                           authority=target.authority, in_flight_cap=target.in_flight_cap, protocol=spec.protocol))

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from schemas import JobSpec, MeasurementSettings, TensorSpec
+from schemas.engines import Protocol
 from schemas.input_data import InputData
 from schemas.load import LoadDetails
 from schemas.load_levels import LoadLevel, load_level
@@ -33,21 +34,32 @@ class LoadTarget:
     in_flight_cap: int | None = None
 
 
+def settle_protocol(given: Protocol | None, settings: MeasurementSettings) -> Protocol:
+    """The protocol a load speaks: ``given`` (a job's ``JobSpec.protocol``, set at expansion from its engine's
+    card), or for a caller without a job (benchmarks, tests) OpenAI where ``settings.llm`` is set, else KServe."""
+    return given or ("openai" if settings.llm is not None else "kserve")
+
+
 @dataclass(frozen=True)
 class LoadSpec:
     """What to send: requests of ``batch_size`` built from ``inputs`` (``data``: which values; None: random),
-    offered at ``load`` and measured as ``settings`` say (their ``mode``/``rate`` unread: ``load`` holds them)."""
+    offered at ``load`` and measured as ``settings`` say (their ``mode``/``rate`` unread: ``load`` holds them),
+    over ``protocol`` (the job's; None: :func:`settle_protocol` from ``settings``)."""
 
     inputs: tuple[TensorSpec, ...]
     batch_size: int
     load: LoadLevel
     settings: MeasurementSettings
     data: InputData | None = None
+    protocol: Protocol | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "protocol", settle_protocol(self.protocol, self.settings))
 
     @classmethod
     def of(cls, spec: JobSpec) -> LoadSpec:
         """A job's load."""
-        return cls(tuple(spec.inputs), spec.batch_size, spec.load, spec.measurement, spec.input_data)
+        return cls(tuple(spec.inputs), spec.batch_size, spec.load, spec.measurement, spec.input_data, spec.protocol)
 
     @classmethod
     def from_settings(cls, inputs: Sequence[TensorSpec], batch_size: int, concurrency: int,
@@ -65,7 +77,8 @@ class LoadJob:
     ``processes`` and ``in_process`` steer farm's generator only (its client processes; None: one, more when it
     cannot keep up; a single one as a thread of this process). An endpoint job (``farm.egress``): ``url`` holds
     the address its name was pinned to, ``authority`` the name (HTTP Host header, TLS), ``in_flight_cap`` the most
-    requests it may keep in flight."""
+    requests it may keep in flight. ``protocol``: the job's (``JobSpec.protocol``; None: :func:`settle_protocol`
+    from ``settings``), which picks the clients that speak it."""
 
     url: str
     model_name: str
@@ -80,6 +93,10 @@ class LoadJob:
     in_process: bool = False
     authority: str | None = None
     in_flight_cap: int | None = None
+    protocol: Protocol | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "protocol", settle_protocol(self.protocol, self.settings))
 
     @property
     def pattern(self) -> LoadPattern:

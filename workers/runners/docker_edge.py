@@ -96,7 +96,7 @@ def run_edge(
             container = _create(client, prof, m.limits, image=image, command=argv, environment=environment or {},
                                 name=hd.container_name("edge", worker_id, spec.job_id),
                                 labels=hd.labels(worker_id, spec.job_id, "edge"), volumes=volumes, network_mode="none",
-                                **hd.hardening(pids_limit), **({} if command else hd.NO_ENTRYPOINT))
+                                **hd.hardening(pids_limit), **({} if command else dict(hd.NO_ENTRYPOINT)))
             try:
                 ended = _run(container, spec, prof, m)
             finally:

@@ -6,8 +6,9 @@ from typing import Any
 from farm import op_profile
 from farm.errors import WorkerError
 from schemas import JobResult, JobSpec, Placement
-from schemas.metrics import BY_NAME
+from schemas.metrics import BY_NAME, MetricValues
 from workers.edge_bench import parse_report
+from workers.limits import LimitMetrics
 from workers.measure import HOST_METRICS
 from workers.profiling.process import edge_profile
 
@@ -15,7 +16,7 @@ RESOURCE_METRICS = ("cpu_pct_avg", "cpu_pct_peak", "mem_avg_bytes", "mem_peak_by
 
 
 def edge_result(spec: JobSpec, *, where: str, error: type[WorkerError], stdout: str, tail: str,
-                exit_code: int | None, oom: bool, custom: bool, summary: dict[str, Any], limits: dict[str, Any],
+                exit_code: int | None, oom: bool, custom: bool, summary: dict[str, Any], limits: LimitMetrics,
                 total_s: float, details: dict[str, Any], placement: Placement | None = None) -> JobResult:
     """The JobResult of a finished edge run, or ``error`` when it failed for any reason but an OOM kill.
 
@@ -31,13 +32,13 @@ def edge_result(spec: JobSpec, *, where: str, error: type[WorkerError], stdout: 
         raise error(f"{where} failed: {reason}; last log lines:\n{tail}")
     if not oom and not custom and (report is None or "metrics" not in report):
         raise error(f"{where} printed no edge_bench result; last log lines:\n{tail}")
-    metrics: dict[str, Any] = {}
+    metrics: MetricValues = {}
     if report and not oom and isinstance(report.get("metrics"), dict):
         metrics.update(report["metrics"])
     elif custom and not oom:
         metrics["duration_s"] = total_s
     metrics.update({k: summary[k] for k in RESOURCE_METRICS if summary.get(k) is not None})
-    metrics.update(limits, oom_killed=oom, total_time_s=total_s)
+    metrics.update(**limits, oom_killed=oom, total_time_s=total_s)
     details = {**details, "kind": "edge", "edge_profile": prof.model_dump(), "exit_code": exit_code,
                "total_time_s": total_s}
     if report:

@@ -13,7 +13,7 @@ import re
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import psutil
 
@@ -38,19 +38,29 @@ NETWORK_OPTIONS = {"com.docker.network.bridge.enable_icc": "false"}
 
 #: ``containers.create`` argument for farm's own commands (``python -m workers...``): an image built from
 #: docker/Dockerfile has ``ENTRYPOINT ["farm"]``, which would otherwise prefix them; [""] resets it (Docker API)
-NO_ENTRYPOINT: dict[str, Any] = {"entrypoint": [""]}
+class EntrypointReset(TypedDict):
+    entrypoint: list[str]
 
 
-def hardening(pids_limit: int = PIDS_LIMIT) -> dict[str, Any]:
+NO_ENTRYPOINT = EntrypointReset(entrypoint=[""])
+
+
+class Hardening(TypedDict):
+    """``containers.create`` arguments that lock a container down: no capabilities, no privilege gain, a read-only
+    root with tmpfs mounts (path -> options), a pid cap and an unprivileged user."""
+
+    cap_drop: list[str]
+    security_opt: list[str]
+    read_only: bool
+    tmpfs: dict[str, str]
+    pids_limit: int
+    user: str
+
+
+def hardening(pids_limit: int = PIDS_LIMIT) -> Hardening:
     """Keyword arguments for ``containers.create`` that lock a container down (network not included)."""
-    return {
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
-        "read_only": True,
-        "tmpfs": dict(TMPFS),
-        "pids_limit": pids_limit,
-        "user": USER,
-    }
+    return Hardening(cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True, tmpfs=dict(TMPFS),
+                     pids_limit=pids_limit, user=USER)
 
 
 #: labels naming the process that started a container (``farm submit`` in an embedded run, or a worker), its

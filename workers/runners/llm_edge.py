@@ -18,6 +18,7 @@ from farm.errors import FarmError, ServerError, UnsupportedError
 from farm.settings import get_settings
 from schemas import JobResult, JobSpec
 from schemas.llm_facts import LlmFacts
+from schemas.metrics import MetricValues
 from workers.cores import host_cores, pinned
 from workers.loadgen.clients import run_load
 from workers.loadgen.contract import LoadResult, LoadSpec, LoadTarget
@@ -60,9 +61,9 @@ def run_llm_edge(spec: JobSpec, model_path: Path, runner: str) -> JobResult:
     oom = bool(summary.get("oom_killed"))
     if failure is not None and not oom:
         raise ServerError(f"edge run {prof.name} of {spec.engine} failed: {failure}; server output: {tail or 'none'}")
-    metrics: dict[str, Any] = {**(load.metrics if load is not None else {}),
-                               **{k: summary[k] for k in RESOURCE_METRICS if summary.get(k) is not None},
-                               **limits, "oom_killed": oom, "total_time_s": time.monotonic() - started}
+    metrics: MetricValues = {**(load.metrics if load is not None else {}),
+                             **{k: summary[k] for k in RESOURCE_METRICS if summary.get(k) is not None}}
+    metrics.update(**limits, oom_killed=oom, total_time_s=time.monotonic() - started)
     details: dict[str, Any] = {"load": load.details if load is not None else {}, "runner": "process", "kind": "edge",
                                "edge_profile": prof.model_dump(), "notes": [*notes, *client, *m.notes],
                                **m.details()}

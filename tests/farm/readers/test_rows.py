@@ -48,3 +48,26 @@ def test_an_llm_row_has_its_facts_typed_and_another_none() -> None:
     assert (llm.token_source, llm.input_tokens, llm.output_tokens, llm.prefix_tokens, llm.workload_seed) == \
         ("usage", "128", "64:256", 32, 7)
     assert ResultRow(_plain(knobs=None, output_tokens=None)).llm is None
+
+
+def test_a_rows_protocol_is_its_column_else_its_engines_card() -> None:
+    """``ResultRow.protocol``: the stored column (the job's ``JobSpec.protocol``); a row without it (by hand, an
+    older export) says OpenAI where it holds LLM figures or its engine's card speaks OpenAI."""
+    from farm.readers.results import llm_rows
+    from farm.readers.rows import ResultRow
+
+    assert ResultRow(protocol="openai", engine="endpoint").protocol == "openai"
+    assert ResultRow(protocol="kserve", engine="llama.cpp").protocol == "kserve"
+    assert ResultRow(engine="llama.cpp").protocol == "openai"
+    assert ResultRow(engine="onnxruntime").protocol == "kserve"
+    assert ResultRow(engine="endpoint", output_tokens_per_s=12.5).protocol == "openai"
+    assert llm_rows([ResultRow(engine="onnxruntime"), ResultRow(protocol="openai", engine="endpoint")])
+    assert not llm_rows([ResultRow(engine="onnxruntime", protocol="kserve")])
+
+
+def test_stored_slo_goals_keep_the_models_fields() -> None:
+    """``request_slo`` copies the stored goals by the keys of ``SloGoals``: the same as ``schemas.llm.Slo``'s."""
+    from farm.readers.results import _SLO_KEYS, SloGoals
+    from schemas.llm import Slo
+
+    assert set(_SLO_KEYS) == set(Slo.model_fields) == set(SloGoals.__annotations__)

@@ -85,3 +85,17 @@ def test_the_grpc_client_builds_its_stop_rules_from_the_job_and_plan() -> None:
     assert kserve_stop_rules(job, until_stable) == (NoSuccess(), Stable(job.settings), Duration(120.0))
     assert kserve_stop_rules(job, fixed) == (NoSuccess(), Duration(120.0))
     assert end_s(kserve_stop_rules(job, fixed), float("inf")) == 120.0
+
+
+def test_a_load_speaks_its_jobs_protocol_else_the_one_its_settings_say() -> None:
+    """``LoadJob.protocol``: the job's (``JobSpec.protocol``) where given, else OpenAI exactly where the settings
+    carry LLM settings (callers without a job)."""
+    from workers.loadgen.contract import LoadSpec
+
+    plain, llm = MeasurementSettings(), MeasurementSettings(llm=LlmSettings())
+    for settings, protocol in ((plain, "kserve"), (llm, "openai")):
+        job = LoadJob(url="h:1", model_name="m", inputs=(), batch_size=1, load=ClosedLoop(concurrency=1),
+                      settings=settings)
+        assert job.protocol == protocol
+    assert LoadSpec((), 1, ClosedLoop(concurrency=1), plain, protocol="openai").protocol == "openai"
+    assert LoadSpec.from_settings([], 1, 1, llm).protocol == "openai"
