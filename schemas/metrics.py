@@ -141,6 +141,14 @@ METRICS: tuple[Metric, ...] = (
        description="requests the server preempted in the windows (its counter)"),
     _M("server_scrapes", "scrapes", True, "mean", "int",
        "scrapes of the server's /metrics inside the measured windows (none: it has no /metrics)"),
+    # the server's own per-request histograms (vLLM's), read before and after the measured span: p50s
+    # (workers.loadgen.openai.server_metrics), and its prefix-cache lookups (a counter, like the figures above)
+    _M("server_prefill_p50_ms", "ms", False, "mean", description="the server's prefill time per request, p50"),
+    _M("server_decode_p50_ms", "ms", False, "mean", description="the server's decode time per request, p50"),
+    _M("server_e2e_p50_ms", "ms", False, "mean", description="the server's end-to-end time per request, p50"),
+    _M("server_itl_p50_ms", "ms", False, "mean", description="the server's inter-token latency, p50"),
+    _M("server_prefix_cache_queries", "tokens", False, "mean",
+       description="prompt tokens the server looked up in its prefix cache in the windows (its counter)"),
     # static metrics of the model artifact (farm analyze), stored once per artifact
     _M("params", "params", False, "last", "int", "trainable and constant parameters", "model"),
     _M("size_bytes", "B", False, "last", "int", "model file size", "model"),
@@ -221,6 +229,11 @@ LABELS: dict[str, tuple[str, str]] = {
     "server_cached_prompt_tokens": ("server cached prompt tokens", "srv cached"),
     "server_preemptions": ("server preemptions", "preempts"),
     "server_scrapes": ("server /metrics scrapes", "scrapes"),
+    "server_prefill_p50_ms": ("server prefill time p50", "srv pre ms"),
+    "server_decode_p50_ms": ("server decode time p50", "srv dec ms"),
+    "server_e2e_p50_ms": ("server end-to-end p50", "srv e2e ms"),
+    "server_itl_p50_ms": ("server inter-token p50", "srv itl ms"),
+    "server_prefix_cache_queries": ("server prefix-cache lookups", "pc looked"),
     "params": ("parameters", "params"),
     "size_bytes": ("model file size", "size"),
     "macs_per_sample": ("MACs per sample", "MACs"),

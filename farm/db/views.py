@@ -73,6 +73,11 @@ SERVER_METRICS_0014 = (
 SERVER_INT_METRICS_0014 = ('server_scrapes',)
 #: the metric columns of results at migration 0014, frozen
 METRICS_0014 = METRICS_0013 + SERVER_METRICS_0014
+#: the server's histograms and prefix-cache lookups migration 0015 added (vLLM's: ``server_metrics``), frozen
+SERVER_METRICS_0015 = ('server_prefill_p50_ms', 'server_decode_p50_ms', 'server_e2e_p50_ms', 'server_itl_p50_ms',
+                       'server_prefix_cache_queries')
+#: the metric columns of results at migration 0015, frozen
+METRICS_0015 = METRICS_0014 + SERVER_METRICS_0015
 #: the LLM job's facts at migration 0014: which server program ran and its version (``server``) added
 LLM_FACTS_0014 = LLM_FACTS_0010 + ('server',)
 

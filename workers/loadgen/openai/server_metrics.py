@@ -1,6 +1,7 @@
-"""The server's own view of an LLM run, from its Prometheus ``/metrics`` (vLLM, SGLang, TGI): its TTFT and
-per-token latency histograms read before and after the measured span, and the p50 of the difference (the
-requests of that span only), interpolated within the histogram's buckets. Parsing is prometheus_client's."""
+"""The server's own view of an LLM run, from its Prometheus ``/metrics`` (vLLM, SGLang, TGI): its per-request
+histograms (TTFT, time per output token, inter-token latency, queue, prefill, decode and end-to-end time) read
+before and after the measured span, and the p50 and p99 of the difference (the requests of that span only),
+interpolated within the histogram's buckets. Parsing is prometheus_client's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,10 +13,16 @@ from workers.loadgen.openai.http_once import exchange
 #: what farm reads, by figure: the histogram names each server uses (seconds)
 FAMILIES: dict[str, tuple[str, ...]] = {
     "ttft": ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
-    "tpot": ("vllm:time_per_output_token_seconds", "vllm:inter_token_latency_seconds",
-             "sglang:time_per_output_token_seconds", "sglang:inter_token_latency_seconds",
-             "tgi_request_mean_time_per_token_duration"),
+    "tpot": ("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds",
+             "vllm:inter_token_latency_seconds", "sglang:time_per_output_token_seconds",
+             "sglang:inter_token_latency_seconds", "tgi_request_mean_time_per_token_duration"),
+    "itl": ("vllm:inter_token_latency_seconds", "sglang:inter_token_latency_seconds"),
+    "queue": ("vllm:request_queue_time_seconds", "sglang:queue_time_seconds"),
+    "prefill": ("vllm:request_prefill_time_seconds",),
+    "decode": ("vllm:request_decode_time_seconds",),
+    "e2e": ("vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds"),
 }
+QUANTILES = {"p50": 0.5, "p99": 0.99}
 
 Buckets = dict[float, float]  # upper bound (s) -> cumulative count
 
@@ -69,19 +76,26 @@ def bucket_quantile(buckets: Buckets, q: float) -> float | None:
     return lower
 
 
-def server_p50s(before: Scrape | None, after: Scrape | None) -> dict[str, float]:
-    """``{"ttft": ms, "tpot": ms}`` p50s of what the server recorded between the two scrapes (figures it does
-    not expose are left out)."""
+def server_quantiles(before: Scrape | None, after: Scrape | None) -> dict[str, dict[str, float]]:
+    """``{figure: {"p50": ms, "p99": ms}}`` of what the server recorded between the two scrapes (figures it does
+    not expose are left out), and each figure's ``count`` of requests (or tokens, for inter-token latency)."""
     if after is None:
         return {}
-    out: dict[str, float] = {}
+    out: dict[str, dict[str, float]] = {}
     for figure, names in FAMILIES.items():
         name = next((n for n in names if n in after.histograms), None)
         if name is None:
             continue
         was = before.histograms.get(name, {}) if before is not None else {}
         delta = {le: n - was.get(le, 0.0) for le, n in after.histograms[name].items()}
-        p50 = bucket_quantile(delta, 0.5)
-        if p50 is not None:
-            out[figure] = p50 * 1e3
+        got = {k: bucket_quantile(delta, q) for k, q in QUANTILES.items()}
+        if got["p50"] is not None:
+            out[figure] = {k: v * 1e3 for k, v in got.items() if v is not None}
+            out[figure]["count"] = max(delta.values(), default=0.0)
     return out
+
+
+def server_p50s(before: Scrape | None, after: Scrape | None) -> dict[str, float]:
+    """``{"ttft": ms, "tpot": ms, ...}`` p50s of what the server recorded between the two scrapes (figures it does
+    not expose are left out)."""
+    return {figure: q["p50"] for figure, q in server_quantiles(before, after).items()}

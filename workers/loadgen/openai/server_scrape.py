@@ -50,6 +50,7 @@ HEADLINE: dict[str, str] = {
     "kv_cache_usage_mean": "server_kv_cache_usage_mean_pct", "kv_cache_usage_max": "server_kv_cache_usage_max_pct",
     "prompt_tokens": "server_prompt_tokens", "generation_tokens": "server_generation_tokens",
     "cached_prompt_tokens": "server_cached_prompt_tokens", "preemptions": "server_preemptions",
+    "prefix_cache_queries": "server_prefix_cache_queries",
 }
 NO_METRICS_NOTE = "the server exposes no Prometheus /metrics ({why}): no server-side figures"
 _WANTED = frozenset(n for names in (*GAUGES.values(), *COUNTERS.values()) for n in names)
