@@ -20,15 +20,18 @@ from farm.models.llm_examples import LlamaShape
 from tests.helpers import farm, farm_env, running_job, signal_when, start_submit
 from tests.llm_servers import tiny_llama as build_tiny_llama
 
-pytestmark = [pytest.mark.llm, pytest.mark.slow]
+#: each job starts its own vLLM (imports, model load, warm-up: 40 s on a quiet 2-core host, minutes on a busy one)
+pytestmark = [pytest.mark.llm, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SHORT = ["--duration", "3", "--window", "1", "--warmup", "0.5", "--input-tokens", "32", "--output-tokens", "16"]
+#: no torch.compile: vLLM's default (-O2) compiles C++ kernels for minutes on a busy 2-core CI host
+EAGER = ["--knob", "optimization_level=0"]
 #: the tiny-llama example with 16-wide heads, which vLLM's CPU attention refuses
 HEAD_16 = LlamaShape(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128)
 
 
 def _submit(env: dict[str, str], model: Path, *args: str) -> list[dict[str, Any]]:
-    out = farm("submit", str(model), "--engine", "vllm", *SHORT, *args, "--json", env=env, timeout=600)
+    out = farm("submit", str(model), "--engine", "vllm", *SHORT, *EAGER, *args, "--json", env=env, timeout=900)
     rid = json.loads(out.stdout)["request_id"]
     rows: list[dict[str, Any]] = json.loads(farm("results", rid, "--format", "json", env=env).stdout)
     return rows
@@ -101,7 +104,7 @@ def test_a_knob_vllm_lacks_is_refused_at_submit(tiny_llama: Any) -> None:
 
 def test_ctrl_c_stops_vllm_and_leaves_nothing(vllm_python: str, tiny_llama: Any, tmp_path: Path) -> None:
     env, since = farm_env(), time.time()
-    proc = start_submit(tiny_llama.hf, tmp_path / "stderr", "--engine", "vllm", "--duration", "30",
+    proc = start_submit(tiny_llama.hf, tmp_path / "stderr", "--engine", "vllm", *EAGER, "--duration", "30",
                         "--input-tokens", "24", "--output-tokens", "16", env=env)
     db = Path(env["FARM_HOME"]) / "farm.db"
 
