@@ -86,7 +86,9 @@ def refuse_gpu_knobs(spec: JobSpec) -> None:
 
 def cpu_env(spec: JobSpec) -> dict[str, str]:
     """The server's environment beside the lease's variables."""
-    return {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib(spec)), "VLLM_TARGET_DEVICE": "cpu"}
+    return {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib(spec)), "VLLM_TARGET_DEVICE": "cpu",
+            # its log (and the engine core's traceback of a refused model) where the runner keeps a server's errors
+            "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
 
 
 @dataclass(frozen=True)
