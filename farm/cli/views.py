@@ -70,6 +70,8 @@ LLM_WIDE_METRICS: tuple[str, ...] = (
     # the server's own view (its /metrics through the windows), where it has one
     "server_requests_running_max", "server_requests_waiting_max", "server_kv_cache_usage_max_pct",
     "server_generation_tokens",
+    # its own per-request histograms (vLLM's): TTFT, and the queue and prefill parts of it
+    "server_ttft_p50_ms", "server_queue_p50_ms", "server_prefill_p50_ms",
 )
 #: metrics whose range over a cell's runs the table shows beside the median (``farm.readers.results.merge_repeats``)
 RANGE_METRICS = ("throughput_infer_per_s", "latency_p50_ms")

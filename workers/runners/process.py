@@ -31,8 +31,9 @@ from workers.serving.jail import confined
 
 #: a local process on the loopback interface: it picks a free port and prints it
 #: a Python exception's last line (``ValueError: ...``), after a prefix a server may put on its lines (vLLM's
-#: ``(EngineCore pid=12) ``): group 1 is the exception and its message
-EXCEPTION_LINE = re.compile(r"(?:^|\)\s)((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): \S.*?)\s*$")
+#: ``(EngineCore pid=12) `` or ``(VllmWorker-0 pid=33) ERROR 11-29 07:19:03 [multiproc_executor.py:953] ``): group 1
+#: is the exception and its message
+EXCEPTION_LINE = re.compile(r"(?:^|[)\]]\s+)((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): \S.*?)\s*$")
 SITE = Site(container=False, python=sys.executable, host="127.0.0.1", port=0)
 
 

@@ -29,6 +29,7 @@ from workers.serving.llm import listen_prefix, port_arg, require_module, wait_op
 from workers.serving.vllm_cpu import (
     ENV_CPUS,
     ENV_THREADS,
+    SYSTEM_READS,
     VLLM_CPU_VERSION,
     cpu_env,
     refuse_gpu_knobs,
@@ -123,5 +124,5 @@ class Vllm(ServingEngine):
         argv = vllm_argv(spec, model, site, python)
         return Launch(argv=wrap(site, argv, env_threads=ENV_THREADS, env_cpus=ENV_CPUS), port=site.port, model=model,
                       env={**ENV, **cpu_env(spec)}, listen_prefix=listen_prefix(site),
-                      ready=vllm_steady(spec.concurrency), read_only=(venv_root(python),),
+                      ready=vllm_steady(spec.concurrency), read_only=(venv_root(python), *SYSTEM_READS),
                       server={"name": "vllm-cpu", "version": VLLM_CPU_VERSION, "python": python})

@@ -88,7 +88,11 @@ def cpu_env(spec: JobSpec) -> dict[str, str]:
     """The server's environment beside the lease's variables."""
     return {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib(spec)), "VLLM_TARGET_DEVICE": "cpu",
             # its log (and the engine core's traceback of a refused model) where the runner keeps a server's errors
-            "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
+            "VLLM_LOGGING_STREAM": "ext://sys.stderr",
+            "VLLM_HOST_IP": "127.0.0.1"}  # the jail's network has loopback only
+#: what the jailed server reads besides its model and venv: /sys (its workers ask ``lscpu`` for the CPUs, which
+#: fails without /sys/devices/system/cpu, and read NUMA nodes), read-only
+SYSTEM_READS = ("/sys",)
 
 
 @dataclass(frozen=True)

