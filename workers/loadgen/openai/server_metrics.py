@@ -1,10 +1,13 @@
 """The server's own view of an LLM run, from its Prometheus ``/metrics`` (vLLM, SGLang, TGI): its per-request
 histograms (TTFT, time per output token, inter-token latency, queue, prefill, decode and end-to-end time) read
 before and after the measured span, and the p50 and p99 of the difference (the requests of that span only),
-interpolated within the histogram's buckets. Parsing is prometheus_client's."""
+interpolated within the histogram's buckets. A quantile in the first bucket (from 0 to its bound, 300 ms wide for
+vLLM's queue, prefill, decode and end-to-end histograms) says only "below the bound": interpolating would give half
+the bound whatever the times were, so the span's mean (the histogram's ``_sum`` over its count) stands in there,
+said so by ``first_bucket``. Parsing is prometheus_client's."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,9 +32,11 @@ Buckets = dict[float, float]  # upper bound (s) -> cumulative count
 
 @dataclass(frozen=True)
 class Scrape:
-    """The cumulative buckets of each histogram farm reads, summed over label sets, by family name."""
+    """The cumulative buckets of each histogram farm reads, summed over label sets, by family name, and their
+    ``_sum`` samples (s)."""
 
     histograms: dict[str, Buckets]
+    sums: dict[str, float] = field(default_factory=dict)
 
 
 def scrape(url: str, timeout_s: float = 2.0, authority: str | None = None) -> Scrape | None:
@@ -45,6 +50,7 @@ def scrape(url: str, timeout_s: float = 2.0, authority: str | None = None) -> Sc
             return None
         text = raw.decode("utf-8", errors="replace")
         out: dict[str, Buckets] = {}
+        sums: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             if family.name not in wanted or family.type != "histogram":
                 continue
@@ -53,9 +59,11 @@ def scrape(url: str, timeout_s: float = 2.0, authority: str | None = None) -> Sc
                 if sample.name.endswith("_bucket"):
                     le = float(sample.labels.get("le", "inf"))
                     buckets[le] = buckets.get(le, 0.0) + float(sample.value)
+                elif sample.name.endswith("_sum"):
+                    sums[family.name] = sums.get(family.name, 0.0) + float(sample.value)
     except (OSError, ValueError):
         return None
-    return Scrape(out) if out else None
+    return Scrape(out, sums) if out else None
 
 
 def bucket_quantile(buckets: Buckets, q: float) -> float | None:
@@ -89,9 +97,18 @@ def server_quantiles(before: Scrape | None, after: Scrape | None) -> dict[str, d
         was = before.histograms.get(name, {}) if before is not None else {}
         delta = {le: n - was.get(le, 0.0) for le, n in after.histograms[name].items()}
         got = {k: bucket_quantile(delta, q) for k, q in QUANTILES.items()}
-        if got["p50"] is not None:
-            out[figure] = {k: v * 1e3 for k, v in got.items() if v is not None}
-            out[figure]["count"] = max(delta.values(), default=0.0)
+        if got["p50"] is None:
+            continue
+        count = max(delta.values(), default=0.0)
+        total = after.sums.get(name, 0.0) - (before.sums.get(name, 0.0) if before is not None else 0.0)
+        first = min((le for le in delta if le != float("inf")), default=float("inf"))
+        out[figure] = {"count": count}
+        for k, v in got.items():
+            if v is not None and v <= first and count > 0 and name in after.sums:  # "below the first bound" only
+                v = min(total / count, first)
+                out[figure]["first_bucket"] = 1.0
+            if v is not None:
+                out[figure][k] = v * 1e3
     return out
 
 

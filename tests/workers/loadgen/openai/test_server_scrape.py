@@ -148,5 +148,8 @@ def test_vllms_real_histograms_give_the_servers_own_percentiles(monkeypatch: pyt
     for figure, q in got.items():
         assert 0 <= q["p50"] <= q["p99"], figure
     assert server_metrics.server_p50s(None, after) == {f: q["p50"] for f, q in got.items()}
+    # the queue times all lie in the first bucket (0-300 ms): its mean stands in, not half the bound
+    assert got["queue"]["first_bucket"] == 1 and got["queue"]["p50"] < 1.0
+    assert "first_bucket" not in got["ttft"]  # TTFT's buckets start at 1 ms
     half = server_metrics.server_quantiles(after, after)
     assert half == {}  # nothing recorded between two equal scrapes
