@@ -89,11 +89,12 @@ def test_a_model_or_block_size_vllms_cpu_kernels_refuse_fails_with_its_reason(vl
     head16 = build_tiny_llama(tmp_path / "head16", HEAD_16)
     (bad_model,) = _submit(env, head16.hf, "--concurrency", "1")
     assert bad_model["status"] == "failed" and "\n" not in bad_model["error"]
-    assert "exited before it was ready" in bad_model["error"] and "its first error: ValueError" in bad_model["error"]
-    assert "head_size not supported" in bad_model["error"]
+    # vLLM 0.32.0's words: "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 ..."
+    assert "exited before it was ready" in bad_model["error"] and "its first error: " in bad_model["error"]
+    assert "head_dim=16" in bad_model["error"]
     (bad_block,) = _submit(env, tiny_llama.hf, "--concurrency", "1", "--knob", "block_size=16")
     assert bad_block["status"] == "failed" and "\n" not in bad_block["error"]
-    assert "its first error:" in bad_block["error"] and "block_size" in bad_block["error"]
+    assert "its first error:" in bad_block["error"] and "block" in bad_block["error"].lower()
     assert _vllm_processes(since) == []
 
 
