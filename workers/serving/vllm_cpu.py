@@ -8,9 +8,8 @@ The lease: the wrapper (``workers.serving.lease_exec``) sets ``VLLM_CPU_OMP_THRE
 OpenMP thread bound to each) and ``OMP_NUM_THREADS`` to their count; ``VLLM_CPU_KVCACHE_SPACE`` (GiB) is the
 ``kv_cache_space`` knob, else ``KV_SHARE`` of the job's server memory. The other knobs map to vLLM's flags.
 
-vLLM's CPU attention takes head sizes 32, 64, 128 (and a few more), and prefers KV blocks of a multiple of 32 tokens
-(0.32.0 warns about others and serves); a model it refuses makes the server exit while loading, and the job fails with
-the server's own reason (``ServerProcess.first_error``).
+vLLM's CPU attention takes head sizes 32, 64, 128 (and a few more) and KV blocks of a multiple of 32 tokens only; a
+model or knob it refuses makes the server exit while loading, and the job fails with the server's own reason.
 
 Warm-up: vLLM compiles kernels on its first requests of each shape, for seconds, so a fixed count of warm-up
 requests can leave compilation in the measured windows. Before the job's load starts, :func:`warm_until_steady`
