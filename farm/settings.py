@@ -133,6 +133,11 @@ class Settings(BaseSettings):
     max_workload_file_bytes: int = Field(default=64 << 20, ge=1)
     #: the largest body one streamed LLM response may have before farm stops reading it (a failed request), bytes
     max_response_bytes: int = Field(default=32 << 20, ge=1024)
+    #: the most chunk events an LLM job's event log stores with its result (``farm events``); past it, requests keep
+    #: their own times (sent, first byte, first and last chunk, end) but no chunk events, and the log says it was cut
+    event_log_max_chunks: int = Field(default=20_000, ge=0)
+    #: the most requests an LLM job's event log stores (the first ones sent); the tools' figures are over them all
+    event_log_max_requests: int = Field(default=5_000, ge=0)
     #: the memory limit of a model server farm starts (process cgroup or container), bytes (``4g``); a request's
     #: ``--server-memory`` may ask for less; default 3/4 of the worker host's memory
     server_memory: int = Field(default_factory=default_server_memory, ge=4 << 20)

@@ -127,3 +127,46 @@ def _call(lo: float, hi: float, change: float, min_effect: float, signed: bool) 
     if -min_effect < lo and hi < min_effect:
         return SAME
     return INCONCLUSIVE
+
+
+def line_up(x: Sequence[float], y: Sequence[float], alpha: float = 0.05, min_effect_pct: float = 2.0,
+            seed: int = 0) -> Verdict:
+    """Two hosts' figures lined up: ``x`` and ``y`` are one model's per-pair cost ratios against the same reference
+    on host X and host Y (``farm.host_figure``); the verdict is on Y's median over X's (above 0 %: the model costs
+    more reference units on Y). The samples are independent, so: a bootstrap of each median resampled apart, and a
+    rank-sum test (Mann-Whitney U, normal approximation with a tie correction) in place of the sign test;
+    ``slower_pairs``: Y's ratios above X's median."""
+    nx, ny = len(x), len(y)
+    level = 1.0 - alpha
+    if min(nx, ny) < 2:
+        return Verdict(INCONCLUSIVE, min(nx, ny), math.nan, (math.nan, math.nan), level, math.inf, 0, 1.0,
+                       min_effect_pct)
+    lx, ly = np.log(np.asarray(x, dtype=float)), np.log(np.asarray(y, dtype=float))
+    rng = np.random.default_rng(seed)
+    boot = (np.median(ly[rng.integers(0, ny, size=(RESAMPLES, ny))], axis=1)
+            - np.median(lx[rng.integers(0, nx, size=(RESAMPLES, nx))], axis=1))
+    tail = alpha / 2.0
+    lo, hi = (float(np.expm1(v)) * 100.0 for v in np.quantile(boot, [tail, 1.0 - tail]))
+    change = float(np.expm1(np.median(ly) - np.median(lx))) * 100.0
+    z = NormalDist().inv_cdf(1.0 - tail) + NormalDist().inv_cdf(POWER)
+    p = rank_sum_p(lx, ly)
+    return Verdict(_call(lo, hi, change, min_effect_pct, p < alpha), min(nx, ny), change, (lo, hi), level,
+                   float(np.expm1(z * np.std(boot))) * 100.0, int(np.sum(ly > np.median(lx))), p, min_effect_pct)
+
+
+def rank_sum_p(x: np.ndarray, y: np.ndarray) -> float:
+    """Two-sided p-value of the Mann-Whitney U test of ``x`` against ``y`` (normal approximation, ties corrected)."""
+    nx, ny = len(x), len(y)
+    both = np.concatenate([x, y])
+    order = both.argsort(kind="mergesort")
+    ranks = np.empty(len(both))
+    ranks[order] = np.arange(1, len(both) + 1)
+    _, inverse, counts = np.unique(both, return_inverse=True, return_counts=True)
+    ranks = np.bincount(inverse, weights=ranks)[inverse] / counts[inverse]  # ties: their mean rank
+    u = float(ranks[:nx].sum()) - nx * (nx + 1) / 2.0
+    n = nx + ny
+    var = nx * ny / 12.0 * ((n + 1) - float(np.sum(counts ** 3 - counts)) / (n * (n - 1)))
+    if var <= 0:
+        return 1.0
+    zscore = (abs(u - nx * ny / 2.0) - 0.5) / math.sqrt(var)
+    return min(1.0, 2.0 * (1.0 - NormalDist().cdf(max(0.0, zscore))))

@@ -178,7 +178,8 @@ def check_prompt_bounds(llm: LlmSettings, context: int | None = None,
             traces.check(trace, llm.trace, _context_of(context, knobs), cap, llm.trace_tokens)
         return
     prompt = llm.prompt_tokens_max()
-    parts = f"prefix {llm.prefix_tokens} + input up to {llm.input_tokens.upper()}"
+    parts = f"prefix {llm.prefix_tokens} + input up to {llm.input_tokens.upper()}" if not isinstance(
+        llm.sessions, int) else f"a session's last turn: {llm.sessions} inputs and {llm.sessions - 1} answers"
     if llm.prompts is None and prompt > cap:
         raise RequestError(f"prompts of up to {prompt} tokens ({parts}) are above the {cap} tokens a prompt may hold "
                            "here (FARM_MAX_PROMPT_TOKENS); shorten --input-tokens/--prefix-tokens")

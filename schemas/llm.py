@@ -24,6 +24,7 @@ from schemas.specs import StrictModel
 LlmApi = Literal["openai-chat", "openai-completions"]
 LLM_APIS: tuple[str, ...] = ("openai-chat", "openai-completions")
 MAX_TOKENS = 1_000_000  # the longest prompt or output a request may ask for, tokens
+MAX_TURNS = 1000  # the most turns a synthetic session may have
 #: what ``--slo`` accepts: key -> the field of :class:`Slo`
 SLO_KEYS: dict[str, str] = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2e": "e2e_ms"}
 _CREDENTIAL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -127,12 +128,16 @@ def parse_slo(text: str) -> dict[str, float]:
     return out
 
 
+#: the kinds of file an LLM workload brings (:meth:`LlmSettings.files`)
+WorkloadKind = Literal["prompts", "trace", "tokenizer"]
+
+
 class FileRef(StrictModel):
     """A file uploaded with the request (``kind``: prompts, a trace or a tokenizer), stored content-addressed like a
     model: its sha256, the name it is cached under (a folder: ``NAME.tar``), its size in bytes and what the
     submitter called it (``label``, shown in results; never opened)."""
 
-    kind: Literal["prompts", "trace", "tokenizer"]
+    kind: WorkloadKind
     sha256: str = Field(pattern=_SHA_RE)
     filename: str = Field(pattern=_FILENAME_RE)
     size_bytes: int = Field(ge=0)
@@ -178,6 +183,13 @@ class LlmSettings(StrictModel):
                                 "and its hash ids' block size times this")
     trace_limit: int | None = Field(default=None, ge=1, le=10_000_000, description="replay the trace's first N "
                                     "requests only")
+    sessions: int | Literal["sharegpt"] | None = Field(default=None, description="multi-turn conversations, each "
+                                                   "turn sent with its history: N synthetic turns of input_tokens "
+                                                   "each (their outputs output_tokens), or sharegpt: the prompt "
+                                                   "file's conversations replayed whole; the load level then counts "
+                                                   "sessions (in flight, or arriving per s)")
+    think_ms: float = Field(default=0.0, ge=0, le=3_600_000, description="sessions: the user's think time between "
+                            "a turn's answer and the next turn, ms")
     tokenizer: WorkloadFile | None = Field(default=None, description="a Hugging Face tokenizer.json or its folder "
                                            "(uploaded with the request, parsed only in the sandbox)")
     slo: Slo | None = None
@@ -211,11 +223,38 @@ class LlmSettings(StrictModel):
             raise ValueError(f"{v[:60]!r} is not a file path")
         return v
 
+    @field_validator("sessions", mode="before")
+    @classmethod
+    def _sessions(cls, v: object) -> object:
+        """``--sessions`` as written: a number of turns or ``sharegpt``."""
+        if isinstance(v, str) and v.strip().isdigit():
+            v = int(v.strip())
+        if isinstance(v, int) and not isinstance(v, bool) and not 1 <= v <= MAX_TURNS:
+            raise ValueError(f"--sessions {v}: a session has 1 to {MAX_TURNS} turns")
+        if isinstance(v, str) and v.strip() != "sharegpt":
+            raise ValueError(f"--sessions {v!r} is not a number of turns or sharegpt")
+        return v
+
     @model_validator(mode="after")
     def _one_source(self) -> LlmSettings:
         if self.trace is not None and self.prompts is not None:
             raise ValueError("--trace and --prompts both say what to send: give one of them")
+        self._check_sessions()
         return self
+
+    def _check_sessions(self) -> None:
+        """Sessions: synthetic turns without a prompt file, ``sharegpt`` with one; think time only with sessions."""
+        if self.think_ms and self.sessions is None:
+            raise ValueError("--think-ms is the time between a session's turns: add --sessions N|sharegpt")
+        if self.sessions is None:
+            return
+        if self.trace is not None:
+            raise ValueError("--trace and --sessions both say what to send: give one of them")
+        if self.sessions == "sharegpt" and self.prompts is None:
+            raise ValueError("--sessions sharegpt replays a ShareGPT file's conversations: give --prompts FILE")
+        if isinstance(self.sessions, int) and self.prompts is not None:
+            raise ValueError(f"--sessions {self.sessions} builds synthetic conversations; to replay --prompts' "
+                             "conversations give --sessions sharegpt")
 
     def files(self) -> dict[str, WorkloadFile]:
         """The files the workload names, by field (``prompts``, ``trace``, ``tokenizer``)."""
@@ -224,8 +263,10 @@ class LlmSettings(StrictModel):
 
     def prompt_tokens_max(self) -> int:
         """The most tokens one synthetic prompt may hold: the shared prefix and the largest input draw (a normal
-        draw is cut at mean + 4 stddev)."""
-        return self.prefix_tokens + self.input_tokens.upper()
+        draw is cut at mean + 4 stddev); in a synthetic session, its last turn's: every turn's input and every earlier
+        answer (its history)."""
+        turns = self.sessions if isinstance(self.sessions, int) else 1
+        return self.prefix_tokens + turns * self.input_tokens.upper() + (turns - 1) * self.output_tokens.upper()
 
     @field_validator("base_path")
     @classmethod

@@ -26,9 +26,10 @@ class LlmFacts(BaseModel):
     ``token_source``: what counted the output tokens of most requests (``usage``: the server's own tokenizer,
     ``tokenizer``: the client's, ``chunks``: one per streamed chunk); ``input_tokens``/``output_tokens``: the
     length specs as written (``128``, ``128/32``, ``64:256``); ``prefix_tokens``: the shared prefix, tokens;
-    ``workload_seed``: the prompts' seed; ``prompts``: the prompt file (None: synthetic prompts), or the trace a
-    replay sent with its scales (``trace NAME (sha256 ...), speed x1, tokens x0.0625``: its own lengths, so no
-    ``input_tokens``/``output_tokens``); ``server``: the server program that ran and its version
+    ``workload_seed``: the prompts' seed; ``prompts``: the prompt file (None: synthetic prompts), the sessions
+    (``sessions: 4 turns in 128, think 500 ms``), or the trace a replay sent with its scales (``trace NAME (sha256
+    ...), speed x1, tokens x0.0625``: its own lengths, so no ``input_tokens``/``output_tokens``);
+    ``server``: the server program that ran and its version
     (``llama-server 0.6.0-dev (build 0, commit unknown)``; None: the engine has one server only, or it never
     started)."""
 
@@ -73,11 +74,19 @@ class LlmFacts(BaseModel):
 
 
 def _source(llm: LlmSettings) -> str | None:
-    """What the prompts came from: the prompt file, or the trace with its scales (None: synthetic)."""
+    """What the prompts came from: the prompt file, the trace with its scales, or the sessions (None: synthetic)."""
+    if llm.sessions is not None:
+        what = f"{llm.sessions} turns in {llm.input_tokens.text()}" if isinstance(llm.sessions, int) else \
+            f"conversations of {file_label(llm.prompts)}"
+        return f"{SESSIONS_MARK} {what}, think {llm.think_ms:g} ms"
     if llm.trace is None:
         return file_label(llm.prompts)
     first = f", first {llm.trace_limit}" if llm.trace_limit else ""
     return f"trace {file_label(llm.trace)}, speed x{llm.trace_speed:g}, tokens x{llm.trace_tokens:g}{first}"
+
+
+#: how the ``prompts`` fact of a sessions workload begins
+SESSIONS_MARK = "sessions:"
 
 
 def server_label(server: Mapping[str, str] | None) -> str | None:

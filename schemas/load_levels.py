@@ -5,7 +5,9 @@ trace on its own schedule (``trace``: its mean rate recorded, the schedule read 
 
 The request keeps its user-facing split (``--concurrency``, ``--mode``, ``--rate``); the expansion builds one
 level per job (:func:`load_level`). Each load client translates the level into its own terms (farm's generator's
-send schedule, perf_analyzer's options). A later kind (sessions) is one more class in the union.
+send schedule, perf_analyzer's options). Sessions (``measurement.llm.sessions``) are no kind of their own: a
+sessions workload counts sessions at the same levels (``concurrency`` sessions in flight, or ``rate`` sessions/s,
+constant or Poisson), so each fact keeps one place: how sessions arrive here, what each one sends in the workload.
 """
 from __future__ import annotations
 

@@ -44,6 +44,8 @@ class Metric:
 
 
 _M = Metric
+#: the turns of a session whose figures are metrics of their own (``turn{k}_*``); every turn's are in the details
+TURN_METRICS = 8
 METRICS: tuple[Metric, ...] = (
     _M("throughput_infer_per_s", "infer/s", True, "mean", description="inferences (samples) per second"),
     _M("requests_per_s", "req/s", True, "mean", description="completed requests per second"),
@@ -141,6 +143,11 @@ METRICS: tuple[Metric, ...] = (
        description="requests the server preempted in the windows (its counter)"),
     _M("server_scrapes", "scrapes", True, "mean", "int",
        "scrapes of the server's /metrics inside the measured windows (none: it has no /metrics)"),
+    # sessions (--sessions): per turn index k (1..TURN_METRICS), over every session's k-th turn
+    *(m for k in range(1, TURN_METRICS + 1) for m in (
+        _M(f"turn{k}_ttft_p50_ms", "ms", False, "mean", description=f"sessions: time to first token of turn {k}, p50"),
+        _M(f"turn{k}_cached_prompt_tokens_pct", "%", True, "mean",
+           description=f"sessions: share of turn {k}'s prompt tokens the server served from its prefix cache"))),
     # the server's own per-request histograms (vLLM's), read before and after the measured span: p50s
     # (workers.loadgen.openai.server_metrics), and its prefix-cache lookups (a counter, like the figures above)
     _M("server_prefill_p50_ms", "ms", False, "mean", description="the server's prefill time per request, p50"),
@@ -229,6 +236,9 @@ LABELS: dict[str, tuple[str, str]] = {
     "server_cached_prompt_tokens": ("server cached prompt tokens", "srv cached"),
     "server_preemptions": ("server preemptions", "preempts"),
     "server_scrapes": ("server /metrics scrapes", "scrapes"),
+    **{f"turn{k}_ttft_p50_ms": (f"turn {k} p50 TTFT", f"t{k} ttft") for k in range(1, TURN_METRICS + 1)},
+    **{f"turn{k}_cached_prompt_tokens_pct": (f"turn {k} prompt tokens from cache", f"t{k} cach%")
+       for k in range(1, TURN_METRICS + 1)},
     "server_prefill_p50_ms": ("server prefill time p50", "srv pre ms"),
     "server_decode_p50_ms": ("server decode time p50", "srv dec ms"),
     "server_e2e_p50_ms": ("server end-to-end p50", "srv e2e ms"),

@@ -59,6 +59,7 @@ class Script:
     cache: bool = False  # report the prompt tokens a prefix cache of 4-word blocks would hold
     template: int = 0  # the tokens a chat prompt's template adds to its count
     max_model_len: int = 0  # the context /models names, as vLLM's (0: none named)
+    log_prompts: bool = False  # log each request's prompt (chat: its messages) with its receive time
 
 
 def _head(status: str, ctype: str, length: int | None = None) -> bytes:
@@ -88,6 +89,7 @@ class _Stream:
     rid: str = ""
     model: str = "fake"
     cached: int | None = None
+    asked: Any = None  # the request's messages (chat) or prompt, logged with ``log_prompts``
     sent: list[float] = field(default_factory=list)
     i: int = 0
 
@@ -218,11 +220,13 @@ class FakeServer:
         want = int(req.get("max_completion_tokens") or req.get("max_tokens") or 16)
         if s.eos_at and not req.get("ignore_eos"):
             want = min(want, s.eos_at)
-        prompt = req["messages"][-1]["content"] if chat else req.get("prompt", "")
+        # a chat prompt is all its messages' text (a session's turn carries its history)
+        prompt = " ".join(str(m.get("content", "")) for m in req["messages"]) if chat else req.get("prompt", "")
         n_prompt = len(prompt.split()) + s.tokenize + s.template * chat  # a BOS with --tokenize
         st = _Stream(conn, chat, want + 3 if s.fault == "overrun" else want, n_prompt,
                      s.fault != "no_usage" and bool((req.get("stream_options") or {}).get("include_usage")), t_recv,
-                     rid, s.model, self._cached(prompt.split()) if s.cache else None)
+                     rid, s.model, self._cached(prompt.split()) if s.cache else None,
+                     (req["messages"] if chat else prompt) if s.log_prompts else None)
         if s.slots and self.busy >= s.slots:
             self.waiting.append(st)
             return
@@ -301,8 +305,10 @@ class FakeServer:
         self.busy -= 1
         if self.waiting:
             self._begin(self.waiting.popleft(), time.monotonic())
-        self.log.write(json.dumps({"rid": st.rid, "recv": st.t_recv, "tokens": st.sent, "n": st.i, "done": done})
-                       + "\n")
+        entry = {"rid": st.rid, "recv": st.t_recv, "tokens": st.sent, "n": st.i, "done": done}
+        if st.asked is not None:
+            entry["asked"] = st.asked
+        self.log.write(json.dumps(entry) + "\n")
 
 
 def _tokenize(path: str, req: dict[str, Any]) -> dict[str, Any]:
@@ -322,7 +328,7 @@ async def _serve(args: argparse.Namespace) -> None:
     script = Script(model=args.model, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, per_chunk=args.per_chunk,
                     fault=args.fault, api_key=args.api_key, slots=args.slots, reasoning=args.reasoning,
                     tool_tokens=args.tool_tokens, eos_at=args.eos_at, tokenize=args.tokenize, cache=args.cache,
-                    template=args.template, max_model_len=args.max_model_len)
+                    template=args.template, max_model_len=args.max_model_len, log_prompts=args.log_prompts)
     with open(args.log, "w", buffering=1 << 20) if args.log else open(os.devnull, "w") as log, \
             open(args.headers_log, "w") if args.headers_log else contextlib.nullcontext() as headers_log:
         server = FakeServer(script, log, headers_log)
@@ -357,6 +363,8 @@ def main() -> None:
     p.add_argument("--tokenize", type=lambda v: v == "True", default=False, help="serve llama.cpp's /tokenize")
     p.add_argument("--cache", type=lambda v: v == "True", default=False, help="report prefix-cache hits in usage")
     p.add_argument("--template", type=int, default=0, help="tokens a chat template adds to a prompt's count")
+    p.add_argument("--log-prompts", type=lambda v: v == "True", default=False,
+                   help="log each request's messages (chat) or prompt as 'asked'")
     args = p.parse_args()
     if args.cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
@@ -408,7 +416,8 @@ def word_tokenizer(folder: Path, words: tuple[str, ...] = ()) -> Path:
 def read_log(path: Path) -> list[dict[str, Any]]:
     """The fake server's per-request truth: ``rid`` (the X-Request-Id header), ``recv`` (s), ``tokens`` (send
     time of each token, s), ``n`` tokens
-    sent, ``done``: the stream was sent to its end (not cut off by the client or a fault)."""
+    sent, ``done``: the stream was sent to its end (not cut off by the client or a fault); ``asked``: its messages
+    (chat) or prompt, with ``log_prompts``."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

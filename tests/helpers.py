@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
+
 T = TypeVar("T")
 
 FAST = ["--windows", "3", "--window", "0.3", "--warmup", "0.2"]
@@ -32,6 +34,22 @@ def farm(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
     if check and proc.returncode != 0:
         raise AssertionError(f"farm {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
     return proc
+
+
+def assert_refused(cases: list[tuple[list[str], str]], base: list[str], env: dict[str, str]) -> None:
+    """Each of ``cases`` (``farm submit`` arguments after ``base``, a text its error must hold) is a one-line usage
+    error (exit 2, no traceback), and no job was stored."""
+    import sqlite3  # noqa: PLC0415 - the embedded database, these checks only
+
+    for args, text in cases:
+        proc = farm("submit", *base, *args, check=False, env=env)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert text in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    for db in Path(env["FARM_HOME"]).rglob("*.db"):  # refused before any job
+        with sqlite3.connect(db) as con:
+            tables = {t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            assert "jobs" not in tables or con.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
 
 
 def start_worker(env: dict[str, str], *args: str, log: Path | None = None) -> subprocess.Popen[str]:
@@ -141,3 +159,15 @@ def stop_group(proc: subprocess.Popen[Any], timeout_s: float = 15.0) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=timeout_s)
+
+
+def servers_of(model: Path, since: float) -> list[str]:
+    """The command lines of live processes serving ``model`` started at or after ``since`` (epoch s; a session
+    fixture's server of the same model, e.g. ``llama_cpp_url``, is older); zombies count as gone."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "status", "create_time"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        young = (p.info["create_time"] or 0.0) >= since - 1.0  # create_time's resolution: a clock tick
+        if str(model) in cmd and young and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(cmd)
+    return out

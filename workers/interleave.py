@@ -10,6 +10,9 @@ loop at a rate) offered for the block's length. Each side is warmed before its f
 call right before each of its blocks, so no block starts cold. Where both cannot be held at once
 (``both_at_once`` False: the alternate-start mode), each block loads its side, warms it and closes it after.
 
+An LLM engine's side (``workers.interleave_llm``) is its own server instead, launched by a runner on the same
+lease, each call one streamed request: its blocks add TTFT p50 and output tokens/s.
+
 Each block keeps its figures (:class:`Block`): requests, inferences/s, latency p50/p99 (open loop: from the
 scheduled send), late sends, and the foreign load on the leased cores over the block (the host's "busy" note,
 per block). The caller (``farm.verdict``) judges the pairs and decides when to stop: :func:`pairs` yields one
@@ -26,11 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from farm.errors import ModelError
+from schemas.engines import is_openai
 from schemas.input_data import InputData
 from schemas.load_levels import ClosedLoop, ConstantRate, PoissonRate
 from workers.cores import pinned
@@ -60,6 +64,33 @@ class Cell:
     inputs: list[dict[str, Any]] | None = None
     data: InputData | None = None
 
+    @property
+    def llm(self) -> bool:
+        """Whether the cell's engine is an LLM server's (its card's protocol: streamed OpenAI requests)."""
+        return is_openai(self.engine)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What one streamed LLM call brought: its time to first token (s) and its output tokens."""
+
+    ttft_s: float
+    tokens: int
+
+
+class SideLike(Protocol):
+    """One side of the comparison: ``open`` loads (or starts) and warms it, ``call`` runs one call (an LLM side's
+    answers its :class:`Reply`), ``close`` frees it; ``signature``: what it takes (equal for both sides)."""
+
+    model: Path
+    signature: list[tuple[str, str, tuple[int, ...]]]
+
+    def open(self, warmup_s: float) -> None: ...
+
+    def call(self) -> Reply | None: ...
+
+    def close(self) -> None: ...
+
 
 @dataclass(frozen=True)
 class Block:
@@ -79,6 +110,8 @@ class Block:
     latency_p99_ms: float | None
     late_pct: float | None
     foreign_cpu_pct: float | None
+    ttft_p50_ms: float | None = None  # an LLM cell's: the streamed calls' time to first token, median
+    output_tokens_per_s: float | None = None  # an LLM cell's: the tokens the block's calls generated / its length
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,9 +143,10 @@ class Side:
         while time.perf_counter() < end:
             self.call()
 
-    def call(self) -> None:
+    def call(self) -> Reply | None:
         assert self.backend is not None, "Side.open first"
         self.backend.infer(self.feed)
+        return None
 
     def close(self) -> None:
         if self.backend is not None:
@@ -131,18 +165,22 @@ def _shown(signature: list[tuple[str, str, tuple[int, ...]]]) -> str:
     return ", ".join(f"{n}:{d}:{'x'.join(map(str, shape)) or '-'}" for n, d, shape in signature)
 
 
-def _closed(side: Side, level: ClosedLoop, block_s: float, pool: ThreadPoolExecutor) -> list[float]:
-    """``level.concurrency`` loops calling ``side`` until ``block_s`` has passed; each call's latency, s."""
+#: one call's latency (s) and, for an LLM side, its reply
+Call = tuple[float, Reply | None]
+
+
+def _closed(side: SideLike, level: ClosedLoop, block_s: float, pool: ThreadPoolExecutor) -> list[Call]:
+    """``level.concurrency`` loops calling ``side`` until ``block_s`` has passed; each call's latency (s) and reply."""
     end = time.perf_counter() + block_s
 
-    def loop() -> list[float]:
-        lat: list[float] = []
+    def loop() -> list[Call]:
+        lat: list[Call] = []
         while True:
             t = time.perf_counter()
             if t >= end:
                 return lat
-            side.call()
-            lat.append(time.perf_counter() - t)
+            reply = side.call()
+            lat.append((time.perf_counter() - t, reply))
 
     if level.concurrency == 1:
         return loop()
@@ -160,19 +198,19 @@ def send_times(level: ConstantRate | PoissonRate, block_s: float, rng: random.Ra
     return times
 
 
-def _open(side: Side, level: ConstantRate | PoissonRate, block_s: float, pool: ThreadPoolExecutor,
-          rng: random.Random) -> tuple[list[float], int]:
+def _open(side: SideLike, level: ConstantRate | PoissonRate, block_s: float, pool: ThreadPoolExecutor,
+          rng: random.Random) -> tuple[list[Call], int]:
     """Calls sent at ``level``'s schedule for ``block_s`` (each on a pool thread); their latencies from the
-    scheduled send (s) and how many sends left late."""
-    lat: list[float] = []
+    scheduled send (s) with their replies, and how many sends left late."""
+    lat: list[Call] = []
     lock = threading.Lock()
     late = 0
 
     def one(due: float) -> None:
-        side.call()
+        reply = side.call()
         done = time.perf_counter() - due
         with lock:
-            lat.append(done)
+            lat.append((done, reply))
 
     start = time.perf_counter()
     futures = []
@@ -209,19 +247,28 @@ class _CoreClock:
         return foreign_pct(busy, after[1] - before[1], capacity)
 
 
-def _figures(lat_s: list[float], block_s: float, batch: int) -> tuple[float, float | None, float | None]:
-    """(inferences/s, p50 ms, p99 ms) of a block's latencies."""
-    if not lat_s:
-        return 0.0, None, None
-    p50, p99 = np.percentile(np.asarray(lat_s) * 1e3, [50, 99])
-    return len(lat_s) * batch / block_s, float(p50), float(p99)
+def _figures(calls: list[Call], block_s: float, batch: int) -> dict[str, float | None]:
+    """A block's figures from its calls over ``block_s`` (s): inferences/s, latency p50 and p99 (ms), and where the
+    calls were streamed LLM ones, TTFT p50 (ms) and output tokens/s."""
+    if not calls:
+        return {"throughput_infer_per_s": 0.0, "latency_p50_ms": None, "latency_p99_ms": None}
+    p50, p99 = np.percentile(np.asarray([c[0] for c in calls]) * 1e3, [50, 99])
+    out: dict[str, float | None] = {"throughput_infer_per_s": len(calls) * batch / block_s,
+                                    "latency_p50_ms": float(p50), "latency_p99_ms": float(p99)}
+    replies = [r for _, r in calls if r is not None]
+    if replies:
+        out["ttft_p50_ms"] = float(np.median([r.ttft_s for r in replies])) * 1e3
+        out["output_tokens_per_s"] = sum(r.tokens for r in replies) / block_s
+    return out
 
 
 @dataclass
 class Interleaver:
     """The interleaved measurement of ``models`` (A, B) at ``cell`` on ``cores``: enter it to load (and warm)
     both, then iterate :meth:`pairs`. ``both_at_once`` False: the alternate-start mode (each block loads, warms
-    and closes its side). ``seed`` fixes the order of each pair and the Poisson gaps."""
+    and closes its side). ``seed`` fixes the order of each pair and the Poisson gaps. ``make_side``: a side of a
+    model on the lease's cores (None: loaded in this process, :class:`Side`, the calling thread pinned to the
+    cores; an LLM server's side pins its own server and leaves the client's threads where they are)."""
 
     models: tuple[Path, Path]
     cell: Cell
@@ -230,15 +277,17 @@ class Interleaver:
     warmup_s: float = 0.5
     both_at_once: bool = True
     seed: int = 0
+    make_side: Callable[[Path, list[int]], SideLike] | None = None
     blocks: list[Block] = field(default_factory=list)
-    _sides: tuple[Side, Side] | None = None
+    _sides: tuple[SideLike, SideLike] | None = None
     _stack: ExitStack = field(default_factory=ExitStack)
 
     def __enter__(self) -> Interleaver:
         try:
-            self._stack.enter_context(pinned(self.cores))
+            if self.make_side is None:
+                self._stack.enter_context(pinned(self.cores))
             self._pool = self._stack.enter_context(ThreadPoolExecutor(max_workers=self._workers()))
-            self._sides = (Side(self.models[0], self.cell), Side(self.models[1], self.cell))
+            self._sides = (self._side(self.models[0]), self._side(self.models[1]))
             for side in self._sides:
                 self._stack.callback(side.close)
                 side.open(self.warmup_s)
@@ -258,6 +307,9 @@ class Interleaver:
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
+
+    def _side(self, model: Path) -> SideLike:
+        return Side(model, self.cell) if self.make_side is None else self.make_side(model, self.cores)
 
     def _workers(self) -> int:
         """Pool threads: the closed loop's concurrency, or enough for an open loop's outstanding calls."""
@@ -284,18 +336,17 @@ class Interleaver:
             side.call()  # one untimed call: the block never starts cold
             before = self._clock.read()
             t = time.perf_counter()
-            lat, late = self._load(side)
+            calls, late = self._load(side)
             took = time.perf_counter() - t
             after = self._clock.read()
-        thr, p50, p99 = _figures(lat, took, self.cell.batch_size)
         is_open = not isinstance(self.cell.level, ClosedLoop)
         return Block(pair=pair, side=SIDES[index], order=place, start_s=t - self._t0, duration_s=took,
-                     requests=len(lat), throughput_infer_per_s=thr, latency_p50_ms=p50, latency_p99_ms=p99,
-                     late_pct=(100.0 * late / max(1, len(lat))) if is_open else None,
-                     foreign_cpu_pct=self._clock.foreign(before, after))
+                     requests=len(calls), late_pct=(100.0 * late / max(1, len(calls))) if is_open else None,
+                     foreign_cpu_pct=self._clock.foreign(before, after),
+                     **_figures(calls, took, self.cell.batch_size))  # type: ignore[arg-type]
 
     @contextmanager
-    def _held(self, side: Side) -> Iterator[None]:
+    def _held(self, side: SideLike) -> Iterator[None]:
         """``side`` loaded for a block: as it is (both held), or started and warmed now, closed after."""
         if self.both_at_once:
             yield
@@ -306,7 +357,7 @@ class Interleaver:
         finally:
             side.close()
 
-    def _load(self, side: Side) -> tuple[list[float], int]:
+    def _load(self, side: SideLike) -> tuple[list[Call], int]:
         level = self.cell.level
         if isinstance(level, ClosedLoop):
             return _closed(side, level, self.block_s, self._pool), 0
@@ -315,7 +366,12 @@ class Interleaver:
 
 def primary(cell: Cell) -> tuple[str, Callable[[Block], float | None]]:
     """The figure a verdict is taken on, and how to read it off a block: inferences/s in a closed loop, p50
-    latency in an open loop (its throughput is the offered rate)."""
+    latency in an open loop (its throughput is the offered rate); an LLM cell's output tokens/s in a closed loop,
+    TTFT p50 in an open one."""
+    if cell.llm:
+        if isinstance(cell.level, ClosedLoop):
+            return "output_tokens_per_s", lambda b: b.output_tokens_per_s or None
+        return "ttft_p50_ms", lambda b: b.ttft_p50_ms
     if isinstance(cell.level, ClosedLoop):
         return "throughput_infer_per_s", lambda b: b.throughput_infer_per_s or None
     return "latency_p50_ms", lambda b: b.latency_p50_ms

@@ -3,6 +3,7 @@ their runs (``farm.readers.compare``)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -68,6 +69,11 @@ def compare(
                                    "verdict is conclusive."),
     block_ms: float = typer.Option(100.0, "--block-ms", min=20.0, max=10000.0,
                                    help="--interleaved: the length of one block of load, ms."),
+    figure: Path | None = typer.Option(None, "--host-figure", metavar="FILE", help="--interleaved REF MODEL: write "
+                                       "MODEL's cost in units of REF on this host there (the whole budget "
+                                       "measured), for lining hosts up with --hosts."),
+    across: bool = typer.Option(False, "--hosts", help="A and B are host figure files (--host-figure) of one "
+                                "model from two hosts: its cost in reference units on B against A."),
     alternate: bool = typer.Option(False, "--alternate-start", help="--interleaved: load each model for its block "
                                    "only (the mode taken when both do not fit in memory at once)."),
     **cell: Any,
@@ -76,10 +82,17 @@ def compare(
     (faster, slower, same or inconclusive); with --interleaved, two models measured alternately here."""
     if fail_on_regression is not None and fail_on_regression < 0:
         raise RequestError("--fail-on-regression takes a percentage >= 0, e.g. 5")
+    if across:
+        interleave_cmd.hosts(Path(request_a), Path(request_b), alpha, 2.0 if min_effect is None else min_effect,
+                             fail_on_regression, as_json)
+        return
+    if figure is not None and not interleaved:
+        raise RequestError("--host-figure is written by an interleaved compare: farm compare --interleaved REF MODEL "
+                           "--host-figure FILE")
     if interleaved:
         settings = interleave_cmd.Settings(budget_s, block_ms / 1000.0, alpha,
                                            2.0 if min_effect is None else min_effect, alternate)
-        interleave_cmd.interleaved(request_a, request_b, cell, fail_on_regression, settings, as_json)
+        interleave_cmd.interleaved(request_a, request_b, cell, fail_on_regression, settings, as_json, figure)
         return
     given = [o for o in interleave_cmd.CELL_OPTIONS if cell.get(o) not in (None, [])]
     if given:

@@ -12,6 +12,7 @@ from farm import lifecycle
 from farm.cli import (
     cluster,
     compare_cmd,
+    events_cmd,
     followups,
     llm_options,
     op_profile_cmd,
@@ -277,6 +278,7 @@ compare_cmd.register(app)
 cluster.register(app)  # scheduler, cancel
 op_profile_cmd.register(app)  # ops (op profiles; not ops.py's operator commands)
 server_cmd.register(app)  # server (the API and web view), token
+events_cmd.register(app)  # events (an LLM job's event log)
 
 
 def main(args: list[str] | None = None) -> None:

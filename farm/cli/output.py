@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.measure import Measurement
 
-from farm.cli import views
+from farm.cli import events_cmd, views
 from farm.errors import RequestError
 from farm.readers import export
 from farm.readers.results import find_request, merge_repeats, result_rows
@@ -84,7 +84,8 @@ def print_table(console: Console, rows: list[ResultRow], title: str, metrics: tu
             console = Console(file=console.file, width=width, force_terminal=console.is_terminal,
                               color_system=console.color_system, no_color=console.no_color)  # type: ignore[arg-type]
     console.print(table)
-    for line in views.measured_lines(rows) + views.repeat_lines(rows):
+    for line in (views.measured_lines(rows) + views.repeat_lines(rows) + views.turn_lines(rows)
+                 + (events_cmd.wide_lines(rows) if wide else [])):
         views.say(line, to=console)
     for line in views.error_lines(rows):
         views.say(line, style="red", to=console)

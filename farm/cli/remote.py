@@ -3,10 +3,11 @@
 submitter's machine holds no credential but its token. The tables are drawn by the same code as on the database
 (the API returns the readers' rows, ``farm.server.serialize``).
 
-A submit streams the model (and input data) file in chunks (constant memory whatever its size) and is
-idempotent: it makes up one ``client_id`` and repeats the call with it until the server answers, through
-restarts, so nothing is lost and nothing is doubled. Every answer that is not a success is one line:
-401 (token), 403 (not yours), 404, 422 (naming the field), 429 (a fair-share limit)."""
+A submit streams the model (a file, or a folder file by file), the input data file and an LLM workload's prompt,
+trace and tokenizer files in chunks (constant memory whatever their size) and is idempotent: it makes up one
+``client_id`` and repeats the call with it until the server answers, through restarts, so nothing is lost and
+nothing is doubled. Every answer that is not a success is one line: 401 (token), 403 (not yours), 404, 422
+(naming the field), 429 (a fair-share limit)."""
 from __future__ import annotations
 
 import json
@@ -19,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from farm import workload_files
 from farm.cli import output, views
 from farm.cli.followups import next_hint, results_hints
 from farm.cli.views import console, err_console
@@ -86,15 +88,32 @@ class Api:
         return self.call(method, path, **kw).json()
 
     def upload(self, path: Path) -> str:
-        """Stream the file at ``path`` to the server; its upload id (sha256)."""
+        """Stream the file at ``path`` to the server (a folder: each of its files, then its listing); its upload
+        id (a file's sha256, a folder's listing's)."""
+        if path.is_dir():
+            return self._upload_folder(path)
+        if not path.is_file():
+            raise RequestError(f"{path}: no such file or folder")
+        return self._upload_file(path)
+
+    def _upload_file(self, path: Path) -> str:
         def chunks() -> Iterator[bytes]:
             with path.open("rb") as fh:
                 while block := fh.read(CHUNK):
                     yield block
 
-        if not path.is_file():
-            raise RequestError(f"{path} is not a file: over the API a model is one file (ONNX, TorchScript, GGUF)")
         return str(self.json("PUT", f"/uploads/{path.name}", content=chunks())["upload"])
+
+    def _upload_folder(self, folder: Path) -> str:
+        """Each file of ``folder`` (links inside it followed, as a local submit hashes them), then the folder."""
+        files = sorted(p for p in folder.rglob("*") if p.is_file())
+        if not files:
+            raise RequestError(f"{folder} is an empty folder; give a model file or a Hugging Face model folder")
+        for p in files:
+            if not p.resolve().is_relative_to(folder.resolve()):
+                raise RequestError(f"{p} links outside the folder; copy the file into the folder")
+        listing = {p.relative_to(folder).as_posix(): self._upload_file(p) for p in files}
+        return str(self.json("POST", "/folders", json={"name": folder.name, "files": listing})["upload"])
 
     def submit(self, request: ProfileRequest) -> dict[str, Any]:
         """Upload the request's files and submit it, trying again with the same client id while the server
@@ -114,7 +133,9 @@ class Api:
 
     def _submit_once(self, request: ProfileRequest, client_id: str) -> dict[str, Any]:
         body: dict[str, Any] = {"client_id": client_id}
-        data = request.model_dump(mode="json", exclude_none=True)
+        # only what the submitter set: a default left unset stays unset on the server (an engine chosen there by the
+        # model's format, as a local submit chooses it: ``scheduler.expand.request_engines``)
+        data = request.model_dump(mode="json", exclude_none=True, exclude_unset=True)
         if request.model is not None and not is_reference(request.model):  # a reference: the server resolves it
             model = Path(request.model).expanduser()
             body["model_upload"] = self.upload(model)
@@ -123,6 +144,10 @@ class Api:
             source = Path(request.input_data.source).expanduser()
             body["input_data_upload"] = self.upload(source)
             data["input_data"] = {**data["input_data"], "source": source.name}
+        llm = request.measurement.llm
+        if llm is not None:  # each file checked and chosen as a local submit would (a tokenizer's own files)
+            named = {kind: workload_files.upload(kind, v).path for kind, v in llm.files().items() if isinstance(v, str)}
+            body["workload_uploads"] = {kind: self.upload(path) for kind, path in named.items()}
         body["request"] = data
         out: dict[str, Any] = self.json("POST", "/requests", json=body)
         return out

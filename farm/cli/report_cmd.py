@@ -25,6 +25,7 @@ from farm.cli.views import (
     say,
     serving_label,
     shared_lines,
+    turn_lines,
 )
 from farm.db.session import session_scope
 from farm.errors import RequestError
@@ -194,6 +195,8 @@ def _print_verdicts(rep: Report) -> None:
             + (" ..." if len(rep.rejected) > 5 else ""))
     for label, knee in rep.knees:  # LLM concurrency sweeps: where more concurrency stops buying tokens/s
         say(f"{label}: {knee.text()}")
+    for line in turn_lines(rep.ranked):  # sessions: TTFT and the prefix-cache share per turn
+        say(line)
     for e in rep.edge:
         verdict = ("fits" if e["fits"] else e["reason"] if e["fits"] is None
                    else f"does not fit ({e['reason']})")

@@ -140,6 +140,12 @@ SUBMIT_OPTIONS: tuple[Opt, ...] = (
     _llm("trace_tokens", float | None, "The trace's token scale: every length and the hash ids' block size times "
          "this (default {default}; 0.0625: 1/16 for a small host)."),
     _llm("trace_limit", int | None, "Replay the trace's first N requests only."),
+    _llm("sessions", str | None, "Multi-turn conversations, each turn sent with its history (the earlier prompts and "
+         "the server's answers): N synthetic turns of --input-tokens each (answers of --output-tokens), or sharegpt: "
+         "the --prompts ShareGPT file's conversations replayed whole. -c N keeps N sessions in flight; --rate R starts "
+         "R sessions/s. Results show TTFT and the prefix-cache share per turn."),
+    _llm("think_ms", float | None, "Sessions: the think time between an answer and the next turn, ms (default "
+         "{default})."),
     _llm("tokenizer", str | None, "Hugging Face tokenizer (folder or tokenizer.json), uploaded with the request and "
          "parsed only in the sandbox: exact prompt lengths, and token counts where the server sends no usage."),
     _llm("slo", str | None, "Latency goals for goodput, ms: ttft=MS,tpot=MS,e2e=MS (any of them)."),

@@ -24,9 +24,9 @@ from farm.readers.results import llm_rows
 from farm.readers.rows import ResultRow, as_row, as_rows
 from farm.settings import get_settings
 from farm.steal import steal_note
-from schemas.llm_facts import LLM_FACT_COLUMNS
+from schemas.llm_facts import LLM_FACT_COLUMNS, SESSIONS_MARK
 from schemas.measured import MEASURED_EDGE
-from schemas.metrics import BY_NAME, JOB_METRICS
+from schemas.metrics import BY_NAME, JOB_METRICS, TURN_METRICS
 from schemas.result import (
     SHARED_NOTE,
     client_limited,
@@ -70,6 +70,8 @@ LLM_WIDE_METRICS: tuple[str, ...] = (
     # the server's own view (its /metrics through the windows), where it has one
     "server_requests_running_max", "server_requests_waiting_max", "server_kv_cache_usage_max_pct",
     "server_generation_tokens",
+    # sessions (--sessions): the first and second turn's TTFT and prefix-cache share (every turn: turn_lines)
+    "turn1_ttft_p50_ms", "turn2_ttft_p50_ms", "turn1_cached_prompt_tokens_pct", "turn2_cached_prompt_tokens_pct",
     # its own per-request histograms (vLLM's): TTFT, and the queue and prefill parts of it
     "server_ttft_p50_ms", "server_queue_p50_ms", "server_prefill_p50_ms",
 )
@@ -145,6 +147,8 @@ def workload_label(r: ResultRow) -> str:
     if llm is None or llm.output_tokens is None:
         return "-"
     head = f"prompts {Path(str(llm.prompts)).name}" if llm.prompts else f"in {llm.input_tokens}"
+    if str(llm.prompts).startswith(SESSIONS_MARK):
+        head = str(llm.prompts)
     prefix = f" prefix {llm.prefix_tokens}" if llm.prefix_tokens else ""
     return f"{head} out {llm.output_tokens}{prefix} seed {llm.workload_seed}"
 
@@ -356,6 +360,21 @@ def measured_lines(rows: list[ResultRow]) -> list[str]:
     if {k for k, _ in kinds} == {"serving", "edge"} and any(how == MEASURED_EDGE for _, how in kinds):
         lines.append("edge rows pay no per-request transport cost: do not compare their throughput or latency "
                      "with serving rows")
+    return lines
+
+
+def turn_lines(rows: list[ResultRow]) -> list[str]:
+    """A sessions row's figures per turn (``turn{k}_*`` metrics), one line each: ``abc123 per turn: TTFT p50 ms
+    12.1 | 14.0 | 15.2; prompt tokens from cache % - | 85.0 | 91.0`` (the job's details hold every turn's)."""
+    lines = []
+    for r in rows:
+        turns = [k for k in range(1, TURN_METRICS + 1) if r.get(f"turn{k}_ttft_p50_ms") is not None]
+        if not turns:
+            continue
+        ttft = " | ".join(fmt_value("ttft_p50_ms", r.get(f"turn{k}_ttft_p50_ms")) for k in turns)
+        cached = " | ".join(fmt_value("cached_prompt_tokens_pct", r.get(f"turn{k}_cached_prompt_tokens_pct"))
+                            for k in turns)
+        lines.append(f"{job_label(r)} per turn 1-{turns[-1]}: TTFT p50 ms {ttft}; prompt tokens from cache % {cached}")
     return lines
 
 

@@ -73,13 +73,19 @@ SERVER_METRICS_0014 = (
 SERVER_INT_METRICS_0014 = ('server_scrapes',)
 #: the metric columns of results at migration 0014, frozen
 METRICS_0014 = METRICS_0013 + SERVER_METRICS_0014
-#: the server's histograms and prefix-cache lookups migration 0015 added (vLLM's: ``server_metrics``), frozen
-SERVER_METRICS_0015 = ('server_prefill_p50_ms', 'server_decode_p50_ms', 'server_e2e_p50_ms', 'server_itl_p50_ms',
-                       'server_prefix_cache_queries')
-#: the metric columns of results at migration 0015, frozen
-METRICS_0015 = METRICS_0014 + SERVER_METRICS_0015
 #: the LLM job's facts at migration 0014: which server program ran and its version (``server``) added
 LLM_FACTS_0014 = LLM_FACTS_0010 + ('server',)
+#: the metric columns migration 0015 added (issue 41: sessions, TTFT and the prefix-cache share per turn 1-8),
+#: frozen (``schemas.metrics.TURN_METRICS`` turns)
+SESSION_METRICS_0015 = tuple(f'turn{k}_{fig}' for k in range(1, 9)
+                             for fig in ('ttft_p50_ms', 'cached_prompt_tokens_pct'))
+#: the metric columns of results at migration 0015, frozen
+METRICS_0015 = METRICS_0014 + SESSION_METRICS_0015
+#: the server's histograms and prefix-cache lookups migration 0016 added (vLLM's: ``server_metrics``), frozen
+SERVER_METRICS_0016 = ('server_prefill_p50_ms', 'server_decode_p50_ms', 'server_e2e_p50_ms', 'server_itl_p50_ms',
+                       'server_prefix_cache_queries')
+#: the metric columns of results at migration 0016, frozen
+METRICS_0016 = METRICS_0015 + SERVER_METRICS_0016
 
 
 def _json_text(dialect: str, column: str, *path: str) -> str:

@@ -14,10 +14,12 @@ from typing import Any
 
 from farm.db.session import session_scope
 from farm.formatting import fmt_value, knobs_text, rate_text
+from farm.llm_events import TOOLS
 from farm.op_profile import request_profiles
 from farm.readers import report_llm_plots as llm_plots
 from farm.readers import report_ops
 from farm.readers import report_plots as plots
+from farm.readers.events import side_by_side, stored_figures
 from farm.readers.report import Constraint, Report, build_report, llm_edge, llm_edge_figures
 from farm.readers.results import (
     MEASUREMENT_COLUMNS,
@@ -112,7 +114,7 @@ def render(request_id: str, objective: str | None = None, constraints: list[Cons
             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC</p>",
             _how_measured(rows), _summary(rep), "<h2>Plots</h2>",
             *(f'<figure class="plot" id="plot-{fid}">{svg}</figure>' for fid, svg in figures if svg),
-            _static(model_static_metrics(req.model_sha256)), _op_profiles(req.id), _jobs(rows)]
+            _tools(rows), _static(model_static_metrics(req.model_sha256)), _op_profiles(req.id), _jobs(rows)]
     return _page(title, "\n".join(body))
 
 
@@ -143,6 +145,21 @@ def _llm_figures(rows: list[ResultRow], rep: Report, slo: Slo | None) -> list[tu
             ("llm-tokens-knee", llm_plots.tokens_vs_concurrency(rows, rep.knees)),
             ("llm-goodput", llm_plots.goodput_vs_rate(rows, slo)),
             ("llm-engines", llm_plots.engines(rows))]
+
+
+def _tools(rows: list[ResultRow]) -> str:
+    """The LLM jobs' TTFT, ITL and TPOT p50 (ms) by farm's, vllm bench's, AIPerf's and GuideLLM's definitions, from
+    each job's event log (``farm events JOB`` for the p99s and the log itself; docs/llm.md for the definitions)."""
+    figures = stored_figures([r.job_id for r in rows if r.llm is not None])
+    if not figures:
+        return ""
+    head = "<tr><th class=l>job</th><th class=l>figure</th>" + "".join(f"<th>{t}</th>" for t in TOOLS) + "</tr>"
+    cells = [f"<tr><td class=l><code>{_e(jid[:8])}</code></td><td class=l>{_e(fig.upper())} p50 ms</td>"
+             + "".join(f"<td>{'-' if v is None else f'{v:,.2f}'}</td>" for v in by_tool.values()) + "</tr>"
+             for jid, figs in figures.items() for fig, by_tool in side_by_side(figs).items()]
+    return ('<h2 id="tools">TTFT, ITL and TPOT by tool</h2><p>Each LLM job\'s figures computed from its event log '
+            "by each tool's own definition (docs/llm.md), so a row lines up with that tool's number.</p>"
+            f'<table id="tools-table">{head}{"".join(cells)}</table>')
 
 
 def _op_profiles(request_id: str) -> str:

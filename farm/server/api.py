@@ -28,7 +28,7 @@ from farm.readers.results import (
     workers_table,
 )
 from farm.server import access, serialize, uploads
-from farm.server.submit import SubmitBody, submit_request
+from farm.server.submit import FolderBody, SubmitBody, submit_request
 from scheduler.reconcile import cancel_request
 from scheduler.search import search_report
 
@@ -56,6 +56,14 @@ async def upload(filename: str, request: Request, who: Who) -> dict[str, Any]:
     """Stream a model or data file (the raw body) to the server; answers its sha256, which a submit names."""
     sha, size = await uploads.receive(who.name, filename, request.stream())
     return {"upload": sha, "size_bytes": size, "filename": filename}
+
+
+@router.post("/folders", status_code=status.HTTP_201_CREATED)
+def folder(body: FolderBody, who: Who) -> dict[str, Any]:
+    """Put a folder together from files uploaded before (``PUT /uploads/NAME`` each); answers its upload id, which
+    a submit names like a file's (``model_upload``, ``workload_uploads``)."""
+    sha, size = uploads.assemble(who.name, body.name, body.files)
+    return {"upload": sha, "size_bytes": size, "files": len(body.files), "name": body.name}
 
 
 @router.post("/requests", status_code=status.HTTP_201_CREATED)

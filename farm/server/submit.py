@@ -7,7 +7,8 @@ stores the model, the request, its owner, its jobs and the audit line (``schedul
 crash in the middle leaves nothing. Two tries racing each other: the second one's insert fails on the primary
 key and it answers with the first one's request.
 
-Paths in a request are the submitter's, not the server's: the model and the input data file come as uploads
+Paths in a request are the submitter's, not the server's: the model (a file, or a folder put together from its
+files' uploads), the input data file and an LLM workload's prompt, trace and tokenizer files come as uploads
 (``farm.server.uploads``), and a request naming any other file on the server is refused.
 """
 from __future__ import annotations
@@ -30,6 +31,8 @@ from farm.store.base import is_reference
 from scheduler.enqueue import submit
 from scheduler.fairshare import release
 from schemas import ProfileRequest
+from schemas.llm import WorkloadKind
+from schemas.request import MeasurementSettings
 from workers.engines.triton import attach
 
 log = logging.getLogger("farm.server")
@@ -45,6 +48,17 @@ class SubmitBody(BaseModel):
     request: ProfileRequest
     model_upload: str | None = Field(default=None, description="sha256 of the uploaded model file")
     input_data_upload: str | None = Field(default=None, description="sha256 of the uploaded input data file")
+    workload_uploads: dict[WorkloadKind, str] = Field(
+        default_factory=dict, description="the upload of each file the LLM workload names (prompts, trace, tokenizer): "
+        "a file's sha256 (PUT /uploads/NAME) or a folder's id (POST /folders)")
+
+
+class FolderBody(BaseModel):
+    """``POST /api/v1/folders``: a folder (a Hugging Face model, a tokenizer's folder) from its files' uploads."""
+
+    name: str = Field(min_length=1, max_length=200, description="the folder's name (the model's name in results)")
+    files: dict[str, str] = Field(description="each file's path inside the folder (a/b.json) -> the sha256 its PUT "
+                                  "/uploads/NAME answered")
 
 
 @dataclass
@@ -77,11 +91,10 @@ def _existing(who: Principal, request_id: str) -> Submitted | None:
 def _server_request(who: Principal, body: SubmitBody) -> ProfileRequest:
     """The request with the uploads' paths on this server in place of the submitter's paths."""
     req = body.request
-    llm = req.measurement.llm
-    if llm is not None and (llm.prompts or llm.tokenizer):
-        raise RequestError("request.measurement.llm: prompt and tokenizer files are not uploaded through the API yet; "
-                           "submit on a host with the database, or use generated prompts")
     update: dict[str, Any] = {}
+    measurement = _workload_files(who, body)
+    if measurement is not None:
+        update["measurement"] = measurement
     if req.endpoint is None and req.model is not None and is_reference(req.model):
         if body.model_upload is not None:
             raise RequestError("model_upload: a model named by reference (store:sha256:..., s3://...) has no upload")
@@ -98,6 +111,29 @@ def _server_request(who: Principal, body: SubmitBody) -> ProfileRequest:
         source = uploads.path_of(who.name, body.input_data_upload)
         update["input_data"] = data.model_copy(update={"source": str(source)})
     return req.model_copy(update=update)
+
+
+def _workload_files(who: Principal, body: SubmitBody) -> MeasurementSettings | None:
+    """The request's measurement with each LLM workload file's path on this server in place of the submitter's
+    (None: it names none); RequestError for a file without its upload, an upload without its file, or a stored
+    file's reference (a submitter names only what it uploaded)."""
+    llm = body.request.measurement.llm
+    given = {str(k): v for k, v in body.workload_uploads.items()}
+    paths: dict[str, str] = {}
+    for kind, value in (llm.files() if llm is not None else {}).items():
+        if not isinstance(value, str):
+            raise RequestError(f"request.measurement.llm.{kind}: a stored file's reference is not taken over the API; "
+                               "upload the file and name it in workload_uploads")
+        upload = given.pop(kind, None)
+        if upload is None:
+            raise RequestError(f"workload_uploads.{kind}: the request's {kind} file needs its upload (PUT "
+                               "/api/v1/uploads/NAME; a folder: POST /api/v1/folders)")
+        paths[kind] = str(uploads.path_of(who.name, upload))
+    if given:
+        raise RequestError(f"workload_uploads: {', '.join(given)} given, but the request names no such file")
+    if llm is None or not paths:
+        return None
+    return body.request.measurement.model_copy(update={"llm": llm.model_copy(update=paths)})
 
 
 def submit_request(who: Principal, body: SubmitBody) -> Submitted:
@@ -130,12 +166,29 @@ def submit_request(who: Principal, body: SubmitBody) -> Submitted:
 
 
 def _name_as_submitted(request_id: str, body: SubmitBody) -> None:
-    """The stored request names its model as the submitter did (``mlp.onnx``), not by the server's upload path
-    (reports and the web view show it; workers fetch the model from the store by its sha256; an input data
-    file is kept by its name already, ``farm.input_data.resolve_input_data``)."""
-    if body.request.model is None:
-        return
+    """The stored request names its model and its workload files as the submitter did (``mlp.onnx``), not by the
+    server's upload paths (reports and the web view show them; workers fetch both from the store by their sha256;
+    an input data file is kept by its name already, ``farm.input_data.resolve_input_data``). Its jobs are held
+    until ``release``, so none has been sent with the server's paths."""
+    llm = body.request.measurement.llm
+    labels = {k: v for k, v in (llm.files() if llm is not None else {}).items() if isinstance(v, str)}
     with session_scope() as s:
         req = s.get(Request, request_id)
-        if req is not None:
+        if req is None:
+            return
+        if body.request.model is not None:
             req.spec = {**req.spec, "model": body.request.model}
+        if labels:
+            req.spec = _relabelled(req.spec, labels)
+            for job in s.query(Job).filter(Job.request_id == request_id):
+                job.spec = _relabelled(job.spec, labels)
+
+
+def _relabelled(spec: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    """``spec`` (a request's or a job's) with its workload files' labels set to ``labels`` (by kind)."""
+    measurement = dict(spec.get("measurement") or {})
+    llm = dict(measurement.get("llm") or {})
+    for kind, label in labels.items():
+        if isinstance(llm.get(kind), dict):
+            llm[kind] = {**llm[kind], "label": label}
+    return {**spec, "measurement": {**measurement, "llm": llm}}

@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.helpers import farm, farm_env, running_job, signal_when, start_submit
+from tests.helpers import farm, farm_env, running_job, servers_of, signal_when, start_submit
 
 pytestmark = pytest.mark.llm
 
@@ -34,18 +34,6 @@ def _details(env: dict[str, str], job_id: str) -> dict[str, Any]:
         (text,) = con.execute("SELECT details FROM results WHERE job_id = ?", (job_id,)).fetchone()
     details: dict[str, Any] = json.loads(text)
     return details
-
-
-def _servers_of(model: Path, since: float) -> list[str]:
-    """The command lines of live processes serving ``model`` started at or after ``since`` (epoch s; a session
-    fixture's server of the same model, e.g. ``llama_cpp_url``, is older); zombies count as gone."""
-    out = []
-    for p in psutil.process_iter(["cmdline", "status", "create_time"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        young = (p.info["create_time"] or 0.0) >= since - 1.0  # create_time's resolution: a clock tick
-        if str(model) in cmd and young and p.info["status"] != psutil.STATUS_ZOMBIE:
-            out.append(cmd)
-    return out
 
 
 def test_llama_server_rows_name_it_and_carry_its_own_view(llama_server: str, tiny_llama: Any) -> None:
@@ -87,7 +75,7 @@ def test_a_llama_server_that_dies_while_loading_fails_its_job_with_its_log(llama
     assert bad["status"] == "failed" and "GGML_ASSERT" in bad["error"] and "exited before it was ready" in bad["error"]
     assert "\n" not in bad["error"]
     assert good["status"] == "succeeded", good.get("error")
-    assert _servers_of(tiny_llama.gguf, since) == []
+    assert servers_of(tiny_llama.gguf, since) == []
 
 
 def test_ctrl_c_stops_llama_server_and_leaves_nothing(llama_server: str, tiny_llama: Any, tmp_path: Path) -> None:
@@ -107,7 +95,7 @@ def test_ctrl_c_stops_llama_server_and_leaves_nothing(llama_server: str, tiny_ll
     assert code == 130, (tmp_path / "stderr").read_text()
     gone, alive = psutil.wait_procs(children, timeout=5)
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
-    assert _servers_of(tiny_llama.gguf, since) == []
+    assert servers_of(tiny_llama.gguf, since) == []
 
 
 def test_without_llama_server_llama_cpp_python_serves_and_the_row_says_so(tiny_llama: Any, tmp_path: Path) -> None:

@@ -5,12 +5,11 @@ usage errors naming their line, before any job."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 from schemas.result import CLIENT_LIMITED_PCT, client_limited
 from tests.fake_openai import fake_server, read_log
-from tests.helpers import farm, farm_env
+from tests.helpers import assert_refused, farm, farm_env
 from workers.loadgen.openai.load_loop import request_seq
 
 #: (ms, input tokens, output tokens, hash ids): replayed at token scale 1/32 (16-token blocks)
@@ -80,13 +79,4 @@ def test_a_bad_trace_is_a_one_line_usage_error_naming_its_line(tmp_path: Path) -
              (["--trace", str(unordered), "--rate", "5"], "drop --rate")]
     env = farm_env()
     with fake_server(model="tiny", max_model_len=200) as url:
-        for args, text in cases:
-            proc = farm("submit", "--endpoint", url, "--api", "openai-chat", "--model-name", "tiny", *args,
-                        check=False, env=env)
-            assert proc.returncode == 2, (args, proc.stderr)
-            assert text in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-            assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    for db in Path(env["FARM_HOME"]).rglob("*.db"):  # refused before any job
-        with sqlite3.connect(db) as con:
-            tables = {t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            assert "jobs" not in tables or con.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+        assert_refused(cases, ["--endpoint", url, "--api", "openai-chat", "--model-name", "tiny"], env)

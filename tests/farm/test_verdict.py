@@ -6,7 +6,18 @@ import math
 import numpy as np
 import pytest
 
-from farm.verdict import FASTER, INCONCLUSIVE, SAME, SLOWER, cost_ratios, judge, looks, sign_test
+from farm.verdict import (
+    FASTER,
+    INCONCLUSIVE,
+    SAME,
+    SLOWER,
+    cost_ratios,
+    judge,
+    line_up,
+    looks,
+    rank_sum_p,
+    sign_test,
+)
 
 
 def ratios(change: float, spread: float, n: int, seed: int) -> list[float]:
@@ -86,3 +97,18 @@ def test_a_few_pairs_conclude_only_when_the_exact_sign_test_agrees() -> None:
     strict = judge(data, n_looks=5)  # each look at 0.01
     assert strict.ci_pct[0] > 0 and strict.p_sign > 0.01 and strict.verdict == INCONCLUSIVE
     assert judge(data, n_looks=1).verdict == SLOWER  # at 0.05 both agree
+
+
+def test_line_up_finds_a_shift_between_two_hosts_and_not_a_common_one() -> None:
+    rng = np.random.default_rng(3)
+    x = list(np.exp(rng.normal(0.0, 0.02, 40)))
+    same = list(np.exp(rng.normal(0.0, 0.02, 40)))
+    shifted = list(np.exp(rng.normal(np.log(1.10), 0.02, 40)))
+    assert line_up(x, same).verdict == "same"
+    up = line_up(x, shifted)
+    assert up.verdict == "slower" and 8.0 < up.change_pct < 12.0 and up.ci_pct[0] > 0 and up.p_sign < 0.001
+    assert line_up(shifted, x).verdict == "faster"
+    assert line_up([1.0], x).verdict == "inconclusive"
+    # Mann-Whitney: no overlap in 3 + 3 gives U = 0, the normal approximation's p about 0.08 (continuity corrected)
+    assert rank_sum_p(np.array([1.0, 2.0, 3.0]), np.array([4.0, 5.0, 6.0])) == pytest.approx(0.0809, abs=0.001)
+    assert rank_sum_p(np.array([1.0, 1.0]), np.array([1.0, 1.0])) == 1.0

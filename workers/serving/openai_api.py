@@ -15,7 +15,7 @@ from typing import Any
 
 from farm.errors import ServerError
 from schemas.llm import LlmSettings
-from workers.loadgen.openai.load_loop import Auth, check_model, context_of
+from workers.loadgen.openai.models_api import Auth, check_model, context_of
 
 
 @dataclass(frozen=True)

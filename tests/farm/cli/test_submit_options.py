@@ -30,12 +30,13 @@ EXAMPLES: dict[str, tuple[Any, Any]] = {
     "input_tokens": ("64", "64"), "output_tokens": ("32:64", "32:64"), "prefix_tokens": (16, 16), "seed": (3, 3),
     "slo": ("ttft=200", 200.0), "requests": (100, 100), "warmup_requests": (5, 5),
     "trace_speed": (2.0, 2.0), "trace_tokens": (0.5, 0.5), "trace_limit": (10, 10),
+    "sessions": ("3", 3), "think_ms": (250.0, 250.0),
 }
 #: options whose example needs a file of its own or a matching engine (checked elsewhere: test_llm_submit,
 #: test_workload_files, test_trace_submit)
 ROUTED_ELSEWHERE = {"knob", "prompts", "tokenizer", "trace"}
 #: the other options an example needs to make a valid request
-NEEDS: dict[str, dict[str, Any]] = {"p99": {"search": "quick"}}
+NEEDS: dict[str, dict[str, Any]] = {"p99": {"search": "quick"}, "think_ms": {"sessions": "2"}}
 
 
 def _submit_params() -> dict[str, Any]:

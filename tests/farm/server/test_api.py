@@ -160,3 +160,82 @@ def test_the_web_views_cancel_is_the_owners_and_same_site_only(client: Any, toke
     page = client.get(f"/requests/{rid}")
     assert page.status_code == 200 and "cancelled" in page.text and "default-src 'none'" in page.headers[
         "content-security-policy"]
+
+
+def _folder(client: Any, token: str, folder: Path) -> Any:
+    listing = {p.relative_to(folder).as_posix(): upload(client, token, p)
+               for p in sorted(folder.rglob("*")) if p.is_file()}
+    return client.post("/api/v1/folders", json={"name": folder.name, "files": listing}, headers=auth(token))
+
+
+def test_a_hugging_face_folder_is_uploaded_file_by_file(client: Any, tokens: dict[str, str], tiny_llama: Any) -> None:
+    """A folder model through the API: each file a streamed upload, the folder put together from their sha256s, and
+    the model stored under the same id a local submit gives it (its manifest's)."""
+    from farm.db.models import ModelArtifact
+    from farm.db.session import session_scope
+    from farm.models.llm_info import folder_manifest
+
+    made = _folder(client, tokens["alice"], tiny_llama.hf)
+    assert made.status_code == 201, made.text
+    assert made.json()["files"] == len([p for p in tiny_llama.hf.rglob("*") if p.is_file()])
+    again = _folder(client, tokens["alice"], tiny_llama.hf)  # a retry: the same upload, nothing doubled
+    assert again.json()["upload"] == made.json()["upload"]
+    body = {"client_id": str(uuid.uuid4()), "model_upload": made.json()["upload"],
+            "request": {"model": str(tiny_llama.hf), "concurrency": [1]}}
+    res = client.post("/api/v1/requests", json=body, headers=auth(tokens["alice"]))
+    assert res.status_code == 201, res.text
+    with session_scope() as s:
+        art = s.get(ModelArtifact, folder_manifest(tiny_llama.hf).digest())
+        assert art is not None and art.layout == "folder" and art.format == "hf"
+    listed = client.get("/api/v1/requests", headers=auth(tokens["alice"])).json()
+    assert [r["model"] for r in listed] == [str(tiny_llama.hf)]  # as the submitter named it
+
+
+def test_an_llm_requests_prompt_and_tokenizer_files_are_uploads(client: Any, tokens: dict[str, str], tiny_llama: Any,
+                                                                tmp_path: Path) -> None:
+    """Prompt and tokenizer files through the API: uploaded like the model, stored by sha256, the jobs naming them
+    by the submitter's paths (never the server's upload area)."""
+    from farm.db.models import Job, Request
+    from farm.db.session import session_scope
+    from tests.fake_openai import word_tokenizer
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "t1 t2 t3"}\n{"prompt": "t4 t5"}\n')
+    (tmp_path / "tok").mkdir()
+    tok = word_tokenizer(tmp_path / "tok")
+    llm = {"prompts": str(prompts), "tokenizer": str(tok)}
+    body = {"client_id": str(uuid.uuid4()), "model_upload": upload(client, tokens["alice"], tiny_llama.gguf),
+            "request": {"model": tiny_llama.gguf.name, "concurrency": [1], "measurement": {"llm": llm}},
+            "workload_uploads": {"prompts": upload(client, tokens["alice"], prompts),
+                                 "tokenizer": _folder(client, tokens["alice"], tok).json()["upload"]}}
+    res = client.post("/api/v1/requests", json=body, headers=auth(tokens["alice"]))
+    assert res.status_code == 201, res.text
+    with session_scope() as s:
+        spec = s.get(Request, res.json()["request_id"]).spec  # type: ignore[union-attr]
+        jobs = [j.spec for j in s.query(Job).filter(Job.request_id == res.json()["request_id"])]
+    for stored in [spec, *jobs]:
+        files = stored["measurement"]["llm"]
+        assert files["prompts"]["label"] == str(prompts) and files["tokenizer"]["label"] == str(tok)
+        assert files["prompts"]["sha256"] == body["workload_uploads"]["prompts"]
+    missing = {**body, "client_id": str(uuid.uuid4()), "workload_uploads": {}}
+    res = client.post("/api/v1/requests", json=missing, headers=auth(tokens["alice"]))
+    assert res.status_code == 422 and res.json()["detail"].startswith("workload_uploads.prompts:"), res.text
+    extra = {**body, "client_id": str(uuid.uuid4()), "request": {**body["request"], "measurement": {}}}
+    res = client.post("/api/v1/requests", json=extra, headers=auth(tokens["alice"]))
+    assert res.status_code == 422 and "names no such file" in res.json()["detail"], res.text
+
+
+@pytest.mark.parametrize(("files", "status", "says"), [
+    ({"../escape.json": "0" * 64}, 422, "not a plain relative path"),
+    ({"/etc/passwd": "0" * 64}, 422, "not a plain relative path"),
+    ({"a//b.json": "0" * 64}, 422, "not a plain relative path"),
+    ({"config.json": "0" * 64}, 404, "no upload"),
+    ({}, 422, "1 to"),
+])
+def test_a_bad_folder_listing_is_one_line(client: Any, tokens: dict[str, str], files: dict[str, str], status: int,
+                                          says: str) -> None:
+    from farm.settings import get_settings
+
+    res = client.post("/api/v1/folders", json={"name": "m", "files": files}, headers=auth(tokens["alice"]))
+    assert res.status_code == status and says in res.json()["detail"] and "\n" not in res.json()["detail"], res.text
+    assert not [p for p in get_settings().uploads.rglob("*") if p.name == "m"]  # nothing half-made left

@@ -71,6 +71,34 @@ def test_the_cli_uses_the_api_and_holds_no_credential(server_env: dict[str, str]
     assert not (tmp_path / "alice" / "farm.db").exists()  # the submitter never opened a database
 
 
+def test_the_cli_sends_a_folder_model_and_an_llm_requests_files(server_env: dict[str, str], tokens: dict[str, str],
+                                                                tiny_llama: object, tmp_path: Path) -> None:
+    """``farm submit FOLDER --prompts FILE --tokenizer FOLDER`` through the API: the folder model goes file by file,
+    the prompt file and the tokenizer's own files with it, and the stored model is the one a local submit stores."""
+    from farm.db.models import ModelArtifact, Request
+    from farm.db.session import session_scope
+    from farm.models.llm_info import folder_manifest
+    from tests.fake_openai import word_tokenizer
+
+    hf = Path(tiny_llama.hf)  # type: ignore[attr-defined]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "t1 t2 t3"}\n')
+    (tmp_path / "tok").mkdir()
+    tok = word_tokenizer(tmp_path / "tok")
+    with ServerProcess(server_env, tmp_path / "server.log") as server:
+        alice = client_env(server.url, tokens["alice"], tmp_path / "alice")
+        out = farm("submit", str(hf), "-c", "1", "--prompts", str(prompts), "--tokenizer", str(tok), "--json",
+                   env=alice)
+        rid = json.loads(out.stdout)["request_id"]
+    with session_scope() as s:
+        req = s.get(Request, rid)
+        assert req is not None and req.model_sha256 == folder_manifest(hf).digest()
+        assert s.get(ModelArtifact, req.model_sha256).layout == "folder"  # type: ignore[union-attr]
+        llm = req.spec["measurement"]["llm"]
+    assert llm["prompts"]["label"] == str(prompts) and llm["tokenizer"]["filename"] == "tokenizer.json"
+    assert not (tmp_path / "alice" / "farm.db").exists()
+
+
 @pytest.mark.slow
 def test_a_server_killed_during_submits_loses_and_doubles_nothing(server_env: dict[str, str], tokens: dict[str, str],
                                                                   example_onnx: Path, tmp_path: Path,

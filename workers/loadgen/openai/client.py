@@ -11,12 +11,13 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from farm.errors import FarmError, LoadGenError
+from farm.llm_events import EventLog, ToolFigure
 from farm.secrets import credential_value
 from farm.settings import get_settings
 from schemas.llm import LlmSettings, Slo, file_label
@@ -24,9 +25,11 @@ from schemas.measured import LLM_RPC
 from schemas.metrics import MetricValues
 from workers.loadgen import stats
 from workers.loadgen.contract import ClientDetails, LoadClient, LoadJob, LoadRecord, RunTotals, WindowFigures
+from workers.loadgen.openai.event_log import recorded
 from workers.loadgen.openai.fidelity import workload_metrics, workload_notes
 from workers.loadgen.openai.jailed_workload import open_workload
-from workers.loadgen.openai.load_loop import Auth, HttpJob, HttpRun, check_model, load_process
+from workers.loadgen.openai.load_loop import HttpJob, HttpRun, load_process
+from workers.loadgen.openai.models_api import Auth, check_model
 from workers.loadgen.openai.request import PROBE_TEXT, probe
 from workers.loadgen.openai.saturation import OverSaturation
 from workers.loadgen.openai.server_metrics import scrape, server_quantiles
@@ -34,6 +37,7 @@ from workers.loadgen.openai.server_scrape import NO_METRICS_NOTE, Scrapes, scrap
 from workers.loadgen.openai.server_tokenizer import server_tokenizer
 from workers.loadgen.openai.stream import Outcome, RawRequest, account, chunk_tokens, kinds
 from workers.loadgen.openai.trace_prompts import replay_pattern
+from workers.loadgen.openai.turns import TurnFigures, turn_figures, turn_metrics
 from workers.loadgen.openai.workload import WORDS, Prompt, Salts
 from workers.loadgen.patterns import LoadPattern
 from workers.loadgen.plan import WindowPlan
@@ -130,6 +134,9 @@ class OpenAIDetails(ClientDetails):
     server_view: dict[str, Any]  # the server's /metrics through the windows (``server_scrape.summarise``)
     oversaturated: bool  # the run was stopped early: the server fell behind (``oversaturated_why``)
     oversaturated_why: str | None
+    session_turns: list[TurnFigures]  # sessions: the figures of each turn index (``turns``; empty: not sessions)
+    event_log: EventLog | None = None  # one event log per request (``farm.llm_events``; ``farm events JOB``)
+    tool_figures: list[ToolFigure] = field(default_factory=list)  # TTFT/ITL/TPOT by farm's, vLLM's, AIPerf's, ...
 
 
 def _windows(run: HttpRun, plan: WindowPlan, requests_mode: bool) -> list[tuple[float, float]]:
@@ -274,7 +281,7 @@ class OpenAIClient(LoadClient):
                        plan=plan, authority=job.authority, max_in_flight=job.in_flight_cap,
                        max_response_bytes=get_settings().max_response_bytes, stops=stop_rules(job, plan, llm),
                        warmup_requests=llm.warmup_requests, request_timeout_s=llm.request_timeout_s, seed=job.seed,
-                       salts=ask.salts, ignore_eos=ask.ignore_eos)
+                       salts=ask.salts, ignore_eos=ask.ignore_eos, think_s=llm.think_ms / 1e3)
         limit = (job.settings.timeout_s if llm.requests is not None else plan.span_s) + WAIT_MARGIN_S + 5.0
         metrics_url = url.removesuffix(llm.base_path) + "/metrics"
         with scraping(metrics_url, job.authority) as scraper, load_process(http, key) as (wait, t_start):
@@ -377,7 +384,9 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
         notes.append(NO_METRICS_NOTE.format(why=view["why"] or "no answer"))
     if "chunks" in _sources(outcomes)["output"]:
         notes.append("output tokens counted one per chunk: the server sent no usage and no --tokenizer was given")
-    notes += workload_notes(checks, llm.api, llm.prefix_tokens, ask.ignore_eos)
+    notes += workload_notes(checks, llm.api, llm.prefix_tokens, ask.ignore_eos, llm.sessions is not None)
+    turns = turn_figures(outcomes)
+    log, tools = recorded(run, count, get_settings().event_log_max_chunks, get_settings().event_log_max_requests)
     own = OpenAIDetails(api=llm.api, base_url=llm.base_url(job.url), model=job.model_name,
                         token_sources=_sources(outcomes),
                         tokens_per_chunk_mean=stats.mean(per_chunk), tokens_per_chunk_max=max(per_chunk, default=None),
@@ -386,17 +395,19 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
                                   "prefix_tokens": llm.prefix_tokens, "seed": llm.seed,
                                   "prompts": file_label(llm.prompts), "tokenizer": file_label(llm.tokenizer),
                                   "prompts_cut_by": ask.cut_by, "ignore_eos": ask.ignore_eos,
-                                  "salt_words": len(ask.salts.words), **_trace_details(llm)},
+                                  "salt_words": len(ask.salts.words), **_trace_details(llm),
+                                  **({"sessions": llm.sessions, "think_ms": llm.think_ms} if llm.sessions else {})},
                         first_error=_first_error(run.records), warmup_errors=cut.warm_errors,
                         in_flight_at_end=run.in_flight, event_loop=run.loop, server_metrics=server,
                         send_lag_ms=_p50_p99([o.send_lag_ms for o in outcomes if o.send_lag_ms is not None]),
                         loop_lag_ms=_p50_p99(run.loop_lag_ms),
                         slo_met_share=slo_share(outcomes, sum(errors.values()), run.unfinished, llm.slo),
                         oversaturated=run.oversaturated is not None, oversaturated_why=run.oversaturated,
-                        server_view=view)
+                        server_view=view, session_turns=turns, event_log=log, tool_figures=tools)
     metrics = llm_metrics(outcomes, duration, llm.slo, tokens_in(run, windows, count, outcomes),
                           tokens_in(run, windows, count, outcomes, "reasoning"))
     metrics.update(checks)
+    metrics.update(turn_metrics(turns))
     metrics.update({k: v for k, v in view_metrics.items() if v is not None})
     for figure, value in server.items():  # Prometheus where the server gave no per-request timings
         if metrics.get(f"server_{figure}_p50_ms") is None:

@@ -37,7 +37,9 @@ def _pairs(outcomes: list[Outcome], sources: tuple[str, ...], output: bool) -> t
     return [o.input_tokens for o in picked], [int(o.input_requested or 0) for o in picked]
 
 
-def _cached_pct(outcomes: list[Outcome]) -> float | None:
+def cached_pct(outcomes: list[Outcome]) -> float | None:
+    """The share of ``outcomes``' prompt tokens the server said it served from its prefix cache, % (None: it said
+    nothing)."""
     said = [o for o in outcomes if o.cached_tokens is not None]
     prompt = sum(o.input_tokens for o in said)
     return 100.0 * sum(int(o.cached_tokens or 0) for o in said) / prompt if said and prompt else None
@@ -57,14 +59,15 @@ def workload_metrics(outcomes: list[Outcome]) -> Metrics:
                                                     if o.output_requested is not None]),
         "input_tokens_off_pct": in_off,
         "output_tokens_off_pct": out_off,
-        "cached_prompt_tokens_pct": _cached_pct(outcomes),
+        "cached_prompt_tokens_pct": cached_pct(outcomes),
         # not as asked when a length is off, or prompts were counted by words with nothing to check them against
         "workload_as_asked": (all(judged) and not (words and in_off is None)) if judged or words else None,
     }
 
 
-def workload_notes(m: Metrics, api: str, prefix_tokens: int, ignore_eos: bool) -> list[str]:
-    """The notes of a row whose workload was not the one asked (``m``: :func:`workload_metrics`)."""
+def workload_notes(m: Metrics, api: str, prefix_tokens: int, ignore_eos: bool, sessions: bool = False) -> list[str]:
+    """The notes of a row whose workload was not the one asked (``m``: :func:`workload_metrics`); ``sessions``: a
+    sessions workload, whose turns share their history by design (no note on its prefix-cache share)."""
     notes = []
     asked_in, asked_out = m["requested_input_tokens_mean"], m["requested_output_tokens_mean"]
     in_off, out_off = m["input_tokens_off_pct"], m["output_tokens_off_pct"]
@@ -83,7 +86,7 @@ def workload_notes(m: Metrics, api: str, prefix_tokens: int, ignore_eos: bool) -
                      f"{asked_out:.1f} asked ({out_off:+.1f} %): {why} (output_tokens_off_pct)")
     cached = m["cached_prompt_tokens_pct"]
     shared = 100.0 * prefix_tokens / asked_in if isinstance(asked_in, float) and asked_in else 0.0
-    if isinstance(cached, float) and cached > shared + CACHE_SLACK_PCT:
+    if isinstance(cached, float) and cached > shared + CACHE_SLACK_PCT and not sessions:
         notes.append(f"the server served {cached:.0f} % of the prompt tokens from its prefix cache, where the "
                      f"workload shares {shared:.0f} % (cached_prompt_tokens_pct)")
     return notes

@@ -78,6 +78,7 @@ class _Conn(asyncio.Protocol):
         self.headers: dict[str, str] = {}
         self.drain: asyncio.TimerHandle | None = None
         self.answered = 0  # responses that ended on this connection: above 0, it is a reused keep-alive one
+        self.first_byte = 0.0  # when the response being read sent its first byte (monotonic s; 0: not yet)
 
     # the callbacks -------------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -88,6 +89,8 @@ class _Conn(asyncio.Protocol):
         if self.state == "idle":  # nothing was asked: the connection is out of step, never reuse it
             self.keep_alive = False
             return
+        if not self.first_byte:
+            self.first_byte = t
         try:
             body = self._one_chunk(data) if self.state == "size" and not self.buf else None
             if body is None:
@@ -233,7 +236,7 @@ class _Conn(asyncio.Protocol):
     def send(self, data: bytes, pieces: Pieces) -> asyncio.Future[Reply]:
         """Write a request; the future of its response, whose body bytes go to ``pieces`` as they arrive."""
         assert self.transport is not None
-        self.state, self.buf, self.pieces, self.body_bytes = "head", b"", pieces, 0
+        self.state, self.buf, self.pieces, self.body_bytes, self.first_byte = "head", b"", pieces, 0, 0.0
         self.status, self.headers, self.keep_alive = 0, {}, True
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(data)

@@ -30,6 +30,7 @@ from farm.sandbox import code_jail, jail_argv
 from farm.secrets import clean_env
 from farm.workload_files import check_prompt_bounds, local_files
 from schemas.llm import LlmSettings, file_label
+from workers.loadgen.openai.sessions import sharegpt_sessions, synthetic_sessions
 from workers.loadgen.openai.trace_prompts import trace_prompts
 from workers.loadgen.openai.workload import (
     PROMPT_POOL,
@@ -187,7 +188,9 @@ def open_workload(llm: LlmSettings, submitting: bool = False, server: Counting |
         if cutter is not None and framed is not None:
             cutter = Framed(cutter, framed[1] - cutter.count(framed[0]))
         pool = SERVER_POOL if server is not None else PROMPT_POOL  # the server's: a round trip a count
-        prompts = (file_prompts(llm, files["prompts"], cutter) if "prompts" in files
+        prompts = (sharegpt_sessions(llm, files["prompts"], cutter) if llm.sessions == "sharegpt"
+                   else synthetic_sessions(llm, cutter, pool) if llm.sessions is not None
+                   else file_prompts(llm, files["prompts"], cutter) if "prompts" in files
                    else trace_prompts(llm, files["trace"], tok) if "trace" in files
                    else synthetic_prompts(llm, cutter, pool))
         yield prompts, tok

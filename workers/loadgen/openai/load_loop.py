@@ -14,14 +14,15 @@ collection stalls the loop for milliseconds).
 
 Closed loop: ``concurrency`` tasks, each sending its next request as soon as the last one ended. Open loop:
 requests at the pattern's send times whatever is in flight; latency counts from the scheduled time, and a
-send that leaves over ``LATE_S`` after it is late (coordinated omission is visible, never hidden).
+send that leaves over ``LATE_S`` after it is late (coordinated omission is visible, never hidden). A sessions
+workload (``sessions``: prompts with a ``turn``) sends whole sessions in place of requests: a closed-loop slot runs
+one session after another, an open-loop send time starts one, and its turns follow in order with their history.
 """
 from __future__ import annotations
 
 import asyncio
 import gc
 import itertools
-import json
 import os
 import time
 import uuid
@@ -32,10 +33,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from workers.loadgen.drivers import process_context, reap, start
-from workers.loadgen.openai.http_once import exchange
 from workers.loadgen.openai.http_stream import Lost, Pool, ProtocolError, Reply, TooLarge
+from workers.loadgen.openai.models_api import headers
 from workers.loadgen.openai.request import body_parts, salt_bytes
 from workers.loadgen.openai.saturation import SAMPLE_S
+from workers.loadgen.openai.sessions import SessionRunner, split_sessions
 from workers.loadgen.openai.stream import (
     BAD_HTTP,
     CONNECT_ERROR,
@@ -57,7 +59,6 @@ GO_TIMEOUT_S = 60.0  # how long the load process may take to start (a fresh fork
 READY = "ready"  # what the load process says once it can start
 LAG_PROBE_S = 0.005  # the period of the loop-lag probe
 DRAIN_S = 1.0  # after [DONE], how long the rest of a response may take to arrive (keeps the connection reusable)
-MODELS_LIMIT = 1 << 20  # the most bytes of a /models answer read
 IN_FLIGHT_CAP = "IN_FLIGHT_CAP"  # an open-loop send not made: the job's cap on requests in flight was reached
 TOO_LARGE = "RESPONSE_TOO_LARGE"  # a response body over the cap (FARM_MAX_RESPONSE_BYTES): read no further
 
@@ -87,6 +88,7 @@ class HttpJob:
     seed: int = 0
     salts: Salts = Salts(tuple(WORDS))  # each request's salt (``workload.Salts``), from a start of the run's own
     ignore_eos: bool = False  # ask the server to run to max_tokens (vLLM's and llama.cpp's ``ignore_eos``)
+    think_s: float = 0.0  # sessions: the time between an answer and the session's next turn
 
 
 @dataclass
@@ -110,11 +112,6 @@ class HttpRun:
     stopped_at: float | None = None  # when it was stopped early (monotonic s; None: at its plan's end)
 
 
-def headers(key: str | None) -> dict[str, str]:
-    """Request headers: JSON, and the bearer token ``key`` (None: none)."""
-    return {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-
-
 def request_seq(request_id: str) -> int:
     """The request's number in its run from the X-Request-Id farm sent (a UUID whose last group holds it)."""
     return int(request_id.rsplit("-", 1)[1], 16)
@@ -122,67 +119,6 @@ def request_seq(request_id: str) -> int:
 
 def route(api: str) -> str:
     return "/chat/completions" if api == "openai-chat" else "/completions"
-
-
-@dataclass(frozen=True)
-class Auth:
-    """How a request to the server authenticates: the bearer ``key`` (read on the worker from the operator's
-    credential, ``farm.secrets``; None: none), or ``pending``: a key the worker will send that this process does
-    not hold (the submit-time check: a 401/403 then means "reachable, asks for the key")."""
-
-    key: str | None = None
-    pending: str | None = None  # the credential's name
-
-
-def served_models(base_url: str, auth: Auth, timeout_s: float, authority: str | None = None
-                  ) -> list[dict[str, Any]] | None:
-    """The models ``GET {base_url}/models`` lists (each with its ``id``); None when the server has no such
-    route (404/405), or asks for a key only the worker will send (``auth.pending``).
-    ConnectionError (one line) when the server cannot be reached or refuses the key."""
-    try:
-        status, raw = exchange(f"{base_url}/models", headers=headers(auth.key), timeout_s=timeout_s,
-                               limit=MODELS_LIMIT, authority=authority)
-    except OSError as exc:
-        raise ConnectionError(f"cannot reach the OpenAI API at {base_url} ({exc}); check that the server "
-                              "runs and listens there") from None
-    if status in (404, 405) or (status in (401, 403) and auth.pending):
-        return None
-    if status >= 400:
-        hint = "; check the endpoint credential (--credential)" if status in (401, 403) else ""
-        raise ConnectionError(f"GET {base_url}/models answered HTTP {status}{hint}")
-    try:
-        data = json.loads(raw or b"{}")
-    except ValueError:
-        raise ConnectionError(f"GET {base_url}/models answered no JSON (or more than {MODELS_LIMIT >> 10} KiB of it)"
-                              ) from None
-    items = data.get("data") if isinstance(data, dict) else None
-    return [m for m in items if isinstance(m, dict)] if isinstance(items, list) else None
-
-
-def check_model(base_url: str, model: str, auth: Auth, timeout_s: float, authority: str | None = None
-                ) -> dict[str, Any]:
-    """The server's entry for ``model`` in ``/models`` (empty for a server without that route);
-    ConnectionError (one line) when the server does not answer or does not list ``model``."""
-    models = served_models(base_url, auth, timeout_s, authority)
-    if models is None:
-        return {}
-    entry = next((m for m in models if str(m.get("id")) == model), None)
-    if entry is None:
-        raise ConnectionError(f"the server at {base_url} does not serve model {model!r} (it serves: "
-                              f"{', '.join(str(m.get('id'))[:80] for m in models[:20]) or 'none'}); give one of them "
-                              "with --model-name")
-    return entry
-
-
-def context_of(entry: dict[str, Any]) -> int | None:
-    """The model's context length in a ``/models`` entry: vLLM's ``max_model_len``, llama.cpp's ``meta.n_ctx_train``,
-    or a ``context_length``; None when it names none."""
-    found = entry.get("meta")
-    meta: dict[str, Any] = found if isinstance(found, dict) else {}
-    for value in (entry.get("max_model_len"), entry.get("context_length"), meta.get("n_ctx_train")):
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
 
 
 class _Loop:
@@ -210,17 +146,30 @@ class _Loop:
         self.on_tick = [r for r in job.stops if r.sampled]  # judged on the in-flight sampler's ticks
         self.in_flight: list[tuple[float, float]] = []  # (monotonic s, requests in flight), sampled
         self.sends_over = False  # a finite schedule (a trace's) has made its last send: stop once all have ended
+        sessions = split_sessions(job.prompts)
+        self.sessions = SessionRunner(sessions, job.api, job.model, job.ignore_eos, job.think_s, self.salts, self._rec,
+                                      self._one, self.stop) if sessions else None
 
     def _new(self, scheduled: float, sent: float) -> tuple[RawRequest, bytes]:
         i = self.next()
         p = self.job.prompts[i]
-        self.out.sent += 1
-        seq = self.out.sent
-        warm = self.out.sent <= self.job.warmup_requests or scheduled < self.warm_end
+        rec = self._rec(scheduled, sent, p, p.input_tokens)
         head, tail = self.bodies[i]
-        return RawRequest(scheduled=scheduled, sent=sent, warm=warm, prompt_tokens=p.input_tokens,
-                          prompt_source=p.input_source, max_tokens=p.max_tokens, seq=seq), \
-            head + salt_bytes(p, self.salts.salt(seq)) + tail
+        return rec, head + salt_bytes(p, self.salts.salt(rec.seq)) + tail
+
+    def _rec(self, scheduled: float, sent: float, p: Prompt, prompt_tokens: int) -> RawRequest:
+        """The record of the run's next send, of prompt ``p`` meant to hold ``prompt_tokens`` (a session's turn: its
+        history's too)."""
+        self.out.sent += 1
+        warm = self.out.sent <= self.job.warmup_requests or scheduled < self.warm_end
+        return RawRequest(scheduled=scheduled, sent=sent, warm=warm, prompt_tokens=prompt_tokens,
+                          prompt_source=p.input_source, max_tokens=p.max_tokens, seq=self.out.sent, turn=p.turn)
+
+    def _start(self, scheduled: float, sent: float) -> Coroutine[Any, Any, None]:
+        """One request scheduled at ``scheduled`` or, in a sessions workload, one session starting then."""
+        if self.sessions is not None:
+            return self.sessions.run(scheduled, sent)
+        return self._one(*self._new(scheduled, sent))
 
     @staticmethod
     def _check(rec: RawRequest, reply: Reply) -> None:
@@ -276,6 +225,7 @@ class _Loop:
         except ProtocolError as exc:
             rec.fail(BAD_HTTP, f"{BAD_HTTP}: {exc}", now())
         finally:
+            rec.first_byte = conn.first_byte
             self.pool.release(conn, reusable)
         return False
 
@@ -318,7 +268,7 @@ class _Loop:
         now = time.monotonic
         while not self.stop.is_set():
             t = now()
-            await self._one(*self._new(t, t))
+            await self._start(t, t)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -340,7 +290,7 @@ class _Loop:
                                         "(FARM_ENDPOINT_MAX_IN_FLIGHT)", sent)
                 self._done(rec)
                 continue
-            self._spawn(self._one(*self._new(t, min(t, sent))))
+            self._spawn(self._start(t, min(t, sent)))
         self.sends_over = True
         if len(self.out.records) == self.out.sent:
             self.stop.set()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 from workers.loadgen.openai.http_once import exchange
 from workers.loadgen.openai.workload import Prompt
@@ -27,17 +26,25 @@ def body_parts(api: str, model: str, prompt: Prompt, ignore_eos: bool) -> tuple[
     as each request is sent."""
     text = prompt.text if prompt.salt_at is None else prompt.text[:prompt.salt_at] + _MARK + \
         prompt.text[prompt.salt_at:]
-    body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
-                            "max_tokens": prompt.max_tokens}
-    if ignore_eos:
-        body["ignore_eos"] = True
+    body = base_body(api, model, prompt.max_tokens, ignore_eos)
     if api == "openai-chat":
         body["messages"] = [{"role": "user", "content": text}]
-        body["max_completion_tokens"] = prompt.max_tokens
     else:
         body["prompt"] = text
     head, _, tail = json.dumps(body).encode().partition(_MARK_JSON)
     return head, tail
+
+
+def base_body(api: str, model: str, max_tokens: int, ignore_eos: bool) -> dict[str, object]:
+    """A streamed request's body but its prompt: both ``max_tokens`` and (chat) ``max_completion_tokens``,
+    ``stream_options.include_usage`` so the server reports its own token counts, and ``ignore_eos`` where asked."""
+    body: dict[str, object] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
+                               "max_tokens": max_tokens}
+    if ignore_eos:
+        body["ignore_eos"] = True
+    if api == "openai-chat":
+        body["max_completion_tokens"] = max_tokens
+    return body
 
 
 def salt_bytes(prompt: Prompt, salt: str) -> bytes:

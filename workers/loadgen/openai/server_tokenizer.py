@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.loadgen.openai.http_once import exchange
-from workers.loadgen.openai.load_loop import headers
+from workers.loadgen.openai.models_api import headers
 
 PROBE = "hello world"
 TIMEOUT_S = 30.0

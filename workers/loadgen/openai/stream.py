@@ -59,6 +59,8 @@ class RawRequest:
     eof: float = 0.0  # when the response body ended
     wrote: float = 0.0  # when the client wrote the request's headers (0: not known)
     seq: int = 0  # the request's number in its run (sent as X-Request-Id)
+    turn: int = 0  # its turn in a session (1, 2, ...; 0: a request of its own)
+    first_byte: float = 0.0  # when the response's first byte (its HTTP head) arrived (0: none came)
     error: str | None = None
     error_text: str | None = None
 
@@ -200,6 +202,7 @@ class Outcome:
     input_requested: int | None = None  # the prompt tokens the workload meant (its tokenizer's or words' count)
     output_requested: int | None = None  # the request's max_tokens
     cached_tokens: int | None = None  # prompt tokens the server served from its prefix cache (None: not said)
+    turn: int = 0  # its turn in a session (1, 2, ...; 0: a request of its own)
 
 
 def _spread(total: int, weights: list[int]) -> list[int]:
@@ -296,7 +299,7 @@ def account(rec: RawRequest, count: Callable[[str], int] | None) -> Outcome:
                    reasoning_tokens=thought if isinstance(thought, int) and thought >= 0 else
                    sum(c for c, k in zip(counts, kind, strict=True) if k == "reasoning"),
                    input_requested=rec.prompt_tokens, output_requested=rec.max_tokens,
-                   cached_tokens=cached_tokens(rec))
+                   cached_tokens=cached_tokens(rec), turn=rec.turn)
 
 
 def _overrun(rec: RawRequest, n_out: int, source: str) -> bool:

@@ -68,7 +68,8 @@ class Counting(Protocol):
 class Prompt:
     """One request's prompt (its text without the salt), its token count with the salt's (``input_source``:
     ``tokenizer``, ``server`` (its /tokenize) or ``words``, an estimate) and the output tokens it asks for;
-    ``salt_at``: where in ``text`` the salt goes (None: not salted), ``salt_words``: its words."""
+    ``salt_at``: where in ``text`` the salt goes (None: not salted), ``salt_words``: its words; ``turn``: its turn in
+    a session (1, 2, ...: ``sessions``; 0: a prompt of its own)."""
 
     text: str
     input_tokens: int
@@ -76,6 +77,7 @@ class Prompt:
     max_tokens: int
     salt_at: int | None = None
     salt_words: int = 0
+    turn: int = 0
 
     def salted(self, salt: str) -> str:
         """The text with ``salt`` (``Salts.salt``, ``salt_words`` words) in place."""
@@ -262,6 +264,11 @@ def _fit(tok: Counting | None, prefix: str, want: int, seed: float, salts: Salts
     return p
 
 
+def shared_prefix(llm: LlmSettings, tok: Counting | None) -> str:
+    """The text of the workload's shared prefix (``prefix_tokens``; empty without one), the same for the same seed."""
+    return _synthetic(random.Random(llm.seed + 1), llm.prefix_tokens, tok)[0] if llm.prefix_tokens else ""
+
+
 def synthetic_prompts(llm: LlmSettings, tok: Counting | None, count: int = PROMPT_POOL,
                       salts: Salts | None = None) -> list[Prompt]:
     """Up to ``count`` prompts of the settings' lengths (:func:`pool_size`), a shared prefix in front, each salted
@@ -270,7 +277,7 @@ def synthetic_prompts(llm: LlmSettings, tok: Counting | None, count: int = PROMP
     count = pool_size(llm, count)
     salts = salts or Salts.of(tok)
     rng = random.Random(llm.seed)
-    prefix = _synthetic(random.Random(llm.seed + 1), llm.prefix_tokens, tok)[0] if llm.prefix_tokens else ""
+    prefix = shared_prefix(llm, tok)
     out = []
     for _ in range(count):
         n_in, n_out = _draw(llm.input_tokens, rng), _draw(llm.output_tokens, rng)
