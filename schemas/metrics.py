@@ -152,12 +152,21 @@ METRICS: tuple[Metric, ...] = (
     _M("server_scrapes", "scrapes", True, "mean", "int",
        "scrapes of the server's /metrics inside the measured windows (none: it has no /metrics)"),
     _M("server_prefill_p50_ms", "ms", False, "mean",
-       description="server-side prefill time, p50, from its histogram (vLLM's request_prefill_time_seconds)"),
+       description="the server's prefill time per request, p50, from its histogram (vLLM's "
+                   "request_prefill_time_seconds; the reports' TTFT split)"),
     # sessions (--sessions): per turn index k (1..TURN_METRICS), over every session's k-th turn
     *(m for k in range(1, TURN_METRICS + 1) for m in (
         _M(f"turn{k}_ttft_p50_ms", "ms", False, "mean", description=f"sessions: time to first token of turn {k}, p50"),
         _M(f"turn{k}_cached_prompt_tokens_pct", "%", True, "mean",
            description=f"sessions: share of turn {k}'s prompt tokens the server served from its prefix cache"))),
+    # the server's own per-request histograms (vLLM's), read before and after the measured span: p50s
+    # (workers.loadgen.openai.server_metrics; prefill above), and its prefix-cache lookups (a counter, like the
+    # figures above)
+    _M("server_decode_p50_ms", "ms", False, "mean", description="the server's decode time per request, p50"),
+    _M("server_e2e_p50_ms", "ms", False, "mean", description="the server's end-to-end time per request, p50"),
+    _M("server_itl_p50_ms", "ms", False, "mean", description="the server's inter-token latency, p50"),
+    _M("server_prefix_cache_queries", "tokens", False, "mean",
+       description="prompt tokens the server looked up in its prefix cache in the windows (its counter)"),
     # static metrics of the model artifact (farm analyze), stored once per artifact
     _M("params", "params", False, "last", "int", "trainable and constant parameters", "model"),
     _M("size_bytes", "B", False, "last", "int", "model file size", "model"),
@@ -241,10 +250,14 @@ LABELS: dict[str, tuple[str, str]] = {
     "server_cached_prompt_tokens": ("server cached prompt tokens", "srv cached"),
     "server_preemptions": ("server preemptions", "preempts"),
     "server_scrapes": ("server /metrics scrapes", "scrapes"),
-    "server_prefill_p50_ms": ("server prefill histogram p50", "srv pfh ms"),
+    "server_prefill_p50_ms": ("server prefill time p50", "srv pre ms"),
     **{f"turn{k}_ttft_p50_ms": (f"turn {k} p50 TTFT", f"t{k} ttft") for k in range(1, TURN_METRICS + 1)},
     **{f"turn{k}_cached_prompt_tokens_pct": (f"turn {k} prompt tokens from cache", f"t{k} cach%")
        for k in range(1, TURN_METRICS + 1)},
+    "server_decode_p50_ms": ("server decode time p50", "srv dec ms"),
+    "server_e2e_p50_ms": ("server end-to-end p50", "srv e2e ms"),
+    "server_itl_p50_ms": ("server inter-token p50", "srv itl ms"),
+    "server_prefix_cache_queries": ("server prefix-cache lookups", "pc looked"),
     "params": ("parameters", "params"),
     "size_bytes": ("model file size", "size"),
     "macs_per_sample": ("MACs per sample", "MACs"),

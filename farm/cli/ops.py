@@ -184,7 +184,7 @@ def example_model(out: Path = typer.Argument(..., help="Output file (a directory
         raise RequestError(f"--kind {kind!r} is unknown; use one of: {', '.join(EXAMPLE_KINDS)}")
     path = build_example(kind, out)
     if kind in LLM_KINDS:
-        say(f"wrote {kind} to {path}: {GGUF_NAME} (llama.cpp) and {HF_NAME}/ (transformers)")
+        say(f"wrote {kind} to {path}: {GGUF_NAME} (llama.cpp) and {HF_NAME}/ (transformers, vllm)")
         return
     say(f"wrote {kind} model to {path}")
     inputs = " --input input_ids:INT64:32" if "bert" in kind else ""  # a sequence length the model leaves open

@@ -74,6 +74,8 @@ LLM_WIDE_METRICS: tuple[str, ...] = (
     "server_generation_tokens",
     # sessions (--sessions): the first and second turn's TTFT and prefix-cache share (every turn: turn_lines)
     "turn1_ttft_p50_ms", "turn2_ttft_p50_ms", "turn1_cached_prompt_tokens_pct", "turn2_cached_prompt_tokens_pct",
+    # its own per-request histograms (vLLM's): TTFT, and the queue and prefill parts of it
+    "server_ttft_p50_ms", "server_queue_p50_ms", "server_prefill_p50_ms",
 )
 #: metrics whose range over a cell's runs the table shows beside the median (``farm.readers.results.merge_repeats``)
 RANGE_METRICS = ("throughput_infer_per_s", "latency_p50_ms")

@@ -94,6 +94,11 @@ LLM_FACTS_0016 = LLM_FACTS_0014 + ('prefix_cache', 'shared_prefix_pct')
 SERVER_METRICS_0017 = ('server_prefill_p50_ms',)
 #: the metric columns of results at migration 0017, frozen
 METRICS_0017 = METRICS_0016 + SERVER_METRICS_0017
+#: the server's histograms and prefix-cache lookups migration 0018 added (vLLM's: ``server_metrics``; its prefill p50
+#: came with 0017), frozen
+SERVER_METRICS_0018 = ('server_decode_p50_ms', 'server_e2e_p50_ms', 'server_itl_p50_ms', 'server_prefix_cache_queries')
+#: the metric columns of results at migration 0018, frozen
+METRICS_0018 = METRICS_0017 + SERVER_METRICS_0018
 
 
 def _json_text(dialect: str, column: str, *path: str) -> str:

@@ -8,11 +8,12 @@ same tokens and (greedy) generate the same text.
 - ``tiny-llama-hf/``: a Hugging Face folder (``config.json`` of a ``LlamaForCausalLM``, ``model.safetensors``,
   ``tokenizer.json``, ``tokenizer_config.json`` with the same chat template, ``generation_config.json``).
 
-Sized for a 2-core CI host (``TINY``): 2 layers, hidden 64, 4 heads (2 key/value heads), FFN 128, a vocabulary
+Sized for a 2-core CI host (``TINY``): 2 layers, hidden 64, 2 heads of 32 (1 key/value head), FFN 128, a vocabulary
 of about ``VOCAB_SIZE`` tokens (a byte-level BPE trained with the ``tokenizers`` package on ``CORPUS`` below),
 context 2048. Deterministic: the same bytes on every run (seeded weights, a fixed corpus, F32). A larger
 ``LlamaShape`` (``SMALL``: 12 layers, hidden 256) makes a server whose time goes to the model rather than to
-its own per-token overhead, as a real model's does (the benchmarks that compare load clients use it).
+its own per-token overhead, as a real model's does (the benchmarks that compare load clients use it). Every
+engine here serves both: vLLM's CPU attention takes head sizes of 32, 64, 128 (never 16), so heads are 32 wide.
 
 Random weights would emit any token, among them single bytes of multi-byte UTF-8 characters (text that
 does not decode), control characters and the special tokens (an end of sequence stops a stream early).
@@ -90,7 +91,7 @@ class LlamaShape:
         return self.hidden // self.heads
 
 
-TINY = LlamaShape(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128)  # ~1,500 tokens/s on one core (llama.cpp)
+TINY = LlamaShape(hidden=64, layers=2, heads=2, kv_heads=1, ffn=128)  # ~1,500 tokens/s on one core (llama.cpp)
 SMALL = LlamaShape(hidden=256, layers=12, heads=8, kv_heads=4, ffn=768)  # ~5 ms a token on one core, 39 MB F32
 SHAPES = {"tiny": TINY, "small": SMALL}
 

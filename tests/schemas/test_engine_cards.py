@@ -12,6 +12,7 @@ from typing import get_args
 import pytest
 
 from farm.errors import UnsupportedError
+from farm.settings import reset_settings
 from schemas import JobSpec, MeasurementSettings, TensorSpec
 from schemas.engines import (
     CARDS,
@@ -99,22 +100,25 @@ def _value(knob: Knob) -> KnobValue:
     return int(bound) if knob.kind == "int" else bound
 
 
-def _spec(card: EngineCard, knobs: dict[str, KnobValue]) -> JobSpec:
-    device = "cpu" if "cpu" in card.devices else "gpu:h200"
+def _spec(card: EngineCard, knobs: dict[str, KnobValue], device: str) -> JobSpec:
     return JobSpec(job_id="k" * 32, request_id="r", model_sha256="0" * 64, model_format=sorted(card.formats)[0],
                    inputs=[TensorSpec(name="x", shape=(1,))], device=device, engine=card.name, batch_size=1,
                    concurrency=1, queue="farm.cpu", measurement=MeasurementSettings(llm=LlmSettings()), knobs=knobs)
 
 
-def _launched(card: EngineCard, knobs: dict[str, KnobValue], model: Path) -> list[tuple[list[str], dict[str, str]]]:
-    """The launch's command line and environment on each site that can launch it (a container, a process)."""
-    out = []
+def _launched(card: EngineCard, knobs: dict[str, KnobValue], model: Path
+              ) -> dict[tuple[str, str], tuple[list[str], dict[str, str]]]:
+    """The launch's command line and environment on each site and device class that can launch it (a container, a
+    process; a CPU, a GPU), by (site, device)."""
+    out = {}
     for site in (docker_runner.SITE, process_runner.SITE):
-        try:
-            launch = SERVING[card.name].launch(_spec(card, knobs), model, site)
-        except UnsupportedError:  # this site cannot run it (no package here, one slot only, CPU only)
-            continue
-        out.append((launch.argv, dict(launch.env)))
+        for device in sorted(card.devices):
+            try:
+                launch = SERVING[card.name].launch(_spec(card, knobs, "cpu" if device == "cpu" else "gpu:h200"),
+                                                   model, site)
+            except UnsupportedError:  # this site cannot run it (no package here, one slot only, CPU only)
+                continue
+            out[(str(site.container), device)] = (launch.argv, dict(launch.env))
     return out
 
 
@@ -123,14 +127,16 @@ def test_every_knob_of_a_card_changes_its_serving_modules_launch(engine: str, tm
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A knob on the card that the serving module ignored would be swept and measured as if it had been set."""
     monkeypatch.setattr(shutil, "which", lambda name, *_a, **_k: f"/opt/bin/{name}")  # llama-server "on PATH"
+    monkeypatch.setenv("FARM_VLLM_PYTHON", sys.executable)  # vLLM's CPU environment (only declared: nothing runs)
+    reset_settings()
     card = CARDS[engine]
     assert card.knobs and set(KNOBS[engine]) == {k.name for k in card.knobs}
     plain = _launched(card, {}, tmp_path)
     assert plain, engine
     for knob in card.knobs:
-        changed = [got != base for got, base in zip(_launched(card, {knob.name: _value(knob)}, tmp_path), plain,
-                                                    strict=False)]
-        assert any(changed), f"{engine}: knob {knob.name} changes no launch"
+        got = _launched(card, {knob.name: _value(knob)}, tmp_path)
+        assert any(got[key] != base for key, base in plain.items() if key in got), \
+            f"{engine}: knob {knob.name} changes no launch"
     flags = getattr(sys.modules[type(SERVING[engine]).__module__], "FLAGS", {})
     assert set(flags) <= {k.name for k in card.knobs}, engine  # the module maps no knob its card lacks
 

@@ -22,7 +22,8 @@ def test_each_engine_names_the_issues_knobs() -> None:
     assert set(KNOBS["llama.cpp"]) == {"n_parallel", "n_ctx", "n_threads", "n_batch", "n_ubatch", "cont_batching"}
     assert {"dtype", "attn_implementation", "max_batch_tokens"} <= set(KNOBS["transformers"])
     assert set(KNOBS["vllm"]) == {"max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-                                  "enable_prefix_caching"}
+                                  "enable_prefix_caching", "enable_chunked_prefill", "block_size", "dtype",
+                                  "kv_cache_space", "optimization_level"}
 
 
 def test_values_are_typed_and_bounded() -> None:

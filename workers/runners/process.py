@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +30,10 @@ from workers.serving.base import Launch, ServingTarget, Site
 from workers.serving.jail import confined
 
 #: a local process on the loopback interface: it picks a free port and prints it
+#: a Python exception's last line (``ValueError: ...``), after a prefix a server may put on its lines (vLLM's
+#: ``(EngineCore pid=12) `` or ``(VllmWorker-0 pid=33) ERROR 11-29 07:19:03 [multiproc_executor.py:953] ``): group 1
+#: is the exception and its message
+EXCEPTION_LINE = re.compile(r"(?:^|[)\]]\s+)((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): \S.*?)\s*$")
 SITE = Site(container=False, python=sys.executable, host="127.0.0.1", port=0)
 
 
@@ -56,7 +61,10 @@ class ServerProcess:
 
     Reads the bound port from the server's ``<listen_prefix>HOST:PORT`` line on stdout (e.g. the built-in
     server's ``farm-serve listening HOST:PORT``: it binds port 0, so there is no race for a free port; None:
-    no such line) and keeps the last stderr lines for error messages. ``cpu_set`` pins the server's CPUs.
+    no such line) and keeps the last stderr lines for error messages, and the first Python exception line it printed
+    (``first_error``: the root cause of a chained traceback, which a long one pushes out of the tail, e.g. vLLM's
+    engine core's reason before its API server's "Engine core initialization failed"). ``cpu_set`` pins the server's
+    CPUs.
     """
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None, listen_prefix: str | None = None,
@@ -71,6 +79,7 @@ class ServerProcess:
         self.port: int | None = None
         self.address: str | None = None  # HOST:PORT as the server printed it
         self._stderr: deque[str] = deque(maxlen=20)
+        self.first_error: str | None = None
         self._port_ready = threading.Event()
 
     def tail(self) -> str:
@@ -90,6 +99,8 @@ class ServerProcess:
         assert self.proc is not None and self.proc.stderr is not None
         for line in self.proc.stderr:
             self._stderr.append(line)
+            if self.first_error is None and (found := EXCEPTION_LINE.search(line)) is not None:
+                self.first_error = found.group(1)[:500]
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -238,7 +249,8 @@ class ProcessRunner(Runner):
             try:
                 launch.ready(url, launch.model_name, timeout, alive=server.alive)
             except ServerError as exc:
-                raise ServerError(f"{exc}; server output: {server.tail() or 'none'}") from None
+                cause = f"; its first error: {server.first_error}" if server.first_error else ""
+                raise ServerError(f"{exc}{cause}; server output: {server.tail() or 'none'}") from None
             yield ServingTarget(host=SITE.host, port=port, model_name=launch.model_name, pid=server.pid, notes=notes)
 
     def run_edge(self, spec: JobSpec, model_path: Path) -> JobResult:

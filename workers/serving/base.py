@@ -92,7 +92,8 @@ class Launch:
     relay; ``host-network`` the jail keeping the host's network; ``none`` no jail (farm's own server on a format that
     runs no code); ``entrypoint``: the entrypoint of the launch's own ``image`` (None: the image's; ``[""]``: none,
     ``argv`` is the whole command); ``server``: which server program runs and its version (``name``,
-    ``version``; ``why``: the reason for a fallback), the result's ``server`` (None: the engine's own, unnamed).
+    ``version``; ``why``: the reason for a fallback), the result's ``server`` (None: the engine's own, unnamed);
+    ``read_only``: further host paths a jailed server reads (its own Python environment, e.g. vLLM CPU's venv).
     """
 
     argv: list[str]
@@ -111,6 +112,7 @@ class Launch:
     cwd: str | None = None
     entrypoint: list[str] | None = None
     server: dict[str, str] | None = None
+    read_only: tuple[str, ...] = ()
 
 
 class ServingEngine(ABC):

@@ -58,7 +58,8 @@ def _executables(argv: list[str]) -> list[Path]:
 
 
 def _read_only(launch: Launch) -> list[Path]:
-    paths = [Path(launch.model), *(Path(p) for p in launch.mounts), *_executables(launch.argv)]
+    paths = [Path(launch.model), *(Path(p) for p in launch.mounts), *_executables(launch.argv),
+             *(Path(p) for p in launch.read_only)]
     if launch.cwd:
         paths.append(Path(launch.cwd))
     return [p for p in dict.fromkeys(paths) if str(p) and p.exists()]

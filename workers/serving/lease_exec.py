@@ -1,8 +1,9 @@
 """Start an LLM server with what only its own process knows: ``python -m workers.serving.lease_exec [--env NAME]...
-[--bind HOST] -- ARGV...`` replaces ``{cores}`` in ARGV by the number of cores this process may run on (its
-CPU affinity: the job's lease, set by the runner before exec, or a container's cpuset) and sets each ``--env``
-variable to it, replaces ``{port}`` by a free port on HOST and prints ``farm-llm listening HOST:PORT``, then
-execs ARGV (same pid, so the runner's process, cgroup and thread checks see the server itself). With
+[--env-cpus NAME]... [--bind HOST] -- ARGV...`` replaces ``{cores}`` in ARGV by the number of cores this process may
+run on (its CPU affinity: the job's lease, set by the runner before exec, or a container's cpuset), sets each
+``--env`` variable to it and each ``--env-cpus`` variable to those cores as a CPU list (``0-1,4``: vLLM CPU's
+``VLLM_CPU_OMP_THREADS_BIND``), replaces ``{port}`` by a free port on HOST and prints ``farm-llm listening
+HOST:PORT``, then execs ARGV (same pid, so the runner's process, cgroup and thread checks see the server itself). With
 ``--cuda-index`` it first rewrites GPU UUIDs in ``CUDA_VISIBLE_DEVICES`` (how farm's process runner binds a
 job's GPU) to their NVML indices, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so that CUDA numbers GPUs as NVML
 does: vLLM reads that variable as integers (``int(...)`` in its platform code, vllm-project/vllm#13815).
@@ -18,6 +19,8 @@ import os
 import socket
 import sys
 
+from schemas.cpus import cpu_list
+
 CORES = "{cores}"
 PORT = "{port}"
 #: the line printed once the port is chosen (the runner reads it: ``Launch.listen_prefix``)
@@ -27,6 +30,12 @@ LISTEN_LINE = "farm-llm listening "
 def leased_cores() -> int:
     """How many cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def leased_cpu_list() -> str:
+    """The cores this process may run on, as the kernel writes a CPU list (``0-3,6``)."""
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    return cpu_list(cores)
 
 
 def free_port(host: str) -> int:
@@ -56,6 +65,7 @@ def cuda_indices(visible: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workers.serving.lease_exec")
     p.add_argument("--env", action="append", default=[], help="variable set to the leased core count")
+    p.add_argument("--env-cpus", action="append", default=[], help="variable set to the leased cores' CPU list")
     p.add_argument("--bind", default="127.0.0.1", help="the host a {port} is found on")
     p.add_argument("--cuda-index", action="store_true",
                    help="rewrite GPU UUIDs in CUDA_VISIBLE_DEVICES to NVML indices (PCI bus order)")
@@ -70,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     cores = str(leased_cores())
     for name in args.env:
         os.environ[name] = cores
+    for name in args.env_cpus:
+        os.environ[name] = leased_cpu_list()
     if any(PORT in a for a in command):
         port = str(free_port(args.bind))
         command = [a.replace(PORT, port) for a in command]

@@ -31,11 +31,14 @@ LLM_DISTRIBUTIONS = (
     "truststore", "pillow", "accelerate", "colorama", "setuptools")
 
 
-def wrap(site: Site, argv: Sequence[str], env_threads: Sequence[str] = (), cuda_index: bool = False) -> list[str]:
+def wrap(site: Site, argv: Sequence[str], env_threads: Sequence[str] = (), cuda_index: bool = False,
+         env_cpus: Sequence[str] = ()) -> list[str]:
     """``argv`` started through the lease wrapper (``{cores}`` and ``{port}`` filled in where it runs), each
-    of ``env_threads`` set to the leased core count; ``cuda_index``: the server reads ``CUDA_VISIBLE_DEVICES``
-    as indices only, so the wrapper turns the runner's GPU UUID into its index."""
+    of ``env_threads`` set to the leased core count and each of ``env_cpus`` to the leased cores' CPU list;
+    ``cuda_index``: the server reads ``CUDA_VISIBLE_DEVICES`` as indices only, so the wrapper turns the runner's GPU
+    UUID into its index."""
     envs = [a for name in env_threads for a in ("--env", name)]
+    envs += [a for name in env_cpus for a in ("--env-cpus", name)]
     cuda = ["--cuda-index"] if cuda_index else []
     return [site.python, "-m", WRAPPER, *envs, *cuda, "--bind", _bind_host(site), "--", *argv]
 
@@ -68,7 +71,8 @@ def require_module(spec: JobSpec, site: Site, module: str, install: str) -> None
                            f"installed on this worker; {install}")
 
 
-def _post(url: str, body: dict[str, object], timeout_s: float) -> tuple[int, str]:
+def post_json(url: str, body: dict[str, object], timeout_s: float) -> tuple[int, str]:
+    """POST ``body`` as JSON to ``url``; (HTTP status, the first 4 KiB of the answer)."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     try:
@@ -96,7 +100,7 @@ def wait_openai_ready(url: str, model_name: str, timeout_s: float, alive: Callab
             raise ServerError(f"the LLM server at {url} did not answer a completion within {timeout_s:g} s (last "
                               f"seen: {last}); raise FARM_SERVER_READY_TIMEOUT_S for a large model")
         try:
-            status, text = _post(endpoint, body, max(0.5, min(CALL_TIMEOUT_S, remaining)))
+            status, text = post_json(endpoint, body, max(0.5, min(CALL_TIMEOUT_S, remaining)))
         except (OSError, urllib.error.URLError) as exc:
             last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
         else:

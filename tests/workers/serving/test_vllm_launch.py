@@ -5,6 +5,7 @@ and the docs agreeing with ``workers.serving.vllm``."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -78,13 +79,59 @@ def test_vllm_gets_time_to_compile_before_its_first_completion(monkeypatch: pyte
     assert seen == [vllm.READY_FLOOR_S, 1200.0]
 
 
-def test_a_cpu_job_or_a_worker_without_vllm_is_refused_with_what_to_do(tmp_path: Path) -> None:
-    with pytest.raises(UnsupportedError, match="GPU workers only"):
+def test_a_worker_without_vllm_is_refused_with_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FARM_VLLM_PYTHON", raising=False)
+    reset_settings()
+    with pytest.raises(UnsupportedError, match=r"no vLLM CPU environment: set FARM_VLLM_PYTHON .*vllm_cpu_env"):
+        vllm.Vllm().launch(spec(device="cpu"), tmp_path, PROCESS_SITE)
+    monkeypatch.setenv("FARM_VLLM_PYTHON", str(tmp_path / "missing" / "python"))
+    reset_settings()
+    with pytest.raises(UnsupportedError, match="is not an executable Python"):
         vllm.Vllm().launch(spec(device="cpu"), tmp_path, PROCESS_SITE)
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
     with pytest.raises(UnsupportedError, match=re.escape(f"pip install 'farm[gpu]' ({vllm.VLLM_PIN})")):
         vllm.Vllm().launch(spec(), tmp_path, PROCESS_SITE)
+
+
+def test_a_cpu_job_runs_vllms_cpu_build_from_its_own_environment_on_the_lease(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU build's python (FARM_VLLM_PYTHON) runs the server; the wrapper binds its OpenMP threads to the leased
+    cores; the KV cache is the knob or a share of the job's server memory; the venv is readable in the jail."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.symlink_to(sys.executable)
+    monkeypatch.setenv("FARM_VLLM_PYTHON", str(python))
+    monkeypatch.setenv("FARM_SERVER_MEMORY", "16g")
+    reset_settings()
+    launch = vllm.Vllm().launch(spec(device="cpu", max_num_seqs=8, block_size=64, dtype="bfloat16",
+                                     enable_chunked_prefill=False, enable_prefix_caching=True), tmp_path, PROCESS_SITE)
+    wrapper, server = launch.argv[:launch.argv.index("--")], _server_argv(launch.argv)
+    assert "--cuda-index" not in wrapper
+    assert wrapper[wrapper.index("--env-cpus") + 1] == "VLLM_CPU_OMP_THREADS_BIND"
+    assert wrapper[wrapper.index("--env") + 1] == "OMP_NUM_THREADS"
+    assert server[:3] == [str(python), "-m", "vllm.entrypoints.openai.api_server"]
+    assert server[server.index("--block-size") + 1] == "64" and server[server.index("--dtype") + 1] == "bfloat16"
+    assert server[server.index("--max-num-seqs") + 1] == "8"
+    assert "--no-enable-chunked-prefill" in server and "--enable-prefix-caching" in server
+    assert launch.env["VLLM_CPU_KVCACHE_SPACE"] == "4" and launch.env["HF_HUB_OFFLINE"] == "1"  # 16 GiB / 4
+    assert launch.read_only == (str(venv), "/sys") and launch.server is not None and launch.server["name"] == "vllm-cpu"
+    sized = vllm.Vllm().launch(spec(device="cpu", kv_cache_space=2), tmp_path, PROCESS_SITE)
+    assert sized.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    with pytest.raises(UnsupportedError, match="gpu_memory_utilization is a knob of vLLM on a GPU"):
+        vllm.Vllm().launch(spec(device="cpu", gpu_memory_utilization=0.5), tmp_path, PROCESS_SITE)
+    with pytest.raises(UnsupportedError, match="process runner"):
+        vllm.Vllm().launch(spec(device="cpu"), tmp_path, docker_runner.DockerRunner.site)
+
+
+def test_the_wrapper_sets_the_leased_cores_as_a_cpu_list() -> None:
+    core = min(os.sched_getaffinity(0))
+    out = subprocess.run([sys.executable, "-m", "workers.serving.lease_exec", "--env-cpus", "BIND", "--env", "N", "--",
+                          sys.executable, "-c", "import os; print(os.environ['BIND'], os.environ['N'])"],
+                         capture_output=True, text=True, check=True, cwd=REPO,
+                         preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    assert out.stdout.split() == [str(core), "1"]
 
 
 def test_the_process_runner_binds_the_jobs_gpu_and_the_wrapper_gives_vllm_its_index(

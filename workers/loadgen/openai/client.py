@@ -34,7 +34,7 @@ from workers.loadgen.openai.models_api import Auth, check_model
 from workers.loadgen.openai.prefix_cache import CachePrep
 from workers.loadgen.openai.request import PROBE_TEXT, probe
 from workers.loadgen.openai.saturation import OverSaturation
-from workers.loadgen.openai.server_metrics import scrape, server_p50s
+from workers.loadgen.openai.server_metrics import scrape, server_quantiles
 from workers.loadgen.openai.server_scrape import NO_METRICS_NOTE, Scrapes, scraping, summarise
 from workers.loadgen.openai.server_tokenizer import server_tokenizer
 from workers.loadgen.openai.stream import Outcome, RawRequest, account, chunk_tokens, kinds
@@ -275,9 +275,10 @@ class OpenAIClient(LoadClient):
             raise LoadGenError(str(exc)) from None
 
     def _drive(self, job: LoadJob, plan: WindowPlan, llm: LlmSettings, key: str | None,
-               prompts: list[Prompt], ask: Asked, pattern: LoadPattern) -> tuple[HttpRun, dict[str, float], Scrapes]:
-        """The load process's run of ``prompts`` at ``pattern``, the server's own p50s (its Prometheus histograms)
-        and its ``/metrics`` scraped through the run (``server_scrape``)."""
+               prompts: list[Prompt], ask: Asked, pattern: LoadPattern
+               ) -> tuple[HttpRun, dict[str, dict[str, float]], Scrapes]:
+        """The load process's run of ``prompts`` at ``pattern``, the server's own p50s and p99s (its Prometheus
+        histograms, ms, by figure) and its ``/metrics`` scraped through the run (``server_scrape``)."""
         url = llm.base_url(job.url)
         http = HttpJob(base_url=url, api=llm.api, model=job.model_name, prompts=tuple(prompts), pattern=pattern,
                        plan=plan, authority=job.authority, max_in_flight=job.in_flight_cap,
@@ -298,7 +299,7 @@ class OpenAIClient(LoadClient):
         if isinstance(got, str):
             raise LoadGenError(got)
         after = scrape(metrics_url, authority=job.authority) if before is not None else None
-        return got, server_p50s(before, after) if before is not None else {}, scrapes
+        return got, server_quantiles(before, after) if before is not None else {}, scrapes
 
 
 @dataclass(frozen=True)
@@ -358,10 +359,10 @@ def _texts(run: HttpRun) -> list[str]:
 
 
 def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
-            count: Callable[[str], int] | None, server: dict[str, float], scrapes: Scrapes,
+            count: Callable[[str], int] | None, histograms: dict[str, dict[str, float]], scrapes: Scrapes,
             ask: Asked | None = None) -> LoadRecord:
-    """The record of a finished run (``server``: the p50s of the server's Prometheus histograms, ms, by
-    figure; ``scrapes``: its ``/metrics`` through the run); LoadGenError when no measured request succeeded."""
+    """The record of a finished run (``histograms``: the p50s and p99s of the server's Prometheus histograms, ms,
+    by figure; ``scrapes``: its ``/metrics`` through the run); LoadGenError when no measured request succeeded."""
     windows = _windows(run, plan, llm.requests is not None)
     cut = _cut(run, windows, count)
     figures = [WindowFigures.measure(k, a - windows[0][0], b - a, np.asarray([o.e2e_ms for o in outs]),
@@ -393,6 +394,8 @@ def _record(job: LoadJob, plan: WindowPlan, llm: LlmSettings, run: HttpRun,
         notes.append(f"{run.oversaturated}: the step was stopped early; its requests cut off count against the SLO")
     view_metrics, view = summarise(scrapes, windows)
     view["client_run"] = _client_run(run, count)
+    view["histograms"] = histograms
+    server = {figure: q["p50"] for figure, q in histograms.items()}
     if not view["available"]:
         notes.append(NO_METRICS_NOTE.format(why=view["why"] or "no answer"))
     if "chunks" in _sources(outcomes)["output"]:

@@ -32,11 +32,17 @@ GAUGES: dict[str, tuple[str, ...]] = {
     "kv_cache_usage": ("llamacpp:kv_cache_usage_ratio", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     "busy_slots_per_decode": ("llamacpp:n_busy_slots_per_decode",),
 }
-#: counters farm reads, by figure (sample names, ``_total`` included)
+#: samples read for one label value only, named ``NAME{LABEL=VALUE}``: vLLM's ``prompt_tokens_total`` counts the
+#: prompt tokens taken from its prefix cache too; those it computed are its ``local_compute`` source
+LABELLED: dict[str, tuple[str, str]] = {"vllm:prompt_tokens_by_source_total": ("source", "local_compute")}
+VLLM_COMPUTED = "vllm:prompt_tokens_by_source_total{source=local_compute}"
+#: counters farm reads, by figure (sample names, ``_total`` included); prompt tokens are those the server computed
+#: (cached ones are ``cached_prompt_tokens``), as llama-server counts them
 COUNTERS: dict[str, tuple[str, ...]] = {
-    "prompt_tokens": ("llamacpp:prompt_tokens_total", "vllm:prompt_tokens_total"),
+    "prompt_tokens": ("llamacpp:prompt_tokens_total", VLLM_COMPUTED, "vllm:prompt_tokens_total"),
     "generation_tokens": ("llamacpp:tokens_predicted_total", "vllm:generation_tokens_total"),
-    "cached_prompt_tokens": ("llamacpp:prompt_tokens_cached_total", "vllm:prefix_cache_hits_total"),
+    "cached_prompt_tokens": ("llamacpp:prompt_tokens_cached_total", "vllm:prompt_tokens_cached_total",
+                             "vllm:prefix_cache_hits_total"),
     "prefix_cache_queries": ("vllm:prefix_cache_queries_total",),
     "preemptions": ("vllm:num_preemptions_total",),
     "prompt_seconds": ("llamacpp:prompt_seconds_total",),
@@ -50,6 +56,7 @@ HEADLINE: dict[str, str] = {
     "kv_cache_usage_mean": "server_kv_cache_usage_mean_pct", "kv_cache_usage_max": "server_kv_cache_usage_max_pct",
     "prompt_tokens": "server_prompt_tokens", "generation_tokens": "server_generation_tokens",
     "cached_prompt_tokens": "server_cached_prompt_tokens", "preemptions": "server_preemptions",
+    "prefix_cache_queries": "server_prefix_cache_queries",
 }
 NO_METRICS_NOTE = "the server exposes no Prometheus /metrics ({why}): no server-side figures"
 _WANTED = frozenset(n for names in (*GAUGES.values(), *COUNTERS.values()) for n in names)
@@ -60,8 +67,14 @@ def parse(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in _WANTED:
-                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+            name = sample.name
+            if name in LABELLED:
+                label, value = LABELLED[name]
+                if sample.labels.get(label) != value:
+                    continue
+                name = f"{name}{{{label}={value}}}"
+            if name in _WANTED:
+                out[name] = out.get(name, 0.0) + float(sample.value)
     return out
 
 

