@@ -1,16 +1,17 @@
 """How much memory and time does ``farm submit`` of a real-size model into the model store cost (issue 38,
 point 3)?
 
-Method: a model file of random bytes (2 GiB, every block written; ``--quick``: 200 MiB) is taken into the store
-each round by a fresh child process, the way ``scheduler.enqueue.submit`` takes a model in: ``farm.artifacts
-.take_in`` stages the file while the inspection's ``sha256_file`` hashes it (one read: written under a temporary
-name as it is hashed; local: fsynced, then renamed to the digest's name; S3: a multipart upload to an
-``incoming/`` key, then a server-side copy to the digest's key and the temporary one deleted), then publishes it
-as ``store_model`` does. The child reports the seconds that took and its peak RSS above the baseline it had after
-its imports (``/proc/self/clear_refs`` resets the peak, then ``VmHWM``); the blob is checked and removed after each
-round (each round stores it anew). The yardstick, in the same round, in alternating order: ``cp`` of the model to a
-fresh file then ``sha256sum`` of the copy (the issue's), and the same with ``sync`` of the copy before hashing
-(the local store fsyncs what it publishes). Stores: the local folder (the embedded default) and a real SeaweedFS
+Method: a model file of random bytes (2 GiB, every block written; ``--quick``: 200 MiB) is taken into the store each
+round by a fresh child process, the way ``scheduler.enqueue.submit`` takes a model in: ``farm.artifacts .take_in``
+stages the file while the inspection's ``sha256_file`` hashes it (one read: written under a temporary name as it is
+hashed; local: fsynced, then renamed to the digest's name; S3: a multipart upload to an ``incoming/`` key, then a
+server-side copy to the digest's key and the temporary one deleted), then publishes it as ``store_model`` does. The
+child reports the seconds that took and its peak RSS above the baseline it had after its imports
+(``/proc/self/clear_refs`` resets the peak, then ``VmHWM``); the blob is checked and removed after each round (each
+round stores it anew). The yardstick, in the same round, in alternating order: ``cp`` of the model to a fresh file
+then ``sha256sum`` of the copy (the issue's), and the same with ``sync`` of the copy before hashing (the local store
+fsyncs what it publishes; full runs only), and on SeaweedFS boto3's own threaded ``upload_file`` of the model (no
+hashing: the store's own speed on this host). Stores: the local folder (the embedded default) and a real SeaweedFS
 (``weed server``, started as ``tests/seaweedfs.py`` starts it, on this host). Printed per store: medians over the
 rounds with (min-max), and the median per-round ratio submit / yardstick.
 
@@ -83,7 +84,7 @@ def main() -> int:
                     return figures
 
                 own = s3_yardstick(env, model, "up") if kind == "s3" else None
-                interleaved("submit", rounds, run, model, scratch, mib, own)
+                interleaved("submit", rounds, run, model, scratch, mib, own, args.synced)
     return 0
 
 

@@ -27,6 +27,7 @@ from farm.readers.results import live_workers
 from farm.secrets import CREDENTIALS_HINT, credentials
 from farm.settings import get_settings
 from farm.store import references
+from farm.store.base import STORE_PREFIX
 from scheduler.expand import Expansion, ModelRef, expand, job_count
 from scheduler.fairshare import check_limits
 from schemas import JobSpec, ProfileRequest, TensorSpec
@@ -67,8 +68,9 @@ def _model_ref(request: ProfileRequest, attach: Attach | None,
                               desc["static_batch"], inputs=tuple(TensorSpec.model_validate(t) for t in desc["inputs"])
                               ), desc.get("context_tokens")
     assert request.model is not None
-    if references.is_reference(request.model):  # in the store already: nothing to stage
-        path, intake = references.resolve(request.model), None
+    if references.is_reference(request.model):  # copied into this host's cache (an s3:// one is staged from there)
+        path = references.resolve(request.model)
+        intake = None if request.model.startswith(STORE_PREFIX) else intake  # store:sha256: in the store already
     else:
         path = Path(request.model).expanduser()
     if path.exists():  # FARM_MAX_MODEL_BYTES (and the store's free space) before a byte is read or written

@@ -76,18 +76,20 @@ class LocalStore:
         """A temporary file in ``folder`` holding ``src``'s bytes, checked (``check``) and fsynced, for the block;
         removed at its end unless the block renamed it (Ctrl-C included: the partial file never stays)."""
         _sweep_parts(folder)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{(check.digest or 'incoming')[:12]}.",
-                                         suffix=".part", delete=False) as tmp:
-            try:
+        tmp = tempfile.NamedTemporaryFile(dir=folder, prefix=f".{(check.digest or 'incoming')[:12]}.", suffix=".part",
+                                          delete=False)
+        path = Path(tmp.name)
+        try:
+            with tmp:  # closed before the block: a folder's many staged files hold no descriptor
                 for chunk in check.pieces(src, CHUNK_BYTES):
                     tmp.write(chunk)
                 check.verify(src)
                 tmp.flush()
                 os.fsync(tmp.fileno())
-                os.chmod(tmp.name, 0o644)
-                yield Path(tmp.name)
-            finally:
-                Path(tmp.name).unlink(missing_ok=True)
+            os.chmod(path, 0o644)
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
 
     def _publish(self, tmp: Path, digest: str) -> None:
         """Rename the whole, fsynced file ``tmp`` to blob ``digest`` (kept where one is already there) and make

@@ -57,6 +57,7 @@ class S3Store:
             "s3", endpoint_url=endpoint, region_name=region, aws_access_key_id=access_key,
             aws_secret_access_key=secret_key, config=config)
         self._bucket_checked = False
+        self._swept = False  # incoming/ swept once per store object (a folder stages many files)
 
     def key(self, digest: str) -> str:
         """The object key of blob ``digest``."""
@@ -156,7 +157,9 @@ class S3Store:
 
     def _sweep_incoming(self) -> None:
         """Delete the ``incoming/`` objects and abort the uploads that killed submits left (SIGKILL: no cleanup
-        ran), once older than ``STALE_PART_S`` (one listing of each, at most 1000 entries, per stage)."""
+        ran), once older than ``STALE_PART_S`` (one listing of each, at most 1000 entries, at the first stage)."""
+        if self._swept:
+            return
         prefix = "/".join(p for p in (self.prefix, "incoming", "") if p)
         cutoff = datetime.now(UTC) - timedelta(seconds=STALE_PART_S)
         with self._calls():
@@ -168,6 +171,7 @@ class S3Store:
         for up in uploads:
             if up["Initiated"] < cutoff:
                 self._abort(up["Key"], up["UploadId"])
+        self._swept = True
 
     def _abort(self, key: str, upload_id: str) -> None:
         """Drop an unfinished upload's parts (best effort: a store that went down keeps them, never visible)."""
