@@ -1,6 +1,7 @@
 """Model artifacts: a model's metadata lives in the database (``ModelArtifact``), its bytes in the model store
 (``farm.store``: a folder under ``FARM_HOME``, an S3 bucket or a shared volume), content-addressed by sha256 and
-streamed in (a file as one blob, a folder file by file with its ``Manifest``); workers cache them on disk under
+streamed in (a file as one blob, a folder file by file with its ``Manifest``; a submit reads the model once, storing
+its bytes as its inspection hashes them: ``Intake``); workers cache them on disk under
 ``<home>/artifacts/<sha256>/<filename>``."""
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import io
 import json
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,10 @@ from farm.db.session import session_scope
 from farm.errors import ArtifactError, DigestMismatch, RequestError
 from farm.models.analysis import analyze
 from farm.models.llm_info import folder_manifest, weights_bytes
+from farm.models.spec import hashing_by
 from farm.settings import get_settings
 from farm.store.backends import free_bytes, open_store
-from farm.store.base import BlobStore
+from farm.store.base import BlobStore, Staged
 from farm.store.cache import Layout, ModelCache
 from schemas import TensorSpec
 from schemas.llm import WORKLOAD_FORMATS
@@ -75,13 +77,56 @@ def static_metrics(path: Path, model_format: str, inputs: list[dict[str, Any]]) 
     return metrics
 
 
+class Intake:
+    """A submit's model, read once: each file its inspection hashes (``hashing``) is staged in the model store
+    as it is hashed (``BlobStore.stage``: a temporary name, invisible); ``store_model`` publishes them by
+    digest, and ``take_in``'s block end drops what was not published."""
+
+    def __init__(self, store: BlobStore, stack: ExitStack) -> None:
+        self.store, self._stack = store, stack
+        self._staged: dict[tuple[Path, int, int, int], Staged] = {}
+
+    def hashing(self) -> AbstractContextManager[None]:
+        """For the block, every ``sha256_file`` (the model's inspection) stages the file it hashes."""
+        return hashing_by(self.hash_file)
+
+    def hash_file(self, path: Path) -> str:
+        """The sha256 of the file at ``path``, learnt while its bytes are staged in the store (once per state
+        of the file: its size, mtime and inode)."""
+        key = _identity(path)
+        if key not in self._staged:
+            with path.open("rb") as src:
+                self._staged[key] = self._stack.enter_context(self.store.stage(src, key[1]))
+        return self._staged[key].digest
+
+    def staged(self, path: Path, digest: str) -> Staged | None:
+        """The staged bytes of the file at ``path`` if they are blob ``digest`` (None: not staged, or the file
+        changed since)."""
+        found = self._staged.get(_identity(path))
+        return found if found is not None and found.digest == digest else None
+
+
+def _identity(path: Path) -> tuple[Path, int, int, int]:
+    st = path.stat()
+    return path.resolve(), st.st_size, st.st_mtime_ns, st.st_ino
+
+
+@contextmanager
+def take_in() -> Iterator[Intake]:
+    """An ``Intake`` into the configured model store for the block; what it staged and nobody published is
+    removed at the block's end (an error, Ctrl-C, a refused request)."""
+    with ExitStack() as stack:
+        yield Intake(open_store(), stack)
+
+
 def store_model(session: Session, path: Path, sha256: str, model_format: str,
-                inputs: list[dict[str, Any]]) -> ModelArtifact:
+                inputs: list[dict[str, Any]], intake: Intake | None = None) -> ModelArtifact:
     """Stream the model at ``path`` (sha256 ``sha256``, computed at inspection) into the model store, once per
     sha256, and add its row to ``session``'s transaction (committed by the caller after the bytes are
-    published, so no row names missing bytes), with its static metrics computed once per artifact."""
+    published, so no row names missing bytes), with its static metrics computed once per artifact. Files the
+    ``intake`` staged while the inspection hashed them are published, not read again."""
     existing = session.get(ModelArtifact, sha256)
-    store = open_store()
+    store = intake.store if intake is not None else open_store()
     if existing is not None and existing.location and store.exists(sha256):
         if existing.static_metrics is None:
             existing.static_metrics = static_metrics(path, model_format, inputs)
@@ -89,9 +134,9 @@ def store_model(session: Session, path: Path, sha256: str, model_format: str,
     size = check_storable(path, store=store)
     layout = "folder" if path.is_dir() else "file"
     if layout == "folder":
-        _put_folder(store, path, sha256)
+        _put_folder(store, path, sha256, intake)
     else:
-        _put_file(store, path, sha256, size)
+        _put_file(store, path, sha256, size, intake)
     if existing is not None:  # its bytes were lost (a migrated row without them, or a store emptied)
         existing.location, existing.layout = store.url, layout
         return existing
@@ -102,8 +147,13 @@ def store_model(session: Session, path: Path, sha256: str, model_format: str,
     return artifact
 
 
-def _put_file(store: BlobStore, path: Path, sha256: str, size: int) -> None:
-    """Stream one file into the store as blob ``sha256`` (checked while it passes)."""
+def _put_file(store: BlobStore, path: Path, sha256: str, size: int, intake: Intake | None) -> None:
+    """Publish the file's bytes the ``intake`` staged, or stream the file into the store as blob ``sha256``
+    (checked while it passes)."""
+    staged = intake.staged(path, sha256) if intake is not None else None
+    if staged is not None:
+        staged.publish()
+        return
     try:
         with path.open("rb") as src:
             store.put(sha256, src, size)
@@ -111,7 +161,7 @@ def _put_file(store: BlobStore, path: Path, sha256: str, size: int) -> None:
         raise DigestMismatch(f"{path} changed while it was being submitted; submit it again") from None
 
 
-def _put_folder(store: BlobStore, path: Path, sha256: str) -> None:
+def _put_folder(store: BlobStore, path: Path, sha256: str, intake: Intake | None) -> None:
     """Stream a folder's files into the store, then its manifest (blob ``sha256``): the manifest is published
     last, so a folder is complete in the store once its manifest is."""
     manifest = folder_manifest(path)
@@ -119,7 +169,7 @@ def _put_folder(store: BlobStore, path: Path, sha256: str) -> None:
         raise ArtifactError(f"{path} changed while it was being submitted; submit it again")
     for entry in manifest.files:
         if not store.exists(entry.sha256):
-            _put_file(store, path / entry.path, entry.sha256, entry.size)
+            _put_file(store, path / entry.path, entry.sha256, entry.size, intake)
     body = manifest.canonical()
     store.put(sha256, io.BytesIO(body), len(body))
 

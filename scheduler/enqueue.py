@@ -4,6 +4,7 @@ then hand the jobs to the broker (cluster mode), in expansion order (with repeat
 from __future__ import annotations
 
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -13,7 +14,7 @@ from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
 from farm import workload_files
-from farm.artifacts import artifact_filename, check_storable, store_model
+from farm.artifacts import Intake, artifact_filename, check_storable, store_model, take_in
 from farm.broker import Broker
 from farm.db.models import Job, Request, RequestOwner, utcnow
 from farm.db.session import session_scope
@@ -27,6 +28,7 @@ from farm.readers.results import live_workers
 from farm.secrets import CREDENTIALS_HINT, credentials
 from farm.settings import get_settings
 from farm.store import references
+from farm.store.base import STORE_PREFIX
 from scheduler.expand import Expansion, ModelRef, expand, job_count
 from scheduler.fairshare import check_limits
 from schemas import JobSpec, ProfileRequest, TensorSpec
@@ -53,9 +55,11 @@ def online_gpu_products(session: Session) -> list[str]:
     return [str(g.get("name", "")) for hw, _ in live_workers(session) for g in hw.get("gpus", [])]
 
 
-def _model_ref(request: ProfileRequest, attach: Attach | None) -> tuple[Path, ModelRef, int | None]:
+def _model_ref(request: ProfileRequest, attach: Attach | None,
+               intake: Intake | None = None) -> tuple[Path, ModelRef, int | None]:
     """The artifact to store, what expansion needs of it and an LLM's context length (tokens; None: unknown): the
-    model file, or the endpoint's descriptor (``farm.endpoint``, its metadata read with ``attach``)."""
+    model file, or the endpoint's descriptor (``farm.endpoint``, its metadata read with ``attach``). With an
+    ``intake`` (a submit), the model's files are staged in the store as the inspection hashes them."""
     if request.endpoint is not None:
         if attach is None:
             raise RequestError("profiling an endpoint needs its metadata reader: pass attach= "
@@ -65,11 +69,15 @@ def _model_ref(request: ProfileRequest, attach: Attach | None) -> tuple[Path, Mo
                               desc["static_batch"], inputs=tuple(TensorSpec.model_validate(t) for t in desc["inputs"])
                               ), desc.get("context_tokens")
     assert request.model is not None
-    path = references.resolve(request.model) if references.is_reference(request.model) else \
-        Path(request.model).expanduser()
-    if path.exists():  # FARM_MAX_MODEL_BYTES before a byte is read
-        check_storable(path)
-    info = inspect_model(path, request.format, request.inputs)
+    if references.is_reference(request.model):  # copied into this host's cache (an s3:// one is staged from there)
+        path = references.resolve(request.model)
+        intake = None if request.model.startswith(STORE_PREFIX) else intake  # store:sha256: in the store already
+    else:
+        path = Path(request.model).expanduser()
+    if path.exists():  # FARM_MAX_MODEL_BYTES (and the store's free space) before a byte is read or written
+        check_storable(path, store=intake.store if intake is not None else None)
+    with intake.hashing() if intake is not None else nullcontext():
+        info = inspect_model(path, request.format, request.inputs)
     return path, ModelRef(sha256=info.sha256, format=info.format, filename=artifact_filename(path),
                           inputs=tuple(info.inputs), static_batch=info.static_batch), info.context_tokens
 
@@ -90,10 +98,10 @@ def check_credential(request: ProfileRequest) -> None:
 
 
 def plan(request: ProfileRequest, request_id: str | None = None, attach: Attach | None = None,
-         gpu_products: list[str] | None = None) -> tuple[Submission, Path, ModelRef]:
-    """Inspect the model (or read the endpoint with ``attach``) and expand the request, touching nothing;
-    raises RequestError on bad input. ``gpu_products``: the GPUs to expand ``gpu`` to (None: those live workers
-    advertise, read from the database)."""
+         gpu_products: list[str] | None = None, intake: Intake | None = None) -> tuple[Submission, Path, ModelRef]:
+    """Inspect the model (or read the endpoint with ``attach``) and expand the request, touching nothing but
+    the ``intake``'s staged (invisible) bytes; raises RequestError on bad input. ``gpu_products``: the GPUs to
+    expand ``gpu`` to (None: those live workers advertise, read from the database)."""
     settings = get_settings()
     if request.measurement.timeout_s >= settings.visibility_timeout_s:
         raise RequestError(f"measurement timeout_s {request.measurement.timeout_s:g} must be below the broker "
@@ -103,7 +111,7 @@ def plan(request: ProfileRequest, request_id: str | None = None, attach: Attach 
     check_credential(request)
     if request.measurement.llm is not None:  # the host's cap first: before the model or endpoint is read
         workload_files.check_prompt_bounds(request.measurement.llm)
-    path, ref, context = _model_ref(request, attach)
+    path, ref, context = _model_ref(request, attach, intake)
     if llm_format(ref.format):  # weights over an edge box's memory: killed while loading
         check_fits(path, {p.name: p.memory for p in request.edge})
     if request.measurement.llm is not None:  # before anything is allocated, here or on a worker
@@ -144,12 +152,22 @@ def submit(request: ProfileRequest, send: bool | None = None, attach: Attach | N
     it from the owner and client id, so a submit retried after a crash finds the first one). ``gpu_products``: the
     GPUs ``gpu`` expands to (None: those live workers advertise; an embedded run passes this host's).
     """
-    sub, path, ref = plan(request, request_id=request_id, attach=attach, gpu_products=gpu_products)
+    with take_in() as intake:  # the model read once: hashed while staged, published by store_model
+        sub = _submit(request, owner, request_id, client_id, attach, gpu_products, intake)
+    if owner is None and (send if send is not None else not get_settings().embedded):
+        enqueue_jobs([(j.job_id, j.queue) for j in sub.expansion.jobs], request_id=sub.request_id)
+    return sub
+
+
+def _submit(request: ProfileRequest, owner: Principal | None, request_id: str | None, client_id: str | None,
+            attach: Attach | None, gpu_products: list[str] | None, intake: Intake) -> Submission:
+    """``submit``'s plan and transaction: the bytes published (``store_model``) before the rows commit."""
+    sub, path, ref = plan(request, request_id=request_id, attach=attach, gpu_products=gpu_products, intake=intake)
     request = sub.request or request
     with session_scope() as s:
         if owner is not None:
             check_limits(s, owner, len(sub.expansion.jobs))
-        store_model(s, path, ref.sha256, ref.format, [t.model_dump(mode="json") for t in ref.inputs])
+        store_model(s, path, ref.sha256, ref.format, [t.model_dump(mode="json") for t in ref.inputs], intake)
         workload_files.store(s, sub.files)
         s.add(Request(id=sub.request_id, name=request.name, model_sha256=ref.sha256,
                       spec=request.model_dump(mode="json"), excluded=sub.expansion.excluded))
@@ -162,8 +180,6 @@ def submit(request: ProfileRequest, send: bool | None = None, attach: Attach | N
         rows = job_rows(sub.request_id, sub.expansion.jobs)
         for i in range(0, len(rows), 2000):
             s.execute(insert(Job), rows[i:i + 2000])
-    if owner is None and (send if send is not None else not get_settings().embedded):
-        enqueue_jobs([(j.job_id, j.queue) for j in sub.expansion.jobs], request_id=sub.request_id)
     return sub
 
 

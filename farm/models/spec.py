@@ -8,6 +8,9 @@ A module of its own so that ``farm.models.info`` (which dispatches to ``farm.mod
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,8 +76,31 @@ def one_line(text: object, limit: int = 300) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
+#: who reads a file to hash it while ``hashing_by`` holds (a submit: ``farm.artifacts.Intake``, which stores the
+#: bytes as it hashes them, so the model is read once); None: ``read_sha256``
+_HASHER: ContextVar[Callable[[Path], str] | None] = ContextVar("farm_hasher", default=None)
+
+
+@contextmanager
+def hashing_by(hasher: Callable[[Path], str]) -> Iterator[None]:
+    """For the block, ``sha256_file`` asks ``hasher`` for a file's sha256 (it reads the file once, for its own
+    purpose as well: a submit stores the bytes it hashes)."""
+    token = _HASHER.set(hasher)
+    try:
+        yield
+    finally:
+        _HASHER.reset(token)
+
+
 def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in ``chunk_bytes`` chunks (constant memory)."""
+    """Hex sha256 of a file, read in ``chunk_bytes`` chunks (constant memory); by the hasher ``hashing_by``
+    set, if any (the model inspected by a submit)."""
+    hasher = _HASHER.get()
+    return hasher(path) if hasher is not None else read_sha256(path, chunk_bytes)
+
+
+def read_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read here in ``chunk_bytes`` chunks (constant memory)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(chunk_bytes):

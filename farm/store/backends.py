@@ -5,7 +5,9 @@ MinIO, AWS), chosen by ``open_store`` from ``FARM_STORE_URL``.
 Both stream in fixed pieces, hash while streaming (``Checked``) and publish only a whole blob whose sha256 and size
 are what the caller named: ``LocalStore`` writes a temporary file beside the blob, fsyncs and renames it;
 ``S3Store`` uploads in parts and completes the multipart upload (S3 makes the object visible only then, whole) or
-aborts it."""
+aborts it. A submit does not know the sha256 before it reads the model, and reads it once (``stage``):
+``LocalStore`` writes it to ``ROOT/incoming`` while hashing, then renames it to the digest's name; ``S3Store``
+uploads it to an ``incoming/`` key, then copies it server-side to the digest's key and deletes the temporary one."""
 from __future__ import annotations
 
 import os
@@ -20,13 +22,11 @@ from urllib.parse import urlparse
 
 from farm.errors import ArtifactError, BlobMissing, StoreUnavailable
 from farm.settings import Settings, get_settings
-from farm.store.checked import CHUNK_BYTES, Checked, check_digest
+from farm.store.checked import CHUNK_BYTES, STALE_PART_S, Checked, check_digest
 
 if TYPE_CHECKING:
-    from farm.store.base import BlobStore
+    from farm.store.base import BlobStore, Staged
 
-#: a local store's temporary file older than this is a killed upload's (SIGKILL: no cleanup ran), removed, s
-STALE_PART_S = 86400.0
 
 
 class LocalStore:
@@ -40,8 +40,9 @@ class LocalStore:
         """Where blob ``digest`` is (or would be) published."""
         return self.root / "sha256" / check_digest(digest)[:2] / digest
 
-    def _folder(self, digest: str) -> Path:
-        folder = self.path(digest).parent
+    def _folder(self, digest: str | None) -> Path:
+        """The folder blob ``digest`` goes in (None: ``incoming``, where staged blobs wait), created."""
+        folder = self.path(digest).parent if digest else self.root / "incoming"
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -57,24 +58,47 @@ class LocalStore:
     def put(self, digest: str, src: BinaryIO, size: int) -> None:
         """Copy ``size`` bytes of ``src`` to a temporary file beside the blob, checking the sha256 as they pass,
         fsync and rename it into place; the temporary file is removed on any failure."""
-        target = self.path(digest)
-        if target.is_file():
+        if self.path(digest).is_file():
             return
-        check = Checked(digest, size)
-        _sweep_parts(self._folder(digest))
-        with tempfile.NamedTemporaryFile(dir=self._folder(digest), prefix=f".{digest[:12]}.", suffix=".part",
-                                         delete=False) as tmp:
-            try:
+        with self._written(self._folder(digest), src, Checked(digest, size)) as tmp:
+            self._publish(tmp, digest)
+
+    @contextmanager
+    def stage(self, src: BinaryIO, size: int) -> Iterator[Staged]:
+        """``size`` bytes of ``src`` in a temporary file under ``ROOT/incoming``, hashed as they are written and
+        fsynced; removed at the block's end unless published (renamed to the blob's name)."""
+        check = Checked(None, size)
+        with self._written(self._folder(None), src, check) as tmp:
+            yield _LocalStaged(self, tmp, check.hexdigest(), size)
+
+    @contextmanager
+    def _written(self, folder: Path, src: BinaryIO, check: Checked) -> Iterator[Path]:
+        """A temporary file in ``folder`` holding ``src``'s bytes, checked (``check``) and fsynced, for the block;
+        removed at its end unless the block renamed it (Ctrl-C included: the partial file never stays)."""
+        _sweep_parts(folder)
+        tmp = tempfile.NamedTemporaryFile(dir=folder, prefix=f".{(check.digest or 'incoming')[:12]}.", suffix=".part",
+                                          delete=False)
+        path = Path(tmp.name)
+        try:
+            with tmp:  # closed before the block: a folder's many staged files hold no descriptor
                 for chunk in check.pieces(src, CHUNK_BYTES):
                     tmp.write(chunk)
                 check.verify(src)
                 tmp.flush()
                 os.fsync(tmp.fileno())
-                os.chmod(tmp.name, 0o644)
-                os.replace(tmp.name, target)
-            except BaseException:  # Ctrl-C included: the partial file never stays
-                Path(tmp.name).unlink(missing_ok=True)
-                raise
+            os.chmod(path, 0o644)
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+
+    def _publish(self, tmp: Path, digest: str) -> None:
+        """Rename the whole, fsynced file ``tmp`` to blob ``digest`` (kept where one is already there) and make
+        the rename durable."""
+        target = self.path(digest)
+        self._folder(digest)
+        if target.is_file():
+            return
+        os.replace(tmp, target)
         _fsync_dir(target.parent)
 
     @contextmanager
@@ -97,6 +121,17 @@ class LocalStore:
             return self.path(digest).stat().st_size
         except FileNotFoundError:
             return None
+
+
+class _LocalStaged:
+    """A staged blob of a ``LocalStore``: its fsynced temporary file, sha256 and size (bytes)."""
+
+    def __init__(self, store: LocalStore, tmp: Path, digest: str, size: int) -> None:
+        self.store, self.tmp, self.digest, self.size = store, tmp, digest, size
+
+    def publish(self) -> None:
+        """Rename the file to the blob's name (same file system: atomic)."""
+        self.store._publish(self.tmp, self.digest)
 
 
 def _sweep_parts(folder: Path) -> None:

@@ -26,6 +26,19 @@ def is_reference(model: str) -> bool:
     return model.startswith((STORE_PREFIX, "s3://"))
 
 
+class Staged(Protocol):
+    """A blob written to the store under a temporary name while it was hashed (``BlobStore.stage``): complete,
+    fsynced or uploaded, and invisible until ``publish`` makes it blob ``digest``."""
+
+    digest: str  # the sha256 of the bytes written (64 lowercase hex digits)
+    size: int  # bytes
+
+    def publish(self) -> None:
+        """Make the bytes blob ``digest``, atomically (a rename, or a server-side copy); a blob already there
+        is kept and the staged bytes dropped."""
+        ...
+
+
 class BlobStore(Protocol):
     """Where model bytes live, addressed by their sha256 (64 lowercase hex digits).
 
@@ -38,6 +51,12 @@ class BlobStore(Protocol):
     def put(self, digest: str, src: BinaryIO, size: int) -> None:
         """Store ``size`` bytes read from ``src`` under ``digest``, streaming (constant memory); the digest is
         checked while streaming and nothing is published on a mismatch (ArtifactError)."""
+        ...
+
+    def stage(self, src: BinaryIO, size: int) -> AbstractContextManager[Staged]:
+        """Write ``size`` bytes of ``src`` under a temporary name, hashing them as they pass (one read of
+        ``src``: a submit learns the model's sha256 as it stores it); the block's end removes them unless
+        published. DigestMismatch when ``src`` does not hold exactly ``size`` bytes."""
         ...
 
     def get(self, digest: str) -> AbstractContextManager[BinaryIO]:

@@ -174,18 +174,53 @@ def test_ctrl_c_mid_upload_leaves_no_row_and_no_blob(kind: str, tmp_path: Path, 
                                                      request: pytest.FixtureRequest) -> None:
     store = _use_store(monkeypatch, request, kind)
     folder = _hf_folder(tmp_path)
-    put = type(store).put
+    stage = type(store).stage
 
-    def interrupted(self: Any, digest: str, src: BinaryIO, size: int) -> None:
-        put(self, digest, _CtrlC(src, 1 << 20), size)  # type: ignore[arg-type]
+    def interrupted(self: Any, src: BinaryIO, size: int) -> Any:
+        return stage(self, _CtrlC(src, 1 << 20), size)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(type(store), "put", interrupted)
+    monkeypatch.setattr(type(store), "stage", interrupted)
     with pytest.raises(KeyboardInterrupt):
         submit(ProfileRequest(model=str(folder)), send=False)
     monkeypatch.undo()
     big = next(e for e in folder_manifest(folder).files if e.path == "model.safetensors")
-    _nothing_stored(store, big.sha256)  # the small files before it may be there, whole: content-addressed
-    assert not store.exists(folder_manifest(folder).digest())  # the folder is not: its manifest comes last
+    _nothing_stored(store, big.sha256)  # nothing is published before the whole folder is staged
+    assert not store.exists(folder_manifest(folder).digest())
+    assert _incoming(store) == []  # the files staged before the interrupted one are gone too
+
+
+def _incoming(store: BlobStore) -> list[str]:
+    """Temporary files (local) or objects (S3) a submit's staging left."""
+    if isinstance(store, LocalStore):
+        return [p.name for p in (store.root / "incoming").glob("*")]
+    s3: Any = store
+    return [o["Key"] for o in s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=f"{s3.prefix}/incoming/")
+            .get("Contents", [])]
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_submit_reads_the_model_once(kind: str, tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch,
+                                     request: pytest.FixtureRequest) -> None:
+    """Each file of the model is read once, by its staging (hashed while it is written): no separate hashing
+    read, no second read to store it; the blobs and the manifest are published and nothing temporary stays."""
+    import farm.models.spec as spec
+
+    store = _use_store(monkeypatch, request, kind)
+    folder = _hf_folder(tmp_path)
+    hashed: list[Path] = []
+    staged: list[int] = []
+    put: list[str] = []
+    read_sha256, stage_, put_ = spec.read_sha256, type(store).stage, type(store).put
+    monkeypatch.setattr(spec, "read_sha256", lambda path, *a: hashed.append(path) or read_sha256(path, *a))
+    monkeypatch.setattr(type(store), "stage", lambda self, src, size: staged.append(size) or stage_(self, src, size))
+    monkeypatch.setattr(type(store), "put", lambda self, digest, *a: put.append(digest) or put_(self, digest, *a))
+    job = submit(ProfileRequest(model=str(folder)), send=False).expansion.jobs[0]
+    monkeypatch.undo()
+    assert hashed == [] and sorted(staged) == sorted(len(b) for b in _files(folder).values())
+    assert put == [job.model_sha256]  # the manifest only: the files' bytes were not read a second time
+    manifest = read_manifest(store, job.model_sha256)
+    assert {e.path: _read(store, e.sha256) for e in manifest.files} == _files(folder)
+    assert _incoming(store) == []
 
 
 def test_fetch_of_a_model_whose_bytes_are_gone_is_one_line(sqlite_url: str, example_onnx: Path,

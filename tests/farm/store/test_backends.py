@@ -20,7 +20,7 @@ from farm.errors import ArtifactError, BlobMissing, DigestMismatch, StoreUnavail
 from farm.settings import Settings
 from farm.store.backends import CHUNK_BYTES, STALE_PART_S, LocalStore, open_store
 from farm.store.base import BlobStore
-from tests.seaweedfs import SeaweedFS
+from tests.seaweedfs import ACCESS_KEY, SECRET_KEY, SeaweedFS
 
 
 def _s3(seaweedfs: SeaweedFS) -> BlobStore:
@@ -119,32 +119,121 @@ class Slow:
             time.sleep(600)
         self.sent += n
         return b"x" * n
-open_store(Settings(store_url=sys.argv[1], s3_endpoint=sys.argv[2] or None, s3_region="us-east-1",
-                    s3_access_key_id="k", s3_secret_access_key="s")).put("ab" * 32, Slow(), 64 << 20)
+store = open_store(Settings(store_url=sys.argv[1], s3_endpoint=sys.argv[2] or None, s3_region="us-east-1",
+                            s3_access_key_id="k", s3_secret_access_key="s"))
+if sys.argv[3] == "put":
+    store.put("ab" * 32, Slow(), 64 << 20)
+else:
+    with store.stage(Slow(), 64 << 20) as staged:
+        staged.publish()
 """
 
 
-def test_sigkill_mid_upload_leaves_nothing_visible(store: BlobStore) -> None:
-    """A submit killed (SIGKILL: no cleanup runs) after 20 MiB were sent: the blob is not visible."""
+@pytest.mark.parametrize("how", ["put", "stage"])
+def test_sigkill_mid_upload_leaves_nothing_visible(store: BlobStore, how: str) -> None:
+    """A submit killed (SIGKILL: no cleanup runs) after 20 MiB were sent: no blob is visible."""
     s3: Any = store
     url, endpoint = (store.url, "") if isinstance(store, LocalStore) else (store.url, s3.endpoint)
     env = {**os.environ, "PYTHONPATH": str(Path.cwd())}
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED, url, endpoint], stdout=subprocess.PIPE, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED, url, endpoint, how], stdout=subprocess.PIPE, env=env)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"sent\n"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    assert not store.exists("ab" * 32) and store.size("ab" * 32) is None
+    assert not store.exists("ab" * 32) and store.size("ab" * 32) is None and _blobs(store) == []
     with pytest.raises(BlobMissing), store.get("ab" * 32):
         pass
-    if isinstance(store, LocalStore):  # the killed upload's temporary file goes once stale, at the next upload
+    if isinstance(store, LocalStore) and how == "stage":  # its temporary file goes once stale, at the next stage
+        parts = _incoming(store)
+        assert len(parts) == 1
+        os.utime(store.root / "incoming" / parts[0], (time.time() - STALE_PART_S - 1,) * 2)
+        with store.stage(io.BytesIO(b"x"), 1):
+            pass
+        assert _incoming(store) == []
+    if isinstance(store, LocalStore) and how == "put":  # the killed upload's temporary file goes once stale
         parts = list(store.path("ab" * 32).parent.glob(".*.part"))
         assert len(parts) == 1
         os.utime(parts[0], (time.time() - STALE_PART_S - 1,) * 2)
         with pytest.raises(DigestMismatch):  # an upload into the same folder (its bytes wrong: it leaves none)
             store.put("ab" * 32, io.BytesIO(b"x"), 1)
         assert list(store.path("ab" * 32).parent.glob(".*.part")) == []
+
+
+def _blobs(store: BlobStore) -> list[str]:
+    """The names of every published blob."""
+    if isinstance(store, LocalStore):
+        return [p.name for p in (store.root / "sha256").rglob("*") if p.is_file() and not p.name.startswith(".")]
+    s3: Any = store
+    listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=f"{s3.prefix}/sha256/").get("Contents", [])
+    return [o["Key"].rsplit("/", 1)[-1] for o in listed]
+
+
+def _incoming(store: BlobStore) -> list[str]:
+    """What staged uploads left: temporary files (local), or objects and unfinished uploads under incoming/
+    (S3)."""
+    if isinstance(store, LocalStore):
+        return sorted(p.name for p in (store.root / "incoming").glob("*"))
+    s3: Any = store
+    prefix = f"{s3.prefix}/incoming/"
+    listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix).get("Contents", [])
+    uploads = s3.client.list_multipart_uploads(Bucket=s3.bucket, Prefix=prefix).get("Uploads", [])
+    return sorted([o["Key"] for o in listed] + [u["Key"] for u in uploads])
+
+
+@pytest.mark.parametrize("size", [0, 3 * CHUNK_BYTES + 17, 17 << 20])
+def test_stage_hashes_while_writing_and_publishes_by_digest(store: BlobStore, size: int) -> None:
+    """A submit's one pass: the bytes are written under a temporary name as they are hashed, invisible until
+    published under their digest; staging them again publishes nothing new and leaves no temporary behind."""
+    data, digest = _blob(size)
+    with store.stage(io.BytesIO(data), size) as staged:
+        assert (staged.digest, staged.size) == (digest, size)
+        assert not store.exists(digest) and _blobs(store) == []
+        staged.publish()
+        assert store.exists(digest) and store.size(digest) == size
+    assert _read(store, digest) == data and _incoming(store) == []
+    with store.stage(io.BytesIO(data), size) as again:
+        again.publish()
+    assert _blobs(store) == [digest] and _read(store, digest) == data and _incoming(store) == []
+
+
+def test_staged_bytes_not_published_leave_nothing(store: BlobStore) -> None:
+    """A request refused after its model was staged (or a wrong size, or Ctrl-C mid-stage): no blob, no
+    temporary file or object."""
+    data, digest = _blob(2 * CHUNK_BYTES + 5)
+    with store.stage(io.BytesIO(data), len(data)) as staged:
+        assert staged.digest == digest
+    with pytest.raises(RuntimeError), store.stage(io.BytesIO(data), len(data)):
+        raise RuntimeError("refused")
+    for src, size in ((data[:-1], len(data)), (data, len(data) - 1)):
+        with pytest.raises(DigestMismatch, match="being stored .*submit it again"), \
+                store.stage(io.BytesIO(src), size):
+            pass
+    with pytest.raises(KeyboardInterrupt), store.stage(_Interrupted(_blob(18 << 20)[0], 17 << 20), 18 << 20):  # type: ignore[arg-type]
+        pass
+    assert not store.exists(digest) and _blobs(store) == [] and _incoming(store) == []
+
+
+def test_s3_publishes_a_large_staged_blob_by_a_copy_in_parts(seaweedfs: SeaweedFS,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above COPY_PART_BYTES (S3 copies at most 5 GiB in one request) the server-side copy goes in parts; a
+    stale leftover of a killed submit under incoming/ (an object, an unfinished upload) goes at the next stage."""
+    import farm.store.s3 as s3mod
+
+    store: Any = _s3(seaweedfs)
+    monkeypatch.setattr(s3mod, "COPY_PART_BYTES", 5 << 20)
+    data, digest = _blob(17 << 20)
+    with store.stage(io.BytesIO(data), len(data)) as staged:
+        staged.publish()
+    assert _read(store, digest) == data and _incoming(store) == []
+    store.client.put_object(Bucket=store.bucket, Key=f"{store.prefix}/incoming/left", Body=b"x")
+    store.client.create_multipart_upload(Bucket=store.bucket, Key=f"{store.prefix}/incoming/half")
+    assert len(_incoming(store)) == 2
+    monkeypatch.setattr(s3mod, "STALE_PART_S", -60.0)  # everything is stale
+    later = s3mod.S3Store(store.bucket, store.prefix, store.endpoint, "us-east-1", ACCESS_KEY, SECRET_KEY)
+    with later.stage(io.BytesIO(b"y"), 1):  # a later submit's store: it sweeps at its first stage
+        pass
+    assert _incoming(store) == []
 
 
 def test_a_store_that_is_down_is_one_line(tmp_path: Path) -> None:
@@ -156,7 +245,11 @@ def test_a_store_that_is_down_is_one_line(tmp_path: Path) -> None:
     down = open_store(Settings(store_url="s3://models", s3_endpoint=f"http://127.0.0.1:{port}", s3_region="us-east-1",
                                s3_access_key_id="k", s3_secret_access_key="s"))
     data, digest = _blob(10)
-    for call in (lambda: down.put(digest, io.BytesIO(data), 10), lambda: down.exists(digest)):
+    def stage() -> None:
+        with down.stage(io.BytesIO(data), 10):
+            pass
+
+    for call in (lambda: down.put(digest, io.BytesIO(data), 10), lambda: down.exists(digest), stage):
         with pytest.raises(StoreUnavailable) as err:
             call()
         msg = str(err.value)
