@@ -218,9 +218,10 @@ def embedded(model: Path, sha: str, size: int, yard_s: float, tmp: Path, request
     s = w.store
     print("embedded (SQLite, local store under FARM_HOME, jobs in the submit process):")
     print(f"  farm submit, whole (store, fetch, serve, measure): {wall:.1f} s, peak RSS {_mb(w.hwm)}")
-    if s.seconds is not None:
-        print(f"  store upload: {s.seconds:.2f} s ({size / 1e6 / s.seconds:.0f} MB/s), begun {s.started:.1f} s "
-              f"after the start; peak RSS +{s.peak_above_mb:.0f} MB above its {_mb(s.rss_start)} then")
+    if s.seconds is not None and s.done is not None and s.started is not None:
+        print(f"  stored {s.done:.1f} s after the start ({s.done / yard_s:.2f}x cp + sha256sum): the upload "
+              f"{s.seconds:.2f} s ({size / 1e6 / s.seconds:.0f} MB/s) after {s.started:.1f} s of start-up and "
+              f"inspection; peak RSS +{s.peak_above_mb:.0f} MB above its {_mb(s.rss_start)} at the upload's start")
     print(f"  fetch into the cache: {fetch_line(w, size, yard_s)}")
     print(f"  serving: {serving(env, rid)}")
 

@@ -19,7 +19,7 @@ if not found:
 print(found[0])
 PY
 )
-"$weed" version >/dev/null || { echo "$weed does not run on this host" >&2; exit 1; }
+"$weed" version >/dev/null 2>&1 || { echo "$weed does not run on this host" >&2; exit 1; }
 install -m 0755 "$weed" docker/seaweedfs/weed
-echo "docker/seaweedfs/weed <- $weed ($("$weed" version | head -n1))"
-docker/build-local-image.sh
+echo "docker/seaweedfs/weed <- $weed ($("$weed" version 2>/dev/null | head -n1))"
+docker/build-local-image.sh --tag farm-runtime:local   # the seaweedfs target's base (FARM_IMAGE_TAG aside)
