@@ -15,6 +15,8 @@ import pytest
 from tests.chart import REPO, ci_values, pod_specs, render
 
 DOCKERFILE = REPO / "docker" / "Dockerfile"
+#: farm's runtime image as ``python -m workers.images`` builds it on this host (no registry, no base image)
+LOCAL_RUNTIME = "farm-runtime:local"
 
 
 def stages() -> dict[str, dict[str, Any]]:
@@ -54,7 +56,9 @@ def test_runtime_targets_run_farm_as_nobody_from_pinned_bases(target: str) -> No
     assert json.loads(instruction(stage, "ENTRYPOINT") or "null") == ["farm"]
     assert instruction(stage, "USER") == "65534:65534"
     assert any(o == "COPY" and rest.startswith("--from=build-") for o, rest in stage["lines"])  # multi-stage
-    for s in all_stages.values():  # a fixed release tag, never latest
+    for s in all_stages.values():  # a fixed release tag, never latest (or farm's runtime image, built here)
+        if s["base"] == LOCAL_RUNTIME:
+            continue
         assert re.fullmatch(r"[\w./-]+:\d+\.\d+(\.\d+)?[\w.-]*", s["base"]), s["base"]
     builds = " ".join(rest for _, rest in all_stages[f"build-{target}"]["lines"])
     if target == "gpu":
@@ -69,6 +73,20 @@ def test_runtime_targets_run_farm_as_nobody_from_pinned_bases(target: str) -> No
     runtime = " ".join(rest for o, rest in stage["lines"] if o in ("ENV", "RUN"))
     assert "FARM_PERF_ANALYZER=/opt/venv/bin/perf_analyzer" in runtime and "libb64-0d" in runtime
     assert re.search(r"-m workers\.loadgen\.perf_analyzer\s*$", instruction(stage, "RUN") or ""), stage["lines"]
+
+
+def test_the_model_store_image_pulls_nothing() -> None:
+    """The seaweedfs target (compose's model store) is farm's locally built runtime image plus the host's ``weed``
+    that docker/seaweedfs/prepare.sh stages in the build context: no registry, no pip at build time."""
+    stage = stages()["seaweedfs"]
+    assert stage["base"] == LOCAL_RUNTIME
+    assert not [rest for op, rest in stage["lines"] if op == "RUN"]
+    assert ("COPY", "docker/seaweedfs/weed /usr/local/bin/weed") in stage["lines"]
+    assert json.loads(instruction(stage, "ENTRYPOINT") or "null") == ["/usr/local/bin/weed"]
+    assert instruction(stage, "USER") == "65534:65534" and instruction(stage, "WORKDIR") == "/data"
+    prepare = (REPO / "docker" / "seaweedfs" / "prepare.sh").read_text()
+    assert "docker/seaweedfs/weed" in prepare and "docker/build-local-image.sh" in prepare
+    assert "/docker/seaweedfs/weed" in (REPO / ".gitignore").read_text().splitlines()
 
 
 def test_the_default_target_is_the_cpu_image() -> None:

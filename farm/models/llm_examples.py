@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,9 @@ class LlamaShape:
 TINY = LlamaShape(hidden=64, layers=2, heads=2, kv_heads=1, ffn=128)  # ~1,500 tokens/s on one core (llama.cpp)
 SMALL = LlamaShape(hidden=256, layers=12, heads=8, kv_heads=4, ffn=768)  # ~5 ms a token on one core, 39 MB F32
 SHAPES = {"tiny": TINY, "small": SMALL}
+#: GGUF-only shapes of real size (``write_large_gguf``): 2.16 GB (3 layers, hidden 4096, F32) and 302 MB
+LARGE = LlamaShape(hidden=4096, layers=3, heads=32, kv_heads=8, ffn=11008)
+MEDIUM = LlamaShape(hidden=2048, layers=2, heads=16, kv_heads=4, ffn=4096)
 
 
 @dataclass(frozen=True)
@@ -152,43 +156,57 @@ def ordinary(tok: Any, n_vocab: int) -> np.ndarray:
     return mask
 
 
-def _weights(n_vocab: int, allowed: np.ndarray, shape: LlamaShape = TINY) -> dict[str, np.ndarray]:
-    """The model's tensors by their Hugging Face names (F32), seeded; residual dimension 0 guarded. A wider
-    shape's matrices have their spread scaled by 1/sqrt(width) from ``TINY``'s (so ``TINY``'s bytes stay the
-    same), which keeps the activations, and with them the guard, as ``TINY``'s."""
-    rng = np.random.default_rng(SEED)
+#: one tensor of the model: Hugging Face name, dimensions, spread of its normal draw (None: ones), an in-place edit
+Tensor = tuple[str, tuple[int, ...], float | None, Callable[[np.ndarray], None] | None]
+
+
+def _plan(n_vocab: int, allowed: np.ndarray, shape: LlamaShape = TINY) -> list[Tensor]:
+    """The model's tensors in the order they are drawn (F32, seeded by ``_tensors``); residual dimension 0
+    guarded. A wider shape's matrices have their spread scaled by 1/sqrt(width) from ``TINY``'s (so ``TINY``'s
+    bytes stay the same), which keeps the activations, and with them the guard, as ``TINY``'s."""
     hidden, ffn, heads, kv_heads, head_dim = shape.hidden, shape.ffn, shape.heads, shape.kv_heads, shape.head_dim
     wide, deep = (TINY.hidden / hidden) ** 0.5, (TINY.ffn / ffn) ** 0.5
 
-    def normal(dims: tuple[int, ...], std: float) -> np.ndarray:
-        return (rng.standard_normal(dims) * std).astype(np.float32)
+    def guard(emb: np.ndarray) -> None:
+        emb[:, 0] = GUARD
 
-    w: dict[str, np.ndarray] = {}
-    emb = normal((n_vocab, hidden), 1.0)
-    emb[:, 0] = GUARD
-    w["model.embed_tokens.weight"] = emb
+    def unwritten(out: np.ndarray) -> None:
+        out[0] = 0.0  # nothing writes to the guarded dimension
+
+    def head(out: np.ndarray) -> None:
+        out[:, 0] = 0.0
+        out[~allowed] = 0.0
+        out[~allowed, 0] = -BAD_LOGIT
+
+    plan: list[Tensor] = [("model.embed_tokens.weight", (n_vocab, hidden), 1.0, guard)]
     for i in range(shape.layers):
         p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = np.ones(hidden, np.float32)
-        w[p + "post_attention_layernorm.weight"] = np.ones(hidden, np.float32)
-        w[p + "self_attn.q_proj.weight"] = normal((heads * head_dim, hidden), 0.2 * wide)
-        w[p + "self_attn.k_proj.weight"] = normal((kv_heads * head_dim, hidden), 0.2 * wide)
-        w[p + "self_attn.v_proj.weight"] = normal((kv_heads * head_dim, hidden), 0.2 * wide)
-        o = normal((hidden, heads * head_dim), 0.05 * wide)
-        o[0] = 0.0  # nothing writes to the guarded dimension
-        w[p + "self_attn.o_proj.weight"] = o
-        w[p + "mlp.gate_proj.weight"] = normal((ffn, hidden), 0.2 * wide)
-        w[p + "mlp.up_proj.weight"] = normal((ffn, hidden), 0.2 * wide)
-        down = normal((hidden, ffn), 0.05 * deep)
-        down[0] = 0.0
-        w[p + "mlp.down_proj.weight"] = down
-    w["model.norm.weight"] = np.ones(hidden, np.float32)
-    head = normal((n_vocab, hidden), 0.3 * wide)
-    head[:, 0] = 0.0
-    head[~allowed] = 0.0
-    head[~allowed, 0] = -BAD_LOGIT
-    w["lm_head.weight"] = head
-    return w
+        plan += [(p + "input_layernorm.weight", (hidden,), None, None),
+                 (p + "post_attention_layernorm.weight", (hidden,), None, None),
+                 (p + "self_attn.q_proj.weight", (heads * head_dim, hidden), 0.2 * wide, None),
+                 (p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden), 0.2 * wide, None),
+                 (p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden), 0.2 * wide, None),
+                 (p + "self_attn.o_proj.weight", (hidden, heads * head_dim), 0.05 * wide, unwritten),
+                 (p + "mlp.gate_proj.weight", (ffn, hidden), 0.2 * wide, None),
+                 (p + "mlp.up_proj.weight", (ffn, hidden), 0.2 * wide, None),
+                 (p + "mlp.down_proj.weight", (hidden, ffn), 0.05 * deep, unwritten)]
+    return [*plan, ("model.norm.weight", (hidden,), None, None),
+            ("lm_head.weight", (n_vocab, hidden), 0.3 * wide, head)]
+
+
+def _tensors(plan: list[Tensor]) -> Iterator[tuple[str, np.ndarray]]:
+    """The planned tensors one at a time, drawn in order from one seeded generator (the same bytes every run)."""
+    rng = np.random.default_rng(SEED)
+    for name, dims, std, edit in plan:
+        arr = np.ones(dims, np.float32) if std is None else (rng.standard_normal(dims) * std).astype(np.float32)
+        if edit is not None:
+            edit(arr)
+        yield name, arr
+
+
+def _weights(n_vocab: int, allowed: np.ndarray, shape: LlamaShape = TINY) -> dict[str, np.ndarray]:
+    """The model's tensors by their Hugging Face names (F32), all in memory (``_plan``)."""
+    return dict(_tensors(_plan(n_vocab, allowed, shape)))
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -211,8 +229,8 @@ def _gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{GGUF_TENSORS[rest.removesuffix('.weight')]}.weight"
 
 
-def write_gguf(path: Path, tok: Any, weights: dict[str, np.ndarray], shape: LlamaShape = TINY) -> Path:
-    """The GGUF form at ``path``."""
+def _gguf_writer(path: Path, tok: Any, shape: LlamaShape) -> Any:
+    """A ``gguf.GGUFWriter`` at ``path`` with the model's metadata and tokenizer, no tensors yet."""
     gguf, _, _ = _modules()
     tokens, merges = _vocab(tok)
     w = gguf.GGUFWriter(str(path), "llama")
@@ -239,15 +257,47 @@ def write_gguf(path: Path, tok: Any, weights: dict[str, np.ndarray], shape: Llam
     w.add_add_bos_token(False)
     w.add_add_eos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
+    return w
+
+
+def _gguf_array(name: str, arr: np.ndarray, shape: LlamaShape) -> np.ndarray:
+    """Tensor ``name``'s bytes as the GGUF keeps them (Q and K rows in llama.cpp's RoPE layout)."""
+    if name.endswith("q_proj.weight"):
+        arr = _permute(arr, shape.heads)
+    elif name.endswith("k_proj.weight"):
+        arr = _permute(arr, shape.kv_heads)
+    return np.ascontiguousarray(arr)
+
+
+def write_gguf(path: Path, tok: Any, weights: dict[str, np.ndarray], shape: LlamaShape = TINY) -> Path:
+    """The GGUF form at ``path``."""
+    w = _gguf_writer(path, tok, shape)
     for name, arr in weights.items():
-        if name.endswith("q_proj.weight"):
-            arr = _permute(arr, shape.heads)
-        elif name.endswith("k_proj.weight"):
-            arr = _permute(arr, shape.kv_heads)
-        w.add_tensor(_gguf_name(name), np.ascontiguousarray(arr))
+        w.add_tensor(_gguf_name(name), _gguf_array(name, arr, shape))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_large_gguf(path: Path, shape: LlamaShape) -> Path:
+    """Only the GGUF form, of any size, written one tensor at a time (memory: the largest tensor, not the model):
+    the same tokenizer, guard and seeded weights as :func:`build_tiny_llama`'s. ``LARGE`` makes a 2.16 GB file
+    (above 2 GiB) that llama.cpp loads and serves at a few tokens per second on 2 cores."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer()
+    n_vocab = tok.get_vocab_size()
+    plan = _plan(n_vocab, ordinary(tok, n_vocab), shape)
+    w = _gguf_writer(path, tok, shape)
+    for name, dims, _, _ in plan:
+        w.add_tensor_info(_gguf_name(name), dims, np.dtype(np.float32), int(np.prod(dims)) * 4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, arr in _tensors(plan):
+        w.write_tensor_data(_gguf_array(name, arr, shape))
     w.close()
     return path
 
