@@ -29,11 +29,11 @@ from workers.runners.process_edge import run_edge_process
 from workers.serving.base import Launch, ServingTarget, Site
 from workers.serving.jail import confined
 
-#: a local process on the loopback interface: it picks a free port and prints it
-#: a Python exception's last line (``ValueError: ...``), after a prefix a server may put on its lines (vLLM's
-#: ``(EngineCore pid=12) `` or ``(VllmWorker-0 pid=33) ERROR 11-29 07:19:03 [multiproc_executor.py:953] ``): group 1
-#: is the exception and its message
+#: a Python exception's last line (``ValueError: ...``), after a prefix a server may put on its lines (a process's
+#: name and pid, ``(EngineCore pid=12) ``, or with a level and a time, ``(Worker-0 pid=33) ERROR 11-29 07:19:03
+#: [executor.py:953] ``): group 1 is the exception and its message
 EXCEPTION_LINE = re.compile(r"(?:^|[)\]]\s+)((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): \S.*?)\s*$")
+#: a local process on the loopback interface: it picks a free port and prints it
 SITE = Site(container=False, python=sys.executable, host="127.0.0.1", port=0)
 
 
@@ -62,8 +62,8 @@ class ServerProcess:
     Reads the bound port from the server's ``<listen_prefix>HOST:PORT`` line on stdout (e.g. the built-in
     server's ``farm-serve listening HOST:PORT``: it binds port 0, so there is no race for a free port; None:
     no such line) and keeps the last stderr lines for error messages, and the first Python exception line it printed
-    (``first_error``: the root cause of a chained traceback, which a long one pushes out of the tail, e.g. vLLM's
-    engine core's reason before its API server's "Engine core initialization failed"). ``cpu_set`` pins the server's
+    (``first_error``: the root cause of a chained traceback, which a long one pushes out of the tail, e.g. an engine
+    core's reason before its API server's "Engine core initialization failed"). ``cpu_set`` pins the server's
     CPUs.
     """
 

@@ -13,9 +13,10 @@ workload implies.
 
 The intended hit rate (% of the measured prompt tokens the cache can serve): warm, the shared prefix's share of a
 prompt; cold, that share over the requests after the first ones that found the cache empty (a closed loop's
-``concurrency`` first requests, an open loop's first). The measured one is the server's: its prefix-cache counters
-over the windows where its ``/metrics`` has them (vLLM: hits / queries; llama-server: cached / (evaluated +
-cached) prompt tokens), else the cached tokens its ``usage`` reported (``cached_prompt_tokens_pct``). A row whose
+``concurrency`` first requests, an open loop's first). The measured one is the server's: the cached tokens its
+``usage`` reported for the measured requests (``cached_prompt_tokens_pct``), else its prefix-cache counters over
+the windows where its ``/metrics`` has them (vLLM: hits / queries; llama-server: cached / (evaluated + cached)
+prompt tokens; a scrape's interval at the windows' edges holds other requests too). A row whose
 two differ by more than :data:`SLACK_PTS` points is flagged (``prefix_hit_as_intended`` false, and a note)."""
 from __future__ import annotations
 
@@ -119,8 +120,12 @@ def _dict(value: object) -> dict[str, object]:
 
 
 def measured_pct(view: Mapping[str, object], usage_pct: float | None) -> tuple[float | None, str | None]:
-    """The server's prefix-cache hit rate over the windows (%) and where it came from: its counters (hits /
-    queries: ``server_scrape``'s ``windows``) where it has them, else its usage (``usage_pct``)."""
+    """The server's prefix-cache hit rate over the windows (%) and where it came from: its usage (``usage_pct``:
+    the cached prompt tokens it reported for exactly the measured requests) where it gave one, else its counters
+    (hits / queries: ``server_scrape``'s ``windows``), which also count the requests a scrape's interval (up to
+    250 ms at 4 Hz, more on a busy host) holds beyond the windows' edges: the warm-up's last ones among them."""
+    if usage_pct is not None:
+        return usage_pct, "usage"
     figures, names = _dict(view.get("windows")), _dict(view.get("names"))
     hits, queries = figures.get("cached_prompt_tokens"), figures.get("prefix_cache_queries")
     if queries is None and str(names.get("cached_prompt_tokens", "")).startswith("llamacpp:"):
@@ -128,7 +133,7 @@ def measured_pct(view: Mapping[str, object], usage_pct: float | None) -> tuple[f
         queries = done + hits if isinstance(done, float | int) and isinstance(hits, float | int) else None
     if isinstance(hits, float | int) and isinstance(queries, float | int) and queries > 0:
         return 100.0 * hits / queries, "server counters"
-    return (usage_pct, "usage") if usage_pct is not None else (None, None)
+    return None, None
 
 
 Judged = tuple[dict[str, float | bool | None], list[str]]  # a row's prefix-cache metrics and notes

@@ -77,12 +77,14 @@ def test_cold_and_warm_are_two_jobs_of_one_cell_and_cold_keeps_its_id() -> None:
 
 def test_the_intended_rate_and_the_flag() -> None:
     """Warm: the shared share; cold: that share over the requests after a closed loop's first ``concurrency`` (an
-    open loop's first); the server's counters win over its usage; 10 points apart flags the row with a note."""
+    open loop's first); the server's usage (the measured requests' own) wins over its counters (their scrapes' edges
+    hold other requests); 10 points apart flags the row with a note."""
     assert intended_pct("warm", 50.0, 100, ClosedLoop(concurrency=4)) == 50.0
     assert intended_pct("cold", 50.0, 100, ClosedLoop(concurrency=4)) == pytest.approx(48.0)
     assert intended_pct("cold", 50.0, 100, PoissonRate(rate=5.0, concurrency=4)) == pytest.approx(49.5)
     view = {"windows": {"cached_prompt_tokens": 30.0, "prefix_cache_queries": 100.0}}
-    assert measured_pct(view, 80.0) == (30.0, "server counters") and measured_pct({}, 80.0) == (80.0, "usage")
+    assert measured_pct(view, 80.0) == (80.0, "usage") and measured_pct(view, None) == (30.0, "server counters")
+    assert measured_pct({}, None) == (None, None)
     llama = {"windows": {"cached_prompt_tokens": 30.0, "prompt_tokens": 70.0},
              "names": {"cached_prompt_tokens": "llamacpp:prompt_tokens_cached_total"}}
     assert measured_pct(llama, None) == (30.0, "server counters")
@@ -106,10 +108,10 @@ def _fake_run(state: str, shared: float, **extra: Any) -> tuple[dict[str, Any], 
 def test_warm_with_half_shared_hits_half_on_the_fake() -> None:
     m, d = _fake_run("warm", 50)
     assert d["workload"]["prefix_cache"] == "warm" and "warmed (2 of 2" in d["workload"]["prefix_cache_prep"]
-    # 16 of 32 tokens shared: 16 words after the BOS, four whole 4-word blocks of the fake's cache; its counters
-    # count words (31 a prompt: the BOS is none), its usage tokens (32)
+    # 16 of 32 tokens shared: 16 words after the BOS, four whole 4-word blocks of the fake's cache; its usage counts
+    # tokens (32 a prompt) for the measured requests, the measured figure; its counters words (31: the BOS is none)
     assert m["prefix_hit_intended_pct"] == pytest.approx(50.0)
-    assert m["prefix_hit_pct"] == pytest.approx(100 * 16 / 31)
+    assert m["prefix_hit_pct"] == pytest.approx(50.0)
     assert m["prefix_hit_as_intended"] is True and m["cached_prompt_tokens_pct"] == pytest.approx(50.0)
 
 
@@ -172,7 +174,7 @@ def test_submit_cold_and_warm_two_rows_with_their_columns() -> None:
     for r in rows:
         assert r["shared_prefix_pct"] == 50 and r["prefix_hit_as_intended"] is True
     warm = next(r for r in rows if r["prefix_cache"] == "warm")
-    assert warm["prefix_hit_intended_pct"] == 50 and warm["prefix_hit_pct"] == pytest.approx(100 * 16 / 31)
+    assert warm["prefix_hit_intended_pct"] == 50 and warm["prefix_hit_pct"] == pytest.approx(50.0)  # its usage
     assert "cache" in farm("results", rid, env=env).stdout
     path = next(Path(env["FARM_HOME"]).rglob("*.db"))
     with sqlite3.connect(path) as con:
