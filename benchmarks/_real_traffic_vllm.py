@@ -31,13 +31,16 @@ def _figures(label: str, before: dict[str, float], after: dict[str, float], own:
 
 
 def _bench(python: str, root: str, model: Path, c: int, out: Path) -> dict[str, Any]:
+    """``vllm bench serve``'s saved result at concurrency ``c`` (SystemExit, with its output's tail, on failure)."""
     name = f"bench-{c}-{time.monotonic_ns()}.json"
-    subprocess.run([python, "-c", BENCH, "--backend", "openai", "--base-url", root, "--endpoint", "/v1/completions",
-                    "--model", "model", "--tokenizer", str(model), "--dataset-name", "random",
-                    "--random-input-len", str(IN_TOKENS), "--random-output-len", str(OUT_TOKENS),
-                    "--num-prompts", str(PROMPTS), "--max-concurrency", str(c), "--ignore-eos", "--seed",
-                    str(int(time.time())), "--save-result", "--result-dir", str(out), "--result-filename", name],
-                   capture_output=True, text=True, check=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    argv = [python, "-c", BENCH, "--backend", "openai", "--base-url", root, "--endpoint", "/v1/completions",
+            "--model", "model", "--tokenizer", str(model), "--dataset-name", "random",
+            "--random-input-len", str(IN_TOKENS), "--random-output-len", str(OUT_TOKENS),
+            "--num-prompts", str(PROMPTS), "--max-concurrency", str(c), "--ignore-eos", "--seed",
+            str(int(time.time())), "--save-result", "--result-dir", str(out), "--result-filename", name]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if done.returncode != 0:
+        raise SystemExit(f"vllm bench serve failed: {(done.stdout + done.stderr).strip()[-1500:]}")
     got: dict[str, Any] = json.loads((out / name).read_text())
     return got
 

@@ -16,18 +16,21 @@ its ``/metrics`` (the BOS and the one token it must evaluate count as they fall)
 2. ``farm submit --endpoint`` against one llama-server started here (``--metrics --slot-save-path``, its counters
    read before and after each replay): the trace (cold: slots erased first), the same trace again (warm: the
    cache as the first replay left it), again with ``--prefix-cache cold`` (slots erased), and the trace with its
-   sharing removed (every block its own id: implies 0 %).
+   sharing removed (every block its own id: implies 0 %); full run only, a second llama-server with ``--cache-ram
+   0`` (no host-memory prompt cache, which erasing the slots leaves as it is): the first and third replays.
 
-``--prefix-cache cold`` for a trace resets the server's cache before the first request and nothing more: the
-trace's own repeats then hit as the trace implies (replay 2's third). Only a trace that shares nothing reads
-~0 %; "under 5 % with cold" holds for a trace's repeats of an earlier run, not for its own sharing.
+``--prefix-cache cold`` for a trace resets the server's cache before the first request and nothing more (a trace
+has no shared prefix of the job's to warm or keep out): the trace's own repeats then hit as its hash ids imply.
+"Under 5 % with cold" can hold for what an earlier run left in the cache, never for the trace's own sharing;
+the trace without sharing is the replay that should read ~0 %.
 
 vLLM part (skipped, said so, without its CPU venv: ``FARM_VLLM_PYTHON``, else ``scripts/vllm_cpu_env``'s; and in
 ``--quick``): one vLLM CPU server on the tiny-llama HF folder (``--enable-prefix-caching``, block 32, ``-O0``), then
 at concurrency 1 and 4: ``farm submit --endpoint --api openai-completions --input-tokens 128 --output-tokens 16``
 and ``vllm bench serve --dataset-name random --random-input-len 128 --random-output-len 16``; per client run, the
 server's counter deltas: ``prompt_tokens_total / request_success_total`` (prompt tokens a request, its count) and
-``prefix_cache_hits / prefix_cache_queries``.
+``prefix_cache_hits / prefix_cache_queries``; then the trace's replays of 2. on it (its cold: ``POST
+/reset_prefix_cache``, served with ``VLLM_SERVER_DEV_MODE=1``).
 
 ``--quick`` (CI, under ``timeout 300``): 30 requests, the replays of 2. and the first of 1., no vLLM. Prints its
 figures, asserts nothing. Run: ``python benchmarks/real_traffic.py [--quick] [--requests N]``."""
