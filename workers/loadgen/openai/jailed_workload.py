@@ -191,7 +191,7 @@ def open_workload(llm: LlmSettings, submitting: bool = False, server: Counting |
         prompts = (sharegpt_sessions(llm, files["prompts"], cutter) if llm.sessions == "sharegpt"
                    else synthetic_sessions(llm, cutter, pool) if llm.sessions is not None
                    else file_prompts(llm, files["prompts"], cutter) if "prompts" in files
-                   else trace_prompts(llm, files["trace"], tok) if "trace" in files
+                   else trace_prompts(llm, files["trace"], cutter) if "trace" in files
                    else synthetic_prompts(llm, cutter, pool))
         yield prompts, tok
 

@@ -75,3 +75,19 @@ def test_the_replay_pattern_sends_on_the_schedule_then_stops() -> None:
     assert pattern.late_pct(4, 1) == 25.0  # late sends are counted (the row's client-limited flag)
     with pytest.raises(ValueError, match="without its schedule"):
         TraceReplay(4.0).send_times(0.0, seed=0)
+
+
+def test_a_trace_is_cut_by_the_server_s_tokenizer_where_it_has_one(tmp_path: Path) -> None:
+    from workers.loadgen.openai.jailed_workload import open_workload  # noqa: PLC0415 - the job's workload
+
+    server = _tokenizer(tmp_path)
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": r.t_ms, "input_length": r.input_tokens,
+                                        "output_length": r.output_tokens, "hash_ids": list(r.hash_ids)}) + "\n"
+                            for r in ROWS))
+    llm = LlmSettings(trace=str(path))
+    with open_workload(llm, submitting=True, server=server) as (prompts, tok):
+        assert tok is None  # no --tokenizer: the server's own one cut the blocks
+        assert [p.input_source for p in prompts] == ["tokenizer"] * len(ROWS)
+        assert [p.input_tokens for p in prompts] == [server.count(p.text) for p in prompts] == \
+            [r.input_tokens for r in ROWS]
