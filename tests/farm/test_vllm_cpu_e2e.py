@@ -7,6 +7,7 @@ failure or Ctrl-C."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import time
@@ -28,6 +29,13 @@ SHORT = ["--duration", "3", "--window", "1", "--warmup", "0.5", "--input-tokens"
 EAGER = ["--knob", "optimization_level=0"]
 #: the tiny-llama example with 16-wide heads, which vLLM's CPU attention refuses
 HEAD_16 = LlamaShape(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128)
+
+
+def _env() -> dict[str, str]:
+    """The test's environment with a core-lease directory of its own: a vLLM job holds its cores for minutes
+    (start-up, warm-up), and other test processes' jobs on this host must not wait for them (nothing here asserts a
+    time)."""
+    return farm_env(FARM_HOST_LOCK_DIR=os.path.join(os.environ["FARM_HOME"], "host-locks"))
 
 
 def _submit(env: dict[str, str], model: Path, *args: str) -> list[dict[str, Any]]:
@@ -60,7 +68,7 @@ def test_vllm_cpu_serves_a_tiny_llama_and_the_row_carries_its_own_view(vllm_pyth
     """Concurrency 1 and 4: each row has TTFT and tokens/s, names vLLM's CPU build, and carries the server's own
     view: its requests running (at most the concurrency), KV-cache use, token counters matching the client's own
     totals over the whole run, and its TTFT histogram's p50; nothing of vLLM is left running."""
-    env, since = farm_env(), time.time()
+    env, since = _env(), time.time()
     rows = _submit(env, tiny_llama.hf, "--concurrency", "1,4", "--knob", "block_size=32")
     assert sorted(r["concurrency"] for r in rows) == [1, 4]
     for r in rows:
@@ -85,7 +93,7 @@ def test_a_model_or_block_size_vllms_cpu_kernels_refuse_fails_with_its_reason(vl
                                                                               tmp_path: Path) -> None:
     """16-wide heads, and a KV block of 16 tokens: each job fails with vLLM's own reason, in one line, and leaves
     nothing running."""
-    env, since = farm_env(), time.time()
+    env, since = _env(), time.time()
     head16 = build_tiny_llama(tmp_path / "head16", HEAD_16)
     (bad_model,) = _submit(env, head16.hf, "--concurrency", "1")
     assert bad_model["status"] == "failed" and "\n" not in bad_model["error"]
@@ -106,7 +114,7 @@ def test_a_knob_vllm_lacks_is_refused_at_submit(tiny_llama: Any) -> None:
 
 
 def test_ctrl_c_stops_vllm_and_leaves_nothing(vllm_python: str, tiny_llama: Any, tmp_path: Path) -> None:
-    env, since = farm_env(), time.time()
+    env, since = _env(), time.time()
     proc = start_submit(tiny_llama.hf, tmp_path / "stderr", "--engine", "vllm", *EAGER, "--duration", "30",
                         "--input-tokens", "24", "--output-tokens", "16", env=env)
     db = Path(env["FARM_HOME"]) / "farm.db"
