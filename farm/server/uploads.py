@@ -105,9 +105,12 @@ def assemble(owner: str, name: str, files: dict[str, str]) -> tuple[str, int]:
     tmp = root / f".{uuid.uuid4().hex}.part"
     try:
         for rel, file_sha in listing.items():
+            src = path_of(owner, file_sha)
+            if not src.is_file():
+                raise RequestError(f"files: {rel!r} names {file_sha[:12]}, a folder's upload; list each file's own")
             target = tmp / name / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            _link(path_of(owner, file_sha), target)
+            _link(src, target)
         try:
             os.replace(tmp, root / sha)
         except OSError:  # a concurrent try put the same folder there first

@@ -239,3 +239,12 @@ def test_a_bad_folder_listing_is_one_line(client: Any, tokens: dict[str, str], f
     res = client.post("/api/v1/folders", json={"name": "m", "files": files}, headers=auth(tokens["alice"]))
     assert res.status_code == status and says in res.json()["detail"] and "\n" not in res.json()["detail"], res.text
     assert not [p for p in get_settings().uploads.rglob("*") if p.name == "m"]  # nothing half-made left
+
+
+def test_a_folder_listing_naming_a_folder_is_one_line(client: Any, tokens: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "config.json").write_text("{}")
+    folder = _folder(client, tokens["alice"], tmp_path / "f").json()["upload"]
+    res = client.post("/api/v1/folders", json={"name": "g", "files": {"a.json": folder}},
+                      headers=auth(tokens["alice"]))
+    assert res.status_code == 422 and "a folder's upload" in res.json()["detail"], res.text
