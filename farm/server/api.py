@@ -144,13 +144,19 @@ def report_html(ref: str, who: Who, objective: str | None = None, p99: float | N
 @router.post("/requests/{ref}/cancel", response_model=None)
 def cancel(ref: str, who: Who) -> CancelAnswer:
     """Cancel the request's jobs not final yet (its owner or an admin)."""
+    return cancel_owned(who, ref)[1]
+
+
+def cancel_owned(who: Principal, ref: str) -> tuple[str, CancelAnswer]:
+    """Cancel request ``ref`` for ``who`` (its owner or an admin: ForbiddenError otherwise), audited; its id and
+    what was cancelled (the API's cancel and the web view's button)."""
     req = access.resolve(who, ref)
     with session_scope() as s:
         check_write(who, owner_of(s, req.id), req.id, "cancel")
     out = cancel_request(req.id)
     with session_scope() as s:
         audit(s, who.name, "request.cancel", req.id, {k: v for k, v in out.items() if k != "running_ids"})
-    return out
+    return req.id, out
 
 
 @router.delete("/requests/{ref}", response_model=None)

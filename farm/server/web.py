@@ -19,15 +19,14 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from farm.db.session import session_scope
 from farm.errors import AuthError, FarmError, ForbiddenError
 from farm.formatting import fmt_value, rate_text
-from farm.identity import Principal, audit, authenticate, check_write, owner_of
+from farm.identity import Principal, authenticate, owner_of
 from farm.readers.compare import as_json as comparison_json
 from farm.readers.compare import compare
 from farm.readers.report import build_report
 from farm.readers.results import result_rows
 from farm.readers.rows import ResultRow
 from farm.server import access
-from farm.server.api import export_response
-from scheduler.reconcile import cancel_request
+from farm.server.api import cancel_owned, export_response
 from schemas.job import FINAL
 from schemas.metrics import BY_NAME
 
@@ -222,13 +221,8 @@ def cancel_page(ref: str, request: Request, who: Viewer) -> Response:
     if who is None:
         return _signin()
     _same_origin(request)
-    req = access.resolve(who, ref)
-    with session_scope() as s:
-        check_write(who, owner_of(s, req.id), req.id, "cancel")
-    out = cancel_request(req.id)
-    with session_scope() as s:
-        audit(s, who.name, "request.cancel", req.id, {k: v for k, v in out.items() if k != "running_ids"})
-    return RedirectResponse(f"/requests/{req.id}", status_code=303)
+    request_id, _ = cancel_owned(who, ref)
+    return RedirectResponse(f"/requests/{request_id}", status_code=303)
 
 
 def _compare_form(a: str, b: str) -> str:
