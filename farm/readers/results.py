@@ -293,14 +293,19 @@ def recent_requests(limit: int = 20) -> list[RequestSummary]:
     with session_scope() as s:
         reqs = s.execute(select(Request.id, Request.name, Request.created_at, Request.spec)
                          .order_by(Request.created_at.desc()).limit(limit)).all()
-        ids = [r.id for r in reqs]
-        counts: dict[str, Counter[str]] = {i: Counter() for i in ids}
-        if ids:
-            for rid, status, n in s.execute(select(Job.request_id, Job.status, func.count())
-                                            .where(Job.request_id.in_(ids)).group_by(Job.request_id, Job.status)):
-                counts[rid][status] = n
+        counts = status_counts_of(s, [r.id for r in reqs])
     return [RequestSummary(request_id=r.id, name=r.name, created_at=r.created_at, model=request_model(r.spec),
                            counts=dict(counts[r.id])) for r in reqs]
+
+
+def status_counts_of(s: Session, ids: list[str]) -> dict[str, Counter[str]]:
+    """Each of requests ``ids``' job counts by status, in one query (an id without jobs: empty)."""
+    counts: dict[str, Counter[str]] = {i: Counter() for i in ids}
+    if ids:
+        for rid, status, n in s.execute(select(Job.request_id, Job.status, func.count())
+                                        .where(Job.request_id.in_(ids)).group_by(Job.request_id, Job.status)):
+            counts[rid][status] = n
+    return counts
 
 
 def request_model(spec: Mapping[str, object]) -> str:

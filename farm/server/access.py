@@ -3,16 +3,14 @@ may read), requests they may not read reported as absent (404, never 403: an id'
 the recent requests they may read with their owners and progress."""
 from __future__ import annotations
 
-from collections import Counter
+from sqlalchemy import ColumnElement, false, or_, select, true
 
-from sqlalchemy import ColumnElement, false, func, or_, select, true
-
-from farm.db.models import Job, Request, RequestOwner
+from farm.db.models import Request, RequestOwner
 from farm.db.session import session_scope
 from farm.errors import NotFoundError
 from farm.identity import Principal, may_read
 from farm.payloads import RequestSummary
-from farm.readers.results import RECENT_RE, find_request, request_model
+from farm.readers.results import RECENT_RE, find_request, request_model, status_counts_of
 from farm.settings import get_settings
 
 
@@ -54,11 +52,6 @@ def recent(who: Principal, limit: int = 20) -> list[RequestSummary]:
                                 RequestOwner.team)
                          .outerjoin(RequestOwner, RequestOwner.request_id == Request.id).where(_readable(who))
                          .order_by(Request.created_at.desc()).limit(limit)).all()
-        ids = [r.id for r in reqs]
-        counts: dict[str, Counter[str]] = {i: Counter() for i in ids}
-        if ids:
-            for rid, status, n in s.execute(select(Job.request_id, Job.status, func.count())
-                                            .where(Job.request_id.in_(ids)).group_by(Job.request_id, Job.status)):
-                counts[rid][status] = n
+        counts = status_counts_of(s, [r.id for r in reqs])
     return [RequestSummary(request_id=r.id, name=r.name, created_at=r.created_at, owner=r.owner, team=r.team,
                            model=request_model(r.spec), counts=dict(counts[r.id])) for r in reqs]
