@@ -266,8 +266,8 @@ def _figures(calls: list[Call], block_s: float, batch: int) -> dict[str, float |
 class Interleaver:
     """The interleaved measurement of ``models`` (A, B) at ``cell`` on ``cores``: enter it to load (and warm)
     both, then iterate :meth:`pairs`. ``both_at_once`` False: the alternate-start mode (each block loads, warms
-    and closes its side). ``seed`` fixes the order of each pair and the Poisson gaps. ``make_side``: a side of a
-    model on the lease's cores (None: loaded in this process, :class:`Side`, the calling thread pinned to the
+    and closes its side). ``seed`` fixes the order of each pair and the Poisson gaps. ``make_side``: side 0 (A) or 1
+    (B) on the lease's cores (None: loaded in this process, :class:`Side`, the calling thread pinned to the
     cores; an LLM server's side pins its own server and leaves the client's threads where they are)."""
 
     models: tuple[Path, Path]
@@ -277,7 +277,7 @@ class Interleaver:
     warmup_s: float = 0.5
     both_at_once: bool = True
     seed: int = 0
-    make_side: Callable[[Path, list[int]], SideLike] | None = None
+    make_side: Callable[[int, list[int]], SideLike] | None = None
     blocks: list[Block] = field(default_factory=list)
     _sides: tuple[SideLike, SideLike] | None = None
     _stack: ExitStack = field(default_factory=ExitStack)
@@ -287,7 +287,7 @@ class Interleaver:
             if self.make_side is None:
                 self._stack.enter_context(pinned(self.cores))
             self._pool = self._stack.enter_context(ThreadPoolExecutor(max_workers=self._workers()))
-            self._sides = (self._side(self.models[0]), self._side(self.models[1]))
+            self._sides = (self._side(0), self._side(1))
             for side in self._sides:
                 self._stack.callback(side.close)
                 side.open(self.warmup_s)
@@ -308,8 +308,9 @@ class Interleaver:
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
-    def _side(self, model: Path) -> SideLike:
-        return Side(model, self.cell) if self.make_side is None else self.make_side(model, self.cores)
+    def _side(self, index: int) -> SideLike:
+        """Side ``index`` (0: A, 1: B) of ``models``."""
+        return Side(self.models[index], self.cell) if self.make_side is None else self.make_side(index, self.cores)
 
     def _workers(self) -> int:
         """Pool threads: the closed loop's concurrency, or enough for an open loop's outstanding calls."""

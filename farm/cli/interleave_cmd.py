@@ -143,8 +143,8 @@ def lease() -> CoreLease:
                      allowed=allowed, isolation=settings.isolation)
 
 
-def served_sides(request: ProfileRequest, cell: Cell, info: list[ModelInfo], old: Path
-                 ) -> Callable[[Path, list[int]], SideLike]:
+def served_sides(request: ProfileRequest, cell: Cell, info: list[ModelInfo], models: tuple[Path, Path]
+                 ) -> Callable[[int, list[int]], SideLike]:
     """How an LLM cell's sides come to be: each model served by the engine's own server (the process runner, as the
     embedded default runs a job's), sent the same prompts."""
     from workers.interleave_llm import ServedSide, Workload  # noqa: PLC0415 - the serving stack: LLM cells only
@@ -153,8 +153,8 @@ def served_sides(request: ProfileRequest, cell: Cell, info: list[ModelInfo], old
     runner, shared, tag = ProcessRunner(), list[Workload](), uuid.uuid4().hex[:8]
     knobs = request.knob_configs()[0]
 
-    def side(model: Path, cores: list[int]) -> SideLike:
-        i = 0 if model == old else 1
+    def side(i: int, cores: list[int]) -> SideLike:
+        model = models[i]  # by index, not path: an A/A compare gives one file twice, each side its own job id
         spec = JobSpec(job_id=f"compare-{tag}-{'ab'[i]}", request_id=f"compare-{tag}", model_sha256=info[i].sha256,
                        model_format=info[i].format, model_filename=model.name, inputs=[], device=cell.device,
                        engine=cell.engine, batch_size=1, load=cell.level, queue="compare",
@@ -165,7 +165,7 @@ def served_sides(request: ProfileRequest, cell: Cell, info: list[ModelInfo], old
 
 
 def run(old: Path, new: Path, cell: Cell, warmup_s: float, s: Settings,
-        make_side: Callable[[Path, list[int]], SideLike] | None = None) -> tuple[Verdict, list[Block], dict[str, Any]]:
+        make_side: Callable[[int, list[int]], SideLike] | None = None) -> tuple[Verdict, list[Block], dict[str, Any]]:
     """Measure pairs until a look is conclusive or the budget is spent; the verdict, every block, and facts about
     the run (mode, cores, seconds, the primary figure)."""
     metric, read = primary(cell)
@@ -241,7 +241,7 @@ def interleaved(old: str, new: str, opts: dict[str, Any], fail_on_regression: fl
     cell, model_format, request = cell_of(old, opts)
     info = check_models(Path(old), Path(new), cell, model_format)
     warmup = opts.get("warmup")
-    make_side = served_sides(request, cell, info, Path(old)) if cell.llm else None
+    make_side = served_sides(request, cell, info, (Path(old), Path(new))) if cell.llm else None
     if cell.llm and s.block_s < LLM_BLOCK_S:
         say(f"an LLM cell's blocks last {LLM_BLOCK_S * 1000:.0f} ms at least (a streamed answer outlasts "
             f"{s.block_s * 1000:.0f} ms); --block-ms raised to {LLM_BLOCK_S * 1000:.0f}", style="yellow",
