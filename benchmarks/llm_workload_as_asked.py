@@ -19,6 +19,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import _serve  # noqa: F401, I001 (sets sys.path: tests.llm_servers lives in the checkout, not the installed package)
+
 from schemas.engines import SERVED_MODEL_NAME
 from schemas.llm import LlmSettings
 from tests.llm_servers import llama_cpp_server, tiny_llama
