@@ -3,10 +3,10 @@ point 3)?
 
 Method: a model file of random bytes (2 GiB, every block written; ``--quick``: 200 MiB) is taken into the store each
 round by a fresh child process, the way ``scheduler.enqueue.submit`` takes a model in: ``farm.artifacts .take_in``
-stages the file while the inspection's ``sha256_file`` hashes it (one read: written under a temporary name as it is
-hashed; local: fsynced, then renamed to the digest's name; S3: a multipart upload to an ``incoming/`` key, then a
-server-side copy to the digest's key and the temporary one deleted), then publishes it as ``store_model`` does. The
-child reports the seconds that took and its peak RSS above the baseline it had after its imports
+stages the file while the inspection's ``sha256_file`` hashes it (local: one read, written under a temporary name
+as it is hashed, fsynced, then renamed to the digest's name; S3: the file hashed first, then read again into a
+multipart upload to the digest's key, completed at publish), then publishes it as ``store_model`` does. The child
+reports the seconds that took and its peak RSS above the baseline it had after its imports
 (``/proc/self/clear_refs`` resets the peak, then ``VmHWM``); the blob is checked and removed after each round (each
 round stores it anew). The yardstick, in the same round, in alternating order: ``cp`` of the model to a fresh file
 then ``sha256sum`` of the copy (the issue's), and the same with ``sync`` of the copy before hashing (the local store

@@ -5,9 +5,9 @@ MinIO, AWS), chosen by ``open_store`` from ``FARM_STORE_URL``.
 Both stream in fixed pieces, hash while streaming (``Checked``) and publish only a whole blob whose sha256 and size
 are what the caller named: ``LocalStore`` writes a temporary file beside the blob, fsyncs and renames it;
 ``S3Store`` uploads in parts and completes the multipart upload (S3 makes the object visible only then, whole) or
-aborts it. A submit does not know the sha256 before it reads the model, and reads it once (``stage``):
-``LocalStore`` writes it to ``ROOT/incoming`` while hashing, then renames it to the digest's name; ``S3Store``
-uploads it to an ``incoming/`` key, then copies it server-side to the digest's key and deletes the temporary one."""
+aborts it. A submit does not know the sha256 before it reads the model (``stage``): ``LocalStore`` writes it to
+``ROOT/incoming`` while hashing (one read), then renames it to the digest's name; ``S3Store`` hashes a file first,
+then sends it (unless there already) as an upload to the digest's key that publishing completes (see its module)."""
 from __future__ import annotations
 
 import os

@@ -34,8 +34,8 @@ class Staged(Protocol):
     size: int  # bytes
 
     def publish(self) -> None:
-        """Make the bytes blob ``digest``, atomically (a rename, or a server-side copy); a blob already there
-        is kept and the staged bytes dropped."""
+        """Make the bytes blob ``digest``, atomically (a rename, a completed upload, or a server-side copy); a
+        blob already there is kept and the staged bytes dropped."""
         ...
 
 

@@ -170,14 +170,14 @@ def _blobs(store: BlobStore) -> list[str]:
 
 
 def _incoming(store: BlobStore) -> list[str]:
-    """What staged uploads left: temporary files (local), or objects and unfinished uploads under incoming/
-    (S3)."""
+    """What staged uploads left: temporary files (local), or objects under incoming/ and unfinished uploads
+    anywhere (S3)."""
     if isinstance(store, LocalStore):
         return sorted(p.name for p in (store.root / "incoming").glob("*"))
     s3: Any = store
     prefix = f"{s3.prefix}/incoming/"
     listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix).get("Contents", [])
-    uploads = s3.client.list_multipart_uploads(Bucket=s3.bucket, Prefix=prefix).get("Uploads", [])
+    uploads = s3.client.list_multipart_uploads(Bucket=s3.bucket, Prefix=f"{s3.prefix}/").get("Uploads", [])
     return sorted([o["Key"] for o in listed] + [u["Key"] for u in uploads])
 
 
@@ -223,7 +223,7 @@ def test_s3_publishes_a_large_staged_blob_by_a_copy_in_parts(seaweedfs: SeaweedF
     store: Any = _s3(seaweedfs)
     monkeypatch.setattr(s3mod, "COPY_PART_BYTES", 5 << 20)
     data, digest = _blob(17 << 20)
-    with store.stage(io.BytesIO(data), len(data)) as staged:
+    with store.stage(_Piped(data), len(data)) as staged:  # read once: sent to incoming/, then copied
         staged.publish()
     assert _read(store, digest) == data and _incoming(store) == []
     store.client.put_object(Bucket=store.bucket, Key=f"{store.prefix}/incoming/left", Body=b"x")
@@ -234,6 +234,54 @@ def test_s3_publishes_a_large_staged_blob_by_a_copy_in_parts(seaweedfs: SeaweedF
     with later.stage(io.BytesIO(b"y"), 1):  # a later submit's store: it sweeps at its first stage
         pass
     assert _incoming(store) == []
+
+
+class _Piped(io.RawIOBase):
+    """A stream read once, front to back (an upload from a pipe or a socket): not seekable."""
+
+    def __init__(self, data: bytes) -> None:
+        self.src = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        return self.src.read(n)
+
+
+def test_s3_stages_a_file_hashed_first_sending_nothing_it_has(seaweedfs: SeaweedFS,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file (seekable) is hashed first, then sent straight to its digest's key as an upload that publish
+    completes: no incoming/ object, no server-side copy; staged again, not one byte is sent; a file that changes
+    between the two reads is refused and leaves nothing."""
+    store: Any = _s3(seaweedfs)
+    calls: list[str] = []
+    for name in ("upload_part", "copy", "copy_object", "upload_part_copy"):
+        real = getattr(store.client, name)
+        monkeypatch.setattr(store.client, name, lambda *a, _n=name, _r=real, **k: (calls.append(_n), _r(*a, **k))[1])
+    data, digest = _blob(17 << 20)
+    with store.stage(io.BytesIO(data), len(data)) as staged:
+        assert staged.digest == digest and not store.exists(digest) and _blobs(store) == []
+        staged.publish()
+    assert _read(store, digest) == data and _incoming(store) == []
+    assert calls == ["upload_part"] * 2  # two 16 MiB parts, nothing copied
+    calls.clear()
+    with store.stage(io.BytesIO(data), len(data)) as again:
+        assert again.digest == digest
+        again.publish()
+    assert calls == [] and _blobs(store) == [digest]
+
+    class Changing(io.BytesIO):
+        """A file rewritten between the hash pass and the upload."""
+
+        def seek(self, pos: int, whence: int = 0) -> int:
+            self.getbuffer()[0] ^= 1
+            return super().seek(pos, whence)
+
+    other, other_digest = _blob(3 << 20, seed=5)
+    with pytest.raises(DigestMismatch), store.stage(Changing(other), len(other)) as changed:
+        changed.publish()
+    assert not store.exists(other_digest) and _blobs(store) == [digest] and _incoming(store) == []
 
 
 def test_a_store_that_is_down_is_one_line(tmp_path: Path) -> None:
