@@ -10,6 +10,10 @@ counts another checkout, e.g. the one before a change).
 - ``dict[str, Any]``: occurrences of that subscript (annotations included; ``Dict[str, Any]`` too);
 - import circles: sets of two or more of our modules that all reach each other, imports inside functions
   included (``scripts/import_report.py``'s graph and circles);
+- engine-name tables: module- or class-level names bound to a literal table of two or more engine names (dict
+  keys, set/tuple/list items, also inside ``frozenset(...)``/``dict(...)``), ``Literal[...]`` types naming two or
+  more, and functions that branch on two or more engine names (``engine == "onnxruntime"`` ... an if-chain); the
+  cards (``schemas.engines.CARDS``, each engine's name a field of its card) are not a table of names;
 - ``submit``: the lines of ``farm submit``'s function (``farm/cli/main.py``), its decorators left out, and of
   its body alone.
 """
@@ -25,6 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("farm", "workers", "scheduler", "schemas")
 JOB_STATES = frozenset({"queued", "claimed", "running", "succeeded", "failed", "cancelled"})
 SUBMIT_FILE = ROOT / "farm" / "cli" / "main.py"
+#: every engine name farm has had (the cards' names, ``endpoint`` left out: it names no engine's module)
+ENGINE_NAMES = frozenset({"onnxruntime", "torchscript", "openvino", "triton", "llama.cpp", "transformers", "vllm"})
 
 
 def _files(root: Path = ROOT) -> Iterator[tuple[str, ast.Module]]:
@@ -109,6 +115,45 @@ def dict_str_any(root: Path = ROOT) -> list[tuple[str, int]]:
     return sorted(out)
 
 
+def _engine_consts(node: ast.AST) -> int:
+    """How many engine-name constants ``node`` holds directly: a dict's keys, a collection's items (also as the
+    argument of a call such as ``frozenset(...)``)."""
+    if isinstance(node, ast.Call):
+        return sum(_engine_consts(a) for a in node.args)
+    items: list[ast.expr | None] = []
+    if isinstance(node, ast.Dict):
+        items = list(node.keys)
+    elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+        items = list(node.elts)
+    return sum(isinstance(k, ast.Constant) and k.value in ENGINE_NAMES for k in items)
+
+
+def engine_tables(root: Path = ROOT) -> list[tuple[str, int, str]]:
+    """(file, line, what) for each table of engine names: a module- or class-level binding of a literal with two
+    or more, a ``Literal[...]`` naming two or more, a function comparing a value with two or more."""
+    out: list[tuple[str, int, str]] = []
+    for name, tree in _files(root):
+        scopes = [tree.body] + [c.body for c in ast.walk(tree) if isinstance(c, ast.ClassDef)]
+        for stmt in (s for body in scopes for s in body):
+            if isinstance(stmt, ast.Assign | ast.AnnAssign) and stmt.value is not None \
+                    and _engine_consts(stmt.value) >= 2:
+                target = stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt.target
+                out.append((name, stmt.lineno, ast.unparse(target)))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith("Literal"):
+                consts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+                if sum(isinstance(c, ast.Constant) and c.value in ENGINE_NAMES for c in consts) >= 2:
+                    out.append((name, node.lineno, "Literal[...]"))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                compared = {c.value for cmp in ast.walk(node) if isinstance(cmp, ast.Compare)
+                            for side in cmp.comparators
+                            for c in (side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side])
+                            if isinstance(c, ast.Constant) and c.value in ENGINE_NAMES}
+                if len(compared) >= 2:
+                    out.append((name, node.lineno, f"def {node.name} (branches on {', '.join(sorted(compared))})"))
+    return sorted(out)
+
+
 def import_circles(root: Path = ROOT) -> list[list[str]]:
     """Import circles among our modules (``scripts/import_report.py``: grimp's graph, in-function imports in)."""
     sys.path.insert(0, str(root))
@@ -136,11 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root.resolve()
     states, dicts, loops = state_literals(root), dict_str_any(root), import_circles(root)
     whole, body = submit_lines(root / "farm" / "cli" / "main.py")
+    tables = engine_tables(root)
+    print(f"engine-name tables: {len(tables)}")
     print(f"job-state string literals: {len(states)}")
     print(f"dict[str, Any] occurrences: {len(dicts)}")
     print(f"import circles: {len(loops)} ({sum(map(len, loops))} modules)")
     print(f"submit lines: {whole} (body {body})")
     if args.list:
+        print("\n== engine-name tables")
+        for f, line, what in tables:
+            print(f"{f}:{line} {what}")
         print("\n== job-state literals")
         for f, line, v in states:
             print(f"{f}:{line} {v!r}")
