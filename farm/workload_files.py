@@ -5,8 +5,9 @@ At submit (:func:`prepare`), each path the request names is hashed on the submit
 ``FARM_MAX_WORKLOAD_FILE_BYTES``; a folder by its ``farm.store.base.Manifest``) and replaced in the request by a
 ``schemas.llm.FileRef``; ``scheduler.enqueue`` streams the bytes into the model store through
 ``farm.artifacts.store_model``, the one function models are stored by. A worker reads such a file only from the
-store (:func:`fetch`: ``farm.artifacts.fetch_model``, verified by its sha256), never from a path of its own
-disk: in a cluster the path means nothing there, and a job must not read a worker's files.
+store (:func:`using`: ``farm.artifacts.using_model``, verified by its sha256 and pinned in the worker's cache while
+the job reads it), never from a path of its own disk: in a cluster the path means nothing there, and a job must
+not read a worker's files.
 
 A tokenizer folder is uploaded as its ``tokenizer.json`` when it has one, else as a folder of the tokenizer's own
 files only (``TOKENIZER_FILES``: a whole model folder is not uploaded twice).
@@ -20,14 +21,15 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.orm import Session
 
 from farm import traces
-from farm.artifacts import artifact_filename, ensure_in_store, fetch_model, store_model
+from farm.artifacts import artifact_filename, store_model, using_model
 from farm.errors import ArtifactError, RequestError
 from farm.models.llm_info import folder_manifest, unpack_folder
 from farm.models.spec import sha256_file
@@ -123,14 +125,21 @@ def store(session: Session, uploads: Iterable[Upload]) -> None:
         store_model(session, u.path, u.ref.sha256, WORKLOAD_FORMATS[u.ref.kind], [])
 
 
-def fetch(ref: FileRef) -> Path:
-    """The worker's verified copy of a stored upload (a folder unpacked); ArtifactError when it is missing, not
-    what the job names, or larger than this worker's ``FARM_MAX_WORKLOAD_FILE_BYTES``."""
+@contextmanager
+def using(ref: FileRef) -> Iterator[Path]:
+    """The worker's verified copy of a stored upload (a folder unpacked), pinned in its cache for the block (no
+    eviction removes it while the job reads it); ArtifactError when it is missing, not what the job names, or
+    larger than this worker's ``FARM_MAX_WORKLOAD_FILE_BYTES``."""
     cap = get_settings().max_workload_file_bytes
     if ref.size_bytes > cap:
         raise ArtifactError(f"the job's {ref.kind} file is {ref.size_bytes / 2**20:.1f} MiB, above this worker's "
                             f"{cap / 2**20:.0f} MiB (FARM_MAX_WORKLOAD_FILE_BYTES)")
-    path = ensure_in_store(fetch_model(ref.sha256, ref.filename))
+    with using_model(ref.sha256, ref.filename) as path:
+        yield _checked(ref, path)
+
+
+def _checked(ref: FileRef, path: Path) -> Path:
+    """``path`` (the cache's copy of ``ref``) when its size is the one the job names; ArtifactError otherwise."""
     if path.is_file() and ref.filename.endswith(".tar"):  # a folder stored as one tar (before issue 38)
         return unpack_folder(path) if path.stat().st_size == ref.size_bytes else _wrong_size(ref)
     size = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
@@ -141,14 +150,20 @@ def _wrong_size(ref: FileRef) -> Path:
     raise ArtifactError(f"the job's {ref.kind} file {ref.sha256[:12]} is not the size the job names; resubmit")
 
 
-def local_files(llm: LlmSettings, submitting: bool) -> dict[str, Path]:
-    """The workload's files by field as this process reads them: stored ones fetched (:func:`fetch`), and where
-    ``submitting`` (the submitter's own host, before upload) paths as given. RequestError for a path on a worker:
-    a job reads only what was uploaded with its request."""
+@contextmanager
+def local_files(llm: LlmSettings, submitting: bool) -> Iterator[dict[str, Path]]:
+    """The workload's files by field as this process reads them, for the block: stored ones fetched and pinned
+    (:func:`using`), and where ``submitting`` (the submitter's own host, before upload) paths as given.
+    RequestError for a path on a worker: a job reads only what was uploaded with its request."""
+    with ExitStack() as pins:
+        yield _local_files(llm, submitting, pins)
+
+
+def _local_files(llm: LlmSettings, submitting: bool, pins: ExitStack) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for kind, value in llm.files().items():
         if isinstance(value, FileRef):
-            out[kind] = fetch(value)
+            out[kind] = pins.enter_context(using(value))
         elif submitting:
             out[kind] = Path(value).expanduser()
             if not out[kind].exists():

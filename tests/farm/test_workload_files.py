@@ -13,7 +13,8 @@ import pytest
 
 from farm import sandbox, workload_files
 from farm.db.session import session_scope
-from farm.errors import LoadGenError
+from farm.errors import ArtifactError, LoadGenError
+from farm.settings import reset_settings
 from farm.store.backends import LocalStore
 from schemas import MeasurementSettings
 from schemas.llm import LlmSettings
@@ -103,5 +104,28 @@ def test_a_tokenizer_folder_uploads_its_tokenizer_files_only(tmp_path: Path, sql
         "tokenizer_config.json", "vocab.txt"]
     with session_scope() as s:
         workload_files.store(s, [up])
-    fetched = workload_files.fetch(up.ref)
-    assert sorted(p.name for p in fetched.iterdir()) == ["tokenizer_config.json", "vocab.txt"]
+    with workload_files.using(up.ref) as fetched:
+        assert sorted(p.name for p in fetched.iterdir()) == ["tokenizer_config.json", "vocab.txt"]
+
+
+def test_a_workload_file_stays_in_the_cache_while_a_job_reads_it(tmp_path: Path, sqlite_url: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding: a job's prompt (or trace, tokenizer) file was fetched into the worker's cache unpinned, so a small
+    FARM_CACHE_MAX_BYTES could evict it while the job read it. Now it is pinned for the job's use, evicted only
+    after."""
+    texts = ['{"prompt": "a b c"}\n' * 200, '{"prompt": "d e f"}\n' * 200]
+    ups = []
+    for name, text in zip(("p.jsonl", "q.jsonl"), texts, strict=True):
+        (tmp_path / name).write_text(text)
+        ups.append(workload_files.upload("prompts", str(tmp_path / name)))
+    with session_scope() as s:
+        workload_files.store(s, ups)
+    monkeypatch.setenv("FARM_CACHE_MAX_BYTES", str(len(texts[0]) + 100))  # room for one of the two
+    reset_settings()
+    with workload_files.using(ups[0].ref) as held:
+        with pytest.raises(ArtifactError, match="running jobs use"), workload_files.using(ups[1].ref):
+            pass
+        assert held.read_text() == texts[0]
+    with workload_files.using(ups[1].ref) as other:  # the first one no longer in use: it goes
+        assert other.read_text() == texts[1]
+    assert not held.exists()

@@ -180,10 +180,9 @@ def open_workload(llm: LlmSettings, submitting: bool = False, server: Counting |
     and the server's count of it as a chat prompt (``request.probe``), so that a chat template's tokens count.
     RequestError (one line) on bad input; SandboxError for a tokenizer on a host that cannot jail it."""
     check_prompt_bounds(llm)
-    files = local_files(llm, submitting)
-    tokenizer = files.get("tokenizer")
-    label = str(file_label(llm.tokenizer))
-    with (open_tokenizer(tokenizer, label) if tokenizer is not None else nullcontext()) as tok:
+    with local_files(llm, submitting) as files, \
+            (open_tokenizer(files["tokenizer"], str(file_label(llm.tokenizer))) if "tokenizer" in files
+             else nullcontext()) as tok:
         cutter: Counting | None = server or tok
         if cutter is not None and framed is not None:
             cutter = Framed(cutter, framed[1] - cutter.count(framed[0]))

@@ -88,5 +88,5 @@ def replay_pattern(pattern: LoadPattern, llm: LlmSettings) -> LoadPattern:
     """``pattern`` given its trace's schedule where it replays one (a ``TraceReplay``), else as it is."""
     if not isinstance(pattern, TraceReplay):
         return pattern
-    path = local_files(llm, submitting=False)["trace"]
-    return pattern.with_offsets(read_trace(llm, path).offsets_s(llm.trace_speed))
+    with local_files(llm, submitting=False) as files:
+        return pattern.with_offsets(read_trace(llm, files["trace"]).offsets_s(llm.trace_speed))
