@@ -7,6 +7,14 @@ so rows that share leading ids share exactly that prefix (the prefix sharing the
 give different text; the blocks past a row's hash ids, and every block of a row without any, are drawn from the
 row's own line (unique content). Text is drawn as the synthetic prompts are (``workload``): with a tokenizer each
 block is cut to its exact token count, without one a word stands for a token.
+
+Blocks are cut in context: every block begins with a space (the one that joins it to the block before; the
+prompt's first too, so that a hash id's block is the same text wherever it stands) and is cut to its token count
+with that space, so that block ``j`` of a prompt begins at token ``j * block_tokens`` as the server counts
+(tokenizers that split words at spaces, as byte-level BPE and word-level ones do, never merge across it). Cut
+alone and joined by a space, blocks drifted by a token here and there (32, 65, 96, 129 ... with the tiny-llama
+example's BPE): a server's prefix cache, which reuses whole blocks of its own (vLLM: 16 or 32 tokens), then missed
+a block the trace shares, and a prompt was a token off its row's length.
 """
 from __future__ import annotations
 
@@ -28,13 +36,22 @@ def block_key(seed: int, row: traces.TraceRow, j: int) -> str:
 
 
 def _block(key: str, n: int, tok: Counting | None) -> str:
-    """The text of a block of ``n`` tokens drawn from ``key`` (the same for the same key)."""
-    return _synthetic(random.Random(key), n, tok)[0]
+    """The text of a block of ``n`` tokens drawn from ``key`` (the same for the same key): a space, then text, ``n``
+    tokens with that space by the tokenizer (where it does not keep a leading space through a cut: the block as
+    drawn after a space), ``n`` words without one."""
+    if tok is None:
+        return " " + _synthetic(random.Random(key), n, tok)[0]
+    text = tok.cut(" " + _synthetic(random.Random(key), n + 2, tok)[0], n)
+    return text if text.startswith(" ") else " " + _synthetic(random.Random(key), n, tok)[0]
 
 
 def _cut(text: str, n: int, tok: Counting | None) -> str:
-    """``text``'s first ``n`` tokens (words without a tokenizer)."""
-    return tok.cut(text, n) if tok is not None else " ".join(text.split(" ")[:n])
+    """``text`` (a block: a space, then text) to its first ``n`` tokens (words without a tokenizer), its leading
+    space kept (a tokenizer whose cut drops it counts no token for it)."""
+    if tok is None:
+        return " " + " ".join(text.split()[:n])
+    cut = tok.cut(text, n)
+    return cut if cut.startswith(" ") else " " + cut
 
 
 class Builder:
@@ -45,7 +62,7 @@ class Builder:
         self.shared: dict[str, str] = {}
 
     def blocks(self, row: traces.TraceRow) -> list[str]:
-        """The texts of ``row``'s blocks, in order, the last cut to the row's length."""
+        """The texts of ``row``'s blocks (each led by a space), in order, the last cut to the row's length."""
         bs, n = self.block_tokens, row.input_tokens
         out = []
         for j in range(math.ceil(n / bs)):
@@ -61,7 +78,7 @@ class Builder:
         return out
 
     def prompt(self, row: traces.TraceRow) -> Prompt:
-        text = " ".join(self.blocks(row))
+        text = "".join(self.blocks(row))
         if self.tok is None:
             return Prompt(text, row.input_tokens, "words", row.output_tokens)
         return Prompt(text, self.tok.count(text), "tokenizer", row.output_tokens)
