@@ -36,8 +36,9 @@ def _load(url: str, n_requests: int, per_request: int) -> list[str]:
     raw = engine.raw_connection()
     try:
         cur = raw.cursor()
-        cur.execute("INSERT INTO model_artifacts (sha256, filename, format, size_bytes, content, inputs, created_at) "
-                    "VALUES (%s, 'm.onnx', 'onnx', 1, %s, '[]', now())", (sha, b"x"))
+        # the model's row only (its bytes live in the model store since migration 0012; these jobs never fetch them)
+        cur.execute("INSERT INTO model_artifacts (sha256, filename, format, size_bytes, location, layout, inputs, "
+                    "created_at) VALUES (%s, 'm.onnx', 'onnx', 1, %s, 'file', '[]', now())", (sha, f"sha256/{sha}"))
         buf = io.StringIO()
         for i, rid in enumerate(rids):
             buf.write(f"{rid}\tbench-{i}\t{sha}\t{{}}\t[]\t{(t0 + timedelta(minutes=i)).isoformat()}\n")
