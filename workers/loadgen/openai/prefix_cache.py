@@ -4,8 +4,9 @@ workload implies.
 
 - ``cold``: the cache reset where the engine has a route for it (vLLM: ``POST /reset_prefix_cache``, served with
   ``VLLM_SERVER_DEV_MODE=1``; llama-server: ``POST /slots/{id}?action=erase`` for each slot ``GET /slots`` lists,
-  where it runs with ``--slot-save-path``); a server farm launched for the job by the process runner starts empty
-  anyway. The warm-up requests then carry
+  where it runs with ``--slot-save-path``: its host-memory prompt cache, ``--cache-ram``, has no such route and
+  keeps its prompts, which the row's note says); a server farm launched for the job by the process runner starts
+  empty anyway. The warm-up requests then carry
   their salt in front of the shared prefix (``HttpJob.cold_warmup``), so they warm the server without putting the
   measured requests' prefix in its cache.
 - ``warm``: the job's first prompt (the shared prefix, then a salt of its own) sent ``concurrency`` times at once
@@ -48,6 +49,7 @@ class CachePrep:
     state: str
     how: str
     done: bool
+    caveat: str = ""  # what the reset leaves behind, said in the row's notes where the hits are not as intended
 
 
 def _post(url: str, key: str | None, authority: str | None, body: bytes = b"") -> int:
@@ -78,7 +80,12 @@ def reset(root: str, key: str | None, authority: str | None) -> CachePrep:
     slots = _llama_slots(root, key, authority)
     erased = sum(_post(f"{root}/slots/{i}?action=erase", key, authority) == 200 for i in slots)
     if slots and erased == len(slots):
-        return CachePrep("cold", f"reset ({erased} slots erased: POST /slots/ID?action=erase)", True)
+        # the slots' caches only: llama-server's prompt cache in host memory (--cache-ram, 8 GiB by default) keeps
+        # what it holds, and a later request restores a prompt from it (benchmarks/real_traffic.py: a trace
+        # replayed again after the erase hit 70.9 % where 60.4 % was implied)
+        return CachePrep("cold", f"reset ({erased} slots erased: POST /slots/ID?action=erase)", True,
+                         "llama-server's host-memory prompt cache (--cache-ram, on by default) has no reset route "
+                         "and keeps its prompts: serve it with --cache-ram 0 for a cold cache")
     why = (f"llama-server refused to erase {len(slots) - erased} of its {len(slots)} slots (it needs "
            "--slot-save-path)" if slots else "the server has no reset route (POST /reset_prefix_cache, /slots)")
     return CachePrep("cold", f"not reset: {why}", False)
@@ -154,5 +161,5 @@ def judge(llm: LlmSettings, prep: CachePrep | None, asked_in: float | None, usag
     if ok is False:
         notes.append(f"prefix-cache hits not as intended: the server served {got:.0f} % of the prompt tokens from its "
                      f"cache ({source}), where a {prep.state} cache and a {share:.0f} % shared prefix imply "
-                     f"{intended:.0f} % (prefix_hit_as_intended)")
+                     f"{intended:.0f} % (prefix_hit_as_intended)" + (f"; {prep.caveat}" if prep.caveat else ""))
     return {"prefix_hit_intended_pct": intended, "prefix_hit_pct": got, "prefix_hit_as_intended": ok}, notes

@@ -97,6 +97,10 @@ def test_the_intended_rate_and_the_flag() -> None:
     m, notes = judge(llm.model_copy(update={"shared_prefix_pct": 50.0}), CachePrep("cold", "not reset: no route",
                      False), 100.0, None, {}, 50, ClosedLoop(concurrency=1))
     assert m["prefix_hit_pct"] is None and m["prefix_hit_as_intended"] is None and "not reset" in notes[0]
+    erased = CachePrep("cold", "reset (2 slots erased)", True, "its host-memory cache keeps its prompts")
+    m, notes = judge(llm, erased, 100.0, 45.0, {}, 50, ClosedLoop(concurrency=1))  # what the erase left: said
+    assert m["prefix_hit_as_intended"] is False and notes[0].endswith("; its host-memory cache keeps its prompts")
+    assert judge(llm, erased, 100.0, 5.0, {}, 50, ClosedLoop(concurrency=1))[1] == []  # as intended: no caveat
 
 
 def _fake_run(state: str, shared: float, **extra: Any) -> tuple[dict[str, Any], dict[str, Any]]:
