@@ -1,13 +1,18 @@
 """vLLM CPU: farm's OpenAI client beside vLLM's own client (``vllm bench serve``) on the same server and workload.
 
 Method: the tiny-llama example (heads of 32, random weights, nothing downloaded) served by vLLM's CPU build from
-its venv (``FARM_VLLM_PYTHON``, else the one ``scripts/vllm_cpu_env`` makes), started once on every core of this
-host and warmed until steady (``workers.serving.vllm_cpu.warm_until_steady``). Then, for each concurrency (1, 4 and
-16; ``--quick``: 1), interleaved rounds (the order swapped each round): ``farm submit --endpoint`` (completions
+its venv (``FARM_VLLM_PYTHON``, else the one ``scripts/vllm_cpu_env`` makes), started once and warmed until steady
+(``workers.serving.vllm_cpu.warm_until_steady``). Layout (``--layout``): ``apart`` (the default on 2 or more CPUs)
+runs the server on the upper half of the CPUs (its OMP threads bound there) and both clients on the lower half, so
+that neither client's own CPU work slows the server it measures; ``shared`` puts all of them on every CPU (on a
+2-core host, a client's work then stalls vLLM's OMP threads: what each client reads depends on its own cost). Then,
+for each concurrency (1, 4 and 16; ``--quick``: 1), interleaved rounds (the order swapped each round): ``farm
+submit --endpoint`` (completions
 API, random 128 tokens in, 64 out, closed loop) and ``vllm bench serve`` (random dataset, 128 in, 64 out,
 ``--ignore-eos``, ``--max-concurrency``; run through ``vllm.benchmarks.serve`` because the ``vllm`` command fails
 for the ``vllm-cpu`` distribution). Printed per concurrency: output tokens/s and TTFT p50 of each client (medians
-over rounds) and farm/vLLM ratios; at concurrency 1, farm's client-side TTFT p50 minus the server's own TTFT p50
+over rounds) and the median (min-max) of the rounds' farm/vLLM ratios (each round's pair ran back to back); at
+concurrency 1, farm's client-side TTFT p50 minus the server's own TTFT p50
 (its ``vllm:time_to_first_token_seconds`` histogram over farm's measured span: ``server_ttft_p50_ms``), the
 client's and network's share of TTFT (bucket-interpolated: the histogram's buckets near 1-20 ms are 1-5 ms wide).
 
@@ -30,6 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _serve import pin, split_cpus  # noqa: E402 (beside this file)
+
 from farm.models.llm_examples import build_tiny_llama  # noqa: E402
 from workers.serving.lease_exec import free_port  # noqa: E402
 from workers.serving.llm import wait_openai_ready  # noqa: E402
@@ -47,13 +54,17 @@ def vllm_python() -> str | None:
     return python if Path(python).is_file() else None
 
 
-def start_server(python: str, model: Path, port: int, quick: bool, log: Any) -> subprocess.Popen[bytes]:
+def start_server(python: str, model: Path, port: int, quick: bool, log: Any,
+                 cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
+    """vLLM's OpenAI server on ``cpus`` (its OMP threads bound there; None: every CPU of this host)."""
+    where = sorted(cpus) if cpus else list(range(os.cpu_count() or 1))
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}"}
+           "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, where))}
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
             "model", "--port", str(port), "--block-size", "32", "--disable-uvicorn-access-log",
             *(["--optimization-level", "0"] if quick else [])]
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                            preexec_fn=lambda: os.sched_setaffinity(0, set(where)))
 
 
 def farm_run(url: str, concurrency: int, duration_s: float, home: Path) -> dict[str, Any]:
@@ -87,12 +98,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="-O0, one round, short runs")
     p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--layout", choices=("apart", "shared"), default="apart",
+                   help="apart: server and clients on separate CPUs (where there are 2 or more); shared: all on all")
     args = p.parse_args()
     python = vllm_python()
     if python is None:
         print(f"no vLLM CPU environment ({VENV_PYTHON}; FARM_VLLM_PYTHON): run scripts/vllm_cpu_env; skipped")
         return 0
-    rounds = args.rounds or (1 if args.quick else 3)
+    rounds = args.rounds or (1 if args.quick else 5)
+    clients, servers = split_cpus() if args.layout == "apart" else (None, None)
     duration, prompts = (4.0, 12) if args.quick else (10.0, 40)
     with tempfile.TemporaryDirectory(prefix="farm-vllm-cpu-") as tmp:
         work = Path(tmp)
@@ -100,7 +114,10 @@ def main() -> int:
         port = free_port("127.0.0.1")
         url = f"http://127.0.0.1:{port}"
         with open(work / "server.log", "wb") as log:
-            server = start_server(python, model, port, args.quick, log)
+            server = start_server(python, model, port, args.quick, log, servers)
+            pin(clients)  # this process and the clients it starts (farm, vllm bench)
+            print(f"layout {args.layout}: server on CPUs {sorted(servers) if servers else 'all'}, clients on "
+                  f"{sorted(clients) if clients else 'all'}")
             try:
                 t0 = time.monotonic()
                 wait_openai_ready(f"127.0.0.1:{port}", "model", 900.0, alive=lambda: server.poll() is None)
@@ -138,15 +155,21 @@ def compare(python: str, url: str, model: Path, work: Path, rounds: int, duratio
     return figures
 
 
+def spread(values: list[float]) -> str:
+    """median (min-max)."""
+    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
 def report(figures: dict[int, dict[str, list[float]]]) -> None:
     med = statistics.median
-    print(f"{'c':>3} {'farm tok/s':>10} {'vllm tok/s':>10} {'ratio':>6} {'farm TTFT':>9} {'vllm TTFT':>9} "
-          f"{'ratio':>6} {'farm-server TTFT ms':>20}")
+    print(f"{'c':>3} {'farm tok/s':>10} {'vllm tok/s':>10} {'ratio per round':>21} {'farm TTFT':>9} "
+          f"{'vllm TTFT':>9} {'ratio per round':>21} {'farm-server TTFT ms':>22}")
     for c, f in figures.items():
-        gap = f"{med(f['server_ttft']):.2f}" if f["server_ttft"] else "n/a"
-        print(f"{c:>3} {med(f['farm_tps']):>10.1f} {med(f['vllm_tps']):>10.1f} "
-              f"{med(f['farm_tps']) / med(f['vllm_tps']):>6.3f} {med(f['farm_ttft']):>9.2f} "
-              f"{med(f['vllm_ttft']):>9.2f} {med(f['farm_ttft']) / med(f['vllm_ttft']):>6.3f} {gap:>20}")
+        tps = [a / b for a, b in zip(f["farm_tps"], f["vllm_tps"], strict=True)]
+        ttft = [a / b for a, b in zip(f["farm_ttft"], f["vllm_ttft"], strict=True)]
+        gap = spread(f["server_ttft"]) if f["server_ttft"] else "n/a"
+        print(f"{c:>3} {med(f['farm_tps']):>10.1f} {med(f['vllm_tps']):>10.1f} {spread(tps):>21} "
+              f"{med(f['farm_ttft']):>9.2f} {med(f['vllm_ttft']):>9.2f} {spread(ttft):>21} {gap:>22}")
 
 
 if __name__ == "__main__":
