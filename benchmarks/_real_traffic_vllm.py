@@ -9,7 +9,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from real_traffic import PLAN, SCALE, counters, delta, farm_rows, implied_pct, server, trace_args
+from real_traffic import (
+    PLAN,
+    SCALE,
+    counters,
+    delta,
+    event_times,
+    farm_rows,
+    implied_pct,
+    implied_timed_pct,
+    server,
+    trace_args,
+)
 from vllm_cpu import BENCH, vllm_python
 
 from workers.serving.lease_exec import free_port
@@ -61,23 +72,27 @@ def _random(python: str, work: Path, root: str, model: Path) -> list[str]:
     return lines
 
 
-def _trace(work: Path, root: str) -> list[str]:
+def _trace(work: Path, root: str, speed: float) -> list[str]:
     """The trace part's replays (``PLAN``) on vLLM: its cold is a real reset (``POST /reset_prefix_cache``)."""
     lines = []
     for label, which, state, implied in PLAN:
         path = work / ("trace.jsonl" if which == "shared" else "unshared.jsonl")
         if not path.is_file():
             continue
-        want = implied if implied is not None else implied_pct([json.loads(x) for x in path.read_text().splitlines()])
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        want = implied if implied is not None else implied_pct(rows)
         before = counters(root)
         (row,) = farm_rows(work / "home", "--endpoint", root, "--api", "openai-completions", "--model-name", "model",
-                           *trace_args(path, 2.0), "--prefix-cache", state)
-        lines.append(_figures(f"farm: {label} (trace-tokens {SCALE:g}; implied {want:.1f} %)", before,
-                              counters(root), f"{row.get('mean_input_tokens') or float('nan'):.1f} (usage)"))
+                           *trace_args(path, speed), "--prefix-cache", state)
+        timed = implied_timed_pct(rows, *event_times(work / "home", str(row["job_id"]), len(rows))) \
+            if implied is None else want  # warm: every block was put in the cache before the replay
+        lines.append(_figures(f"farm: {label} (trace-tokens {SCALE:g}; implied {want:.1f} %, {timed:.1f} % given "
+                              "when each prefill ended)", before, counters(root),
+                              f"{row.get('mean_input_tokens') or float('nan'):.1f} (usage)"))
     return lines
 
 
-def vllm_part(work: Path, model: Path) -> None:
+def vllm_part(work: Path, model: Path, speed: float = 2.0) -> None:
     """Prints the vLLM part's table, or why it was skipped."""
     python = vllm_python()
     if python is None:
@@ -92,7 +107,7 @@ def vllm_part(work: Path, model: Path) -> None:
     t0 = time.monotonic()
     with server(argv, port, work / "vllm.log", env) as root:
         print(f"vLLM CPU ready in {time.monotonic() - t0:.0f} s (prefix caching on, block 32, -O0)")
-        lines = _random(python, work, root, model) + _trace(work, root)
+        lines = _random(python, work, root, model) + _trace(work, root, speed)
     print(f"random {IN_TOKENS} in / {OUT_TOKENS} out, completions; the server's counters over each client's run")
     print("| client | requests (server) | prompt tokens a request (server) | the client's own count | "
           "prefix-cache hit % (server) |")

